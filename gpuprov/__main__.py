@@ -1,0 +1,3 @@
+from gpuprov.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Ansible plumbing: inventory rendering, playbook runs, events -> progress."""

@@ -1,0 +1,150 @@
+"""Per-node live progress from Ansible's event stream (never from stdout).
+
+On a terminal: a rich table, one row per node, with its current role/task
+and ok/changed/failed counts. Elsewhere (CI logs, pipes): one line per
+node when it starts a role, and one per change or failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class HostState:
+    host: str
+    task: str = "waiting"
+    role: str = ""
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    error: str | None = None
+    done: bool = False
+
+
+def _msg(res: dict[str, Any]) -> str:
+    for key in ("msg", "stderr", "reason"):
+        value = res.get(key)
+        if value:
+            text = str(value).strip().splitlines()
+            return text[-1] if key == "stderr" else " ".join(text)
+    results = res.get("results")
+    if isinstance(results, list):
+        for item in results:
+            if isinstance(item, dict) and item.get("failed"):
+                return _msg(item)
+    return "failed"
+
+
+class PlaybookProgress:
+    def __init__(self, hosts: Iterable[str], title: str, console: Any | None = None) -> None:
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.title = title
+        self.hosts = {h: HostState(h) for h in hosts}
+        self.stats: dict[str, Any] | None = None
+        self.live = None
+        self.interactive = self.console.is_terminal
+
+    # -- context --------------------------------------------------------------
+    def __enter__(self) -> PlaybookProgress:
+        if self.interactive:
+            from rich.live import Live
+
+            self.live = Live(self._table(), console=self.console, refresh_per_second=8,
+                             transient=False)
+            self.live.__enter__()
+        else:
+            self.console.print(f"{self.title}: {len(self.hosts)} node(s)", highlight=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.__exit__(None, None, None)
+
+    # -- events -----------------------------------------------------------------
+    def handle(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        host = data.get("host")
+        state = self.hosts.get(host) if host else None
+        if kind == "playbook_on_stats":
+            self.stats = data
+            for h in self.hosts.values():
+                h.done = True
+                h.task = "done"
+        elif state is not None:
+            self._host_event(kind, data, state)
+        if self.live is not None:
+            self.live.update(self._table())
+        return True
+
+    def _host_event(self, kind: str, data: dict[str, Any], h: HostState) -> None:
+        res = data.get("res") or {}
+        task = data.get("task") or ""
+        role = data.get("role") or ""
+        if kind == "runner_on_start":
+            if role and role != h.role and not self.interactive:
+                self.console.print(f"  {h.host}: {role}", highlight=False)
+            h.role, h.task = role, f"{role} : {task}" if role else task
+        elif kind == "runner_on_ok":
+            h.ok += 1
+            if res.get("changed"):
+                h.changed += 1
+                if not self.interactive:
+                    self.console.print(f"  {h.host}: changed  {h.task}", highlight=False)
+        elif kind == "runner_on_skipped":
+            h.skipped += 1
+        elif kind == "runner_on_failed":
+            if data.get("ignore_errors"):
+                return
+            h.failed += 1
+            h.error = f"{h.task or task}: {_msg(res)}"
+            if not self.interactive:
+                self.console.print(f"  {h.host}: FAILED   {h.error}", highlight=False)
+        elif kind == "runner_on_unreachable":
+            h.unreachable += 1
+            h.error = f"unreachable: {_msg(res)}"
+            if not self.interactive:
+                self.console.print(f"  {h.host}: UNREACHABLE {_msg(res)}", highlight=False)
+
+    # -- rendering -----------------------------------------------------------------
+    def _table(self):
+        from rich.table import Table
+
+        table = Table(title=self.title, title_justify="left", expand=False)
+        table.add_column("node")
+        table.add_column("task", overflow="ellipsis", max_width=60, no_wrap=True)
+        for col in ("ok", "changed", "failed", "unreach"):
+            table.add_column(col, justify="right")
+        for h in self.hosts.values():
+            style = "red" if (h.failed or h.unreachable) else ("green" if h.done else "")
+            table.add_row(h.host, h.task, str(h.ok), str(h.changed), str(h.failed),
+                          str(h.unreachable), style=style)
+        return table
+
+    # -- result ---------------------------------------------------------------------
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Per host: ok, changed, failed, unreachable (Ansible's final stats when present)."""
+        out: dict[str, dict[str, int]] = {}
+        for name, h in self.hosts.items():
+            if self.stats is not None:
+                out[name] = {
+                    "ok": int(self.stats.get("ok", {}).get(name, 0)),
+                    "changed": int(self.stats.get("changed", {}).get(name, 0)),
+                    "failed": int(self.stats.get("failures", {}).get(name, 0)),
+                    "unreachable": int(self.stats.get("dark", {}).get(name, 0)),
+                }
+            else:
+                out[name] = {"ok": h.ok, "changed": h.changed, "failed": h.failed,
+                             "unreachable": h.unreachable}
+        return out
+
+    def errors(self) -> dict[str, str]:
+        return {h.host: h.error for h in self.hosts.values() if h.error}

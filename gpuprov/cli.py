@@ -1,0 +1,337 @@
+"""The gpuprov command line: parse, call one core function, print.
+
+Start-up stays fast: only click is imported here at module level; boto3,
+Ansible, testinfra, fabric and rich load inside the commands that use them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gpuprov import __version__
+from gpuprov.errors import BadInput, GpuprovError
+
+PROVIDER_NAMES = ("aws", "docker", "static")
+
+
+def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
+        help="Table for people, JSON (one document on stdout) for programs.",
+    )(fn)
+
+
+def _console():
+    from gpuprov.core import Console
+
+    return Console()
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*["" if v is None else str(v) for v in row])
+    Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(table)
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuprov")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+def cli(debug: bool) -> None:
+    """Launch GPU nodes, bootstrap the NVIDIA stack with Ansible, verify with probes.
+
+    \b
+    Local try-out (no GPU, no cost):
+      gpuprov up --provider docker --count 2 --name demo
+      gpuprov verify demo
+      gpuprov down demo --yes
+
+    State lives in GPUPROV_HOME (default: the user state directory). AWS
+    credentials and endpoint come from boto3's standard chain.
+    """
+
+
+# -- up ------------------------------------------------------------------------------
+@cli.command()
+@click.option("--name", help="Cluster name (generated and printed when absent).")
+@click.option("--type", "instance_type", metavar="TYPE",
+              help="Instance type, e.g. p4d.24xlarge (`gpuprov types` lists them). "
+                   "docker: docker-node (the default); static: optional, sets what probes expect.")
+@click.option("--count", type=click.IntRange(min=1), metavar="N",
+              help="Number of nodes (static: defaults to every host in --hosts).")
+@click.option("--provider", type=click.Choice(PROVIDER_NAMES), default="aws", show_default=True,
+              help="Where the nodes come from.")
+@click.option("--region", help="Cloud region (aws).")
+@click.option("--image", help="Machine image, e.g. an AMI id (aws).")
+@click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32).")
+@click.option("--spot", is_flag=True, help="Use spot capacity (aws).")
+@click.option("--hosts", "hosts_file", type=click.Path(dir_okay=False),
+              help="Inventory of existing hosts, YAML or INI (static).")
+@click.option("--no-bootstrap", is_flag=True,
+              help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.")
+@click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_option
+def up(name: str | None, instance_type: str | None, count: int | None, provider: str,
+       region: str | None, image: str | None, ssh_cidr: str | None, spot: bool,
+       hosts_file: str | None, no_bootstrap: bool, dry_run: bool, yes: bool, output: str) -> int:
+    """Launch a cluster and bootstrap it (idempotent: re-running completes a cluster)."""
+    from gpuprov import catalog, core
+    from gpuprov.providers import ClusterSpec
+
+    if name is not None:
+        core.validate_name(name)
+    if instance_type:
+        catalog.get(instance_type)
+    elif provider == "aws":
+        raise BadInput("--type is required for the aws provider (`gpuprov types` lists them)")
+    elif provider == "docker":
+        instance_type = "docker-node"
+    if provider != "static" and hosts_file:
+        raise BadInput("--hosts is for --provider static")
+    if provider == "static" and not hosts_file:
+        raise BadInput("--provider static needs --hosts FILE")
+    if count is None and provider != "static":
+        raise BadInput("--count is required")
+    console = _console()
+    if name is None:
+        name = core.generate_name()
+        console.say(f"cluster name: {name}")
+    spec = ClusterSpec(
+        name=name, provider=provider, instance_type=instance_type, count=count or 0,
+        region=region, image=image, ssh_cidr=ssh_cidr, spot=spot, hosts_file=hosts_file,
+    )
+
+    def confirm(plan) -> bool:
+        if yes:
+            return True
+        if not _interactive():
+            raise BadInput("this launch costs money: pass --yes to confirm without a prompt")
+        return click.confirm(f"Launch {plan.to_create} x {spec.instance_type}?", default=False,
+                             err=True)
+
+    result = core.up(spec, console=console, dry_run=dry_run, bootstrap=not no_bootstrap,
+                     confirm=confirm)
+    if output == "json":
+        _emit_json(result)
+    else:
+        _table(f"cluster {result['cluster']} ({result['provider']})",
+               ["node", "id", "address", "ssh", "state", "zone", "type"],
+               [[n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"],
+                 n["instance_type"]] for n in result["nodes"]])
+        if result["bootstrap"] is not None:
+            _provision_table(result["cluster"], result["bootstrap"])
+    boot = result["bootstrap"]
+    return 1 if boot is not None and not boot["ok"] else 0
+
+
+def _provision_table(cluster: str, data: dict[str, Any]) -> None:
+    _table(f"bootstrap {cluster}: {'ok' if data['ok'] else 'FAILED'}",
+           ["node", "ok", "changed", "failed", "unreachable"],
+           [[h, s["ok"], s["changed"], s["failed"], s["unreachable"]]
+            for h, s in data["hosts"].items()])
+
+
+# -- down / list / status ----------------------------------------------------------------
+@cli.command()
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def down(name: str, yes: bool) -> int:
+    """Remove a cluster's nodes (static: forget them; the machines are not touched)."""
+    from gpuprov import core
+
+    def confirm(question: str) -> bool:
+        if yes:
+            return True
+        if not _interactive():
+            raise BadInput(f"refusing to take '{name}' down without --yes (no terminal to ask)")
+        return click.confirm(question, default=False, err=True)
+
+    core.down(name, console=_console(), confirm=confirm)
+    return 0
+
+
+@cli.command(name="list")
+@output_option
+def list_(output: str) -> int:
+    """List the clusters this state directory knows."""
+    from gpuprov import core
+
+    rows = core.list_clusters()
+    if output == "json":
+        _emit_json(rows)
+    else:
+        _table(None, ["name", "provider", "nodes", "created", "state"],
+               [[r["name"], r["provider"], r["nodes"], r["created"], r["state"]] for r in rows])
+    return 0
+
+
+@cli.command()
+@click.argument("name")
+@output_option
+def status(name: str, output: str) -> int:
+    """Show a cluster's nodes as the provider sees them now, and its recent runs."""
+    from gpuprov import core
+
+    data = core.status(name)
+    if output == "json":
+        _emit_json(data)
+        return 0
+    _table(f"{name} ({data['provider']}): {data['state']}",
+           ["node", "id", "address", "ssh", "state", "zone", "type"],
+           [[n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"],
+             n["instance_type"]] for n in data["nodes"]])
+    _table("recent runs", ["id", "kind", "started", "ok", "artifacts"],
+           [[r["id"], r["kind"], r["started"], {True: "yes", False: "no", None: "running"}[r["ok"]],
+             r["artifact_dir"]] for r in data["runs"]])
+    return 0
+
+
+# -- provision / verify -----------------------------------------------------------------------
+@cli.command()
+@click.argument("name")
+@click.option("--check", is_flag=True, help="Dry run (ansible --check --diff): change nothing.")
+@click.option("--tags", metavar="T", help="Only these plays/roles (comma-separated Ansible tags).")
+@output_option
+def provision(name: str, check: bool, tags: str | None, output: str) -> int:
+    """Run the bootstrap playbooks (site.yml) on every node; safe to re-run."""
+    from gpuprov import core
+
+    data = core.provision(name, console=_console(), check=check, tags=tags)
+    if output == "json":
+        _emit_json(data)
+    else:
+        _provision_table(name, data)
+    return 0 if data["ok"] else 1
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--level", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
+              help="quick: fast probes; full: also the slow ones.")
+@output_option
+def verify(name: str, level: str, output: str) -> int:
+    """Probe every node (testinfra) and report pass / fail / skip, each with its reason."""
+    from gpuprov import core
+
+    data = core.verify(name, console=_console(), level=level)
+    if output == "json":
+        _emit_json(data)
+    else:
+        rows = []
+        for host, results in data["hosts"].items():
+            for r in results:
+                rows.append([host, r["probe"], r["status"].upper(), r["detail"]])
+        s = data["summary"]
+        _table(f"verify {name}: {s['pass']} pass, {s['fail']} fail, {s['skip']} skip",
+               ["node", "probe", "status", "detail"], rows)
+    return 0 if data["ok"] else 1
+
+
+# -- exec / inventory / types ------------------------------------------------------------------
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(name: str, command: tuple[str, ...]) -> int:
+    """Run a command on every node at once; output is prefixed by node.
+
+    \b
+    gpuprov exec demo -- uname -r
+    """
+    from gpuprov.core import remote
+
+    results = remote.run(name, list(command), console=_console())
+    return 0 if all(r.exit_code == 0 for r in results) else 1
+
+
+@cli.command()
+@click.argument("name")
+@output_option
+def inventory(name: str, output: str) -> int:
+    """Print the cluster's Ansible inventory (INI; JSON in ansible-inventory's form)."""
+    from gpuprov import core
+
+    text, data = core.inventory(name)
+    if output == "json":
+        _emit_json(data)
+    else:
+        click.echo(text, nl=False)
+    return 0
+
+
+@cli.command()
+@click.option("--gpu", metavar="MODEL", help="Only types with this GPU (A100, H100, ...).")
+@output_option
+def types(gpu: str | None, output: str) -> int:
+    """List the instance types gpuprov knows (GPUs, arch, EFA, NVSwitch, price estimate)."""
+    from gpuprov import catalog
+
+    found = catalog.by_gpu(gpu)
+    if gpu and not found:
+        known = sorted({t.gpu_model for t in catalog.all_types() if t.gpu_model})
+        raise BadInput(f"no instance type with GPU '{gpu}'; known GPUs: {', '.join(known)}")
+    rows = [t.row() for t in found]
+    if output == "json":
+        _emit_json(rows)
+        return 0
+    _table(f"instance types (prices: on-demand us-east-1 estimate as of {catalog.price_date()})",
+           ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "vcpus", "efa", "nvswitch", "$/h"],
+           [[r["instance_type"], r["gpu"] or "-", r["gpus"], r["gpu_memory_gib"], r["arch"] or "-",
+             r["vcpus"] or "-", r["efa_interfaces"] if r["efa"] else "no",
+             "yes" if r["nvswitch"] else "no",
+             f"{r['price_us_east_1']:.2f}" if r["price_us_east_1"] else "-"] for r in rows])
+    return 0
+
+
+# -- entry point ---------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        code = cli.main(args=args, prog_name="gpuprov", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("gpuprov: aborted", err=True)
+        sys.exit(1)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        sys.exit(2)
+    except click.ClickException as exc:
+        hint = f" (see 'gpuprov {exc.ctx.command_path.split(' ', 1)[1]} --help')" if getattr(
+            exc, "ctx", None) and " " in exc.ctx.command_path else ""
+        click.echo(f"gpuprov: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
+    except GpuprovError as exc:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        click.echo(f"gpuprov: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("gpuprov: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001
+        if debug:
+            raise
+        click.echo(f"gpuprov: internal error: {type(exc).__name__}: {exc} "
+                   "(run with --debug for the traceback)", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,349 @@
+"""Lifecycle: plan, up, down, provision, verify, exec, and what reads state.
+
+Each public function is what one CLI command calls. They validate first
+(``BadInput`` before anything is created or changed), then act, then return
+plain data in the JSON shapes of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from gpuprov import paths
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
+from gpuprov.providers import get as get_provider
+from gpuprov.state import ClusterRecord, NodeRecord, Store
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
+
+
+class Console:
+    """What the core needs to talk to a person: rich's Console on stderr."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        from rich.console import Console as RichConsole
+
+        self.rich = RichConsole(stderr=True, quiet=quiet, highlight=False, soft_wrap=True)
+
+    def say(self, text: str) -> None:
+        self.rich.print(text, highlight=False, markup=False)
+
+
+# -- names, files, locks ------------------------------------------------------------
+def validate_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise BadInput(
+            f"invalid cluster name '{name}': use 2-32 characters, lowercase letters, digits "
+            "and '-', starting with a letter"
+        )
+    return name
+
+
+def generate_name() -> str:
+    return f"gpu-{secrets.token_hex(3)}"
+
+
+def files_for(name: str, create: bool = True) -> ClusterFiles:
+    return ClusterFiles(paths.cluster_dir(name, create=create))
+
+
+@contextmanager
+def cluster_lock(name: str) -> Iterator[None]:
+    """One mutating gpuprov command per cluster at a time, across processes."""
+    lock_dir = paths.home() / "locks"
+    lock_dir.mkdir(exist_ok=True, mode=0o700)
+    fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise GpuprovError(
+                f"cluster '{name}' is busy: another gpuprov process (pid {holder}) is changing it"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def load(store: Store, name: str) -> ClusterRecord:
+    cluster = store.get_cluster(name)
+    if cluster is None:
+        raise BadInput(f"unknown cluster '{name}'; `gpuprov list` shows the clusters")
+    return cluster
+
+
+def expectations(provider: Provider, nodes: list[NodeRecord]) -> dict[str, dict[str, Any]]:
+    return {n.name: provider.expectations(n) for n in nodes}
+
+
+def refresh(store: Store, cluster: ClusterRecord) -> tuple[Provider, ClusterFiles, list[NodeRecord]]:
+    """Ask the provider what exists now; update state to match."""
+    provider = get_provider(cluster.provider)
+    files = files_for(cluster.name)
+    nodes = provider.describe(cluster.name, list(cluster.nodes), files)
+    if nodes != list(cluster.nodes):
+        store.replace_nodes(cluster.name, nodes)
+    return provider, files, nodes
+
+
+def reachable_nodes(cluster: ClusterRecord, nodes: list[NodeRecord]) -> list[NodeRecord]:
+    if not nodes:
+        raise GpuprovError(
+            f"cluster '{cluster.name}' has no nodes left at its provider ({cluster.provider}); "
+            f"`gpuprov down {cluster.name}` forgets it"
+        )
+    stopped = [n.name for n in nodes if n.state not in ("running", "reachable")]
+    if stopped:
+        raise GpuprovError(f"node(s) not running: {', '.join(stopped)}")
+    return nodes
+
+
+# -- up -------------------------------------------------------------------------------
+def up(
+    spec: ClusterSpec,
+    *,
+    console: Console,
+    store: Store | None = None,
+    dry_run: bool = False,
+    bootstrap: bool = True,
+    confirm: Callable[[Plan], bool] | None = None,
+) -> dict[str, Any]:
+    store = store or Store()
+    validate_name(spec.name)
+    if spec.count < 1 and not (spec.provider == "static" and spec.count == 0):
+        raise BadInput(f"--count must be at least 1, not {spec.count}")
+    provider = get_provider(spec.provider)
+    existing = store.get_cluster(spec.name)
+    if existing is not None and existing.provider != spec.provider:
+        raise BadInput(
+            f"cluster name '{spec.name}' is already used by a {existing.provider} cluster; "
+            "choose another --name"
+        )
+    plan = provider.plan(spec, files_for(spec.name, create=False))
+    _show_plan(plan, console)
+    if dry_run:
+        return {"cluster": spec.name, "provider": spec.provider, "nodes": [], "bootstrap": None,
+                "dry_run": True}
+    if plan.billable and plan.to_create and confirm is not None and not confirm(plan):
+        raise GpuprovError("aborted; nothing was created")
+
+    with cluster_lock(spec.name):
+        created_record = False
+        if existing is None:
+            try:
+                store.create_cluster(spec.name, spec.provider, spec.as_dict())
+            except KeyError:
+                raise BadInput(f"cluster name '{spec.name}' was just taken by another gpuprov "
+                               "process; choose another --name") from None
+            created_record = True
+        files = files_for(spec.name)
+        report = _reporter(console)
+        try:
+            nodes = provider.launch(spec, files, report)
+        except BaseException:
+            if created_record:
+                store.delete_cluster(spec.name)
+                shutil.rmtree(files.dir, ignore_errors=True)
+            raise
+        store.replace_nodes(spec.name, nodes)
+        store.set_cluster_state(spec.name, "running")
+        result: dict[str, Any] = {
+            "cluster": spec.name,
+            "provider": spec.provider,
+            "nodes": [n.public() for n in nodes],
+            "bootstrap": None,
+        }
+        if not bootstrap:
+            console.say(f"{spec.name}: {len(nodes)} node(s) running (--no-bootstrap: "
+                        "no SSH wait, no playbooks)")
+            return result
+        nodes = provider.wait_ready(spec, nodes, files, report)
+        store.replace_nodes(spec.name, nodes)
+        cluster = load(store, spec.name)
+        outcome = _provision(store, cluster, provider, files, nodes, console=console)
+        result["nodes"] = [n.public() for n in nodes]
+        result["bootstrap"] = {"ok": outcome["ok"], "hosts": outcome["hosts"]}
+        return result
+
+
+def _show_plan(plan: Plan, console: Console) -> None:
+    spec = plan.spec
+    what = f"{spec.count} x {spec.instance_type or 'node'}"
+    line = f"plan: {spec.name} ({spec.provider}): {what}"
+    if plan.existing:
+        line += f", {plan.existing} already exist, {plan.to_create} to create"
+    console.say(line)
+    if plan.price_per_node_hour is not None:
+        console.say(f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
+                    f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster")
+    for note in plan.notes:
+        console.say(f"  {note}")
+
+
+def _reporter(console: Console) -> Callable[[str], None]:
+    return lambda message: console.say(f"  {message}")
+
+
+# -- provision --------------------------------------------------------------------------
+def provision(name: str, *, console: Console, store: Store | None = None, check: bool = False,
+              tags: str | None = None) -> dict[str, Any]:
+    store = store or Store()
+    cluster = load(store, name)
+    with cluster_lock(name):
+        provider, files, nodes = refresh(store, cluster)
+        nodes = reachable_nodes(cluster, nodes)
+        return _provision(store, cluster, provider, files, nodes, console=console, check=check,
+                          tags=tags)
+
+
+def _provision(store: Store, cluster: ClusterRecord, provider: Provider, files: ClusterFiles,
+               nodes: list[NodeRecord], *, console: Console, check: bool = False,
+               tags: str | None = None) -> dict[str, Any]:
+    from gpuprov.ansible.inventory import render
+    from gpuprov.ansible.runner import new_run_dir, run_playbook
+
+    render(cluster.name, cluster.provider, nodes, expectations(provider, nodes), files)
+    kind = "provision-check" if check else "provision"
+    run_dir = new_run_dir(files, kind)
+    run_id = store.start_run(cluster.name, kind, str(run_dir))
+    ok = False
+    summary: dict[str, Any] = {}
+    try:
+        result = run_playbook(
+            paths.playbooks_dir() / "site.yml", files, [n.name for n in nodes], run_dir,
+            title=f"{'check' if check else 'provision'} {cluster.name}", check=check, tags=tags,
+            console=console.rich,
+        )
+        ok = result.ok
+        summary = {"hosts": result.hosts, "errors": result.errors}
+    finally:
+        store.finish_run(run_id, ok, summary)
+    if not check:
+        store.set_cluster_state(cluster.name, "ready" if ok else "failed")
+    for host, error in result.errors.items():
+        console.say(f"  {host}: {error}")
+    console.say(f"  artifacts: {result.artifact_dir}")
+    return {"cluster": cluster.name, "ok": ok, "hosts": result.hosts}
+
+
+# -- verify --------------------------------------------------------------------------------
+def verify(name: str, *, console: Console, store: Store | None = None,
+           level: str = "quick") -> dict[str, Any]:
+    from gpuprov.ansible.inventory import render
+    from gpuprov.ansible.runner import new_run_dir
+    from gpuprov.probes.run import run_probes
+
+    store = store or Store()
+    cluster = load(store, name)
+    provider, files, nodes = refresh(store, cluster)
+    nodes = reachable_nodes(cluster, nodes)
+    expect = expectations(provider, nodes)
+    render(cluster.name, cluster.provider, nodes, expect, files)
+    run_dir = new_run_dir(files, f"verify-{level}")
+    run_id = store.start_run(cluster.name, f"verify-{level}", str(run_dir))
+    ok = False
+    summary = {"pass": 0, "fail": 0, "skip": 0}
+    try:
+        hosts = run_probes(files.inventory, files.ansible_cfg, [n.name for n in nodes], expect,
+                           run_dir, level=level, console=console.rich)
+        for results in hosts.values():
+            for r in results:
+                summary[r["status"]] += 1
+        ok = summary["fail"] == 0 and all(hosts.get(n.name) for n in nodes)
+    finally:
+        store.finish_run(run_id, ok, summary)
+    return {"cluster": name, "ok": ok, "hosts": hosts, "summary": summary}
+
+
+# -- down -------------------------------------------------------------------------------------
+def down(name: str, *, console: Console, store: Store | None = None,
+         confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    store = store or Store()
+    cluster = store.get_cluster(name)
+    if cluster is None:
+        return _down_orphan(name, console=console, confirm=confirm)
+    provider = get_provider(cluster.provider)
+    what = (f"forget {len(cluster.nodes)} static host(s) (the machines are not touched)"
+            if cluster.provider == "static"
+            else f"remove {len(cluster.nodes)} {cluster.provider} node(s) and their volumes")
+    if confirm is not None and not confirm(f"{name}: {what}?"):
+        raise GpuprovError("aborted; nothing was removed")
+    with cluster_lock(name):
+        files = files_for(name)
+        removed = provider.terminate(name, list(cluster.nodes), files, _reporter(console))
+        store.delete_cluster(name)
+        shutil.rmtree(files.dir, ignore_errors=True)
+    console.say(f"{name}: down ({removed} node(s) {'forgotten' if cluster.provider == 'static' else 'removed'})")
+    return {"cluster": name, "provider": cluster.provider, "removed": removed}
+
+
+def _down_orphan(name: str, *, console: Console,
+                 confirm: Callable[[str], bool] | None) -> dict[str, Any]:
+    """A cluster that state has lost but the engine still labels (state dir wiped)."""
+    docker_provider = get_provider("docker")
+    try:
+        docker_provider.check_engine()  # type: ignore[attr-defined]
+        found = docker_provider.describe(name, [], ClusterFiles(paths.home() / "orphans"))
+    except (BadInput, GpuprovError):
+        found = []
+    if not found:
+        raise BadInput(f"unknown cluster '{name}'; `gpuprov list` shows the clusters")
+    if confirm is not None and not confirm(
+        f"{name}: not in state, but {len(found)} docker node(s) carry its label; remove them?"
+    ):
+        raise GpuprovError("aborted; nothing was removed")
+    removed = docker_provider.terminate(name, found, ClusterFiles(paths.home()), _reporter(console))
+    console.say(f"{name}: down ({removed} unrecorded docker node(s) removed)")
+    return {"cluster": name, "provider": "docker", "removed": removed}
+
+
+# -- reading ------------------------------------------------------------------------------------
+def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
+    store = store or Store()
+    return [
+        {"name": c.name, "provider": c.provider, "nodes": len(c.nodes), "created": c.created,
+         "state": c.state}
+        for c in store.list_clusters()
+    ]
+
+
+def status(name: str, store: Store | None = None) -> dict[str, Any]:
+    store = store or Store()
+    cluster = load(store, name)
+    _, _, nodes = refresh(store, cluster)
+    runs = store.runs(name, limit=5)
+    return {
+        "cluster": name,
+        "provider": cluster.provider,
+        "state": cluster.state,
+        "created": cluster.created,
+        "spec": cluster.spec,
+        "nodes": [n.public() for n in nodes],
+        "runs": [
+            {"id": r.id, "kind": r.kind, "started": r.started, "finished": r.finished,
+             "ok": r.ok, "artifact_dir": r.artifact_dir}
+            for r in runs
+        ],
+    }
+
+
+def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
+    """The cluster's inventory: INI text (as written to the state dir) and Ansible's JSON form."""
+    from gpuprov.ansible.inventory import render, to_json
+
+    store = store or Store()
+    cluster = load(store, name)
+    provider, files, nodes = refresh(store, cluster)
+    context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes), files)
+    return files.inventory.read_text(), to_json(context)

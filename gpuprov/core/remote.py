@@ -1,0 +1,101 @@
+"""``gpuprov exec``: one command on every node at once, over fabric (paramiko).
+
+Host keys come only from the cluster's pinned known_hosts; an unknown or
+changed key is refused (paramiko's RejectPolicy), never added.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO
+
+from gpuprov.core import Console, load, reachable_nodes, refresh
+from gpuprov.ssh import node_key
+from gpuprov.state import Store
+
+
+def _auth(key) -> dict:
+    if key is None:  # a static host without a key: agent and default keys, as ssh would
+        return {}
+    return {"key_filename": str(key), "look_for_keys": False, "allow_agent": False}
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    node: str
+    exit_code: int
+    error: str | None = None
+
+
+class PrefixedStream:
+    """A file-like that writes whole lines, each prefixed with the node's name."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, prefix: str, target: IO[str]) -> None:
+        self.prefix, self.target, self.buffer = prefix, target, ""
+
+    def write(self, data: str) -> int:
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split("\n")
+        if lines:
+            with self._lock:
+                for line in lines:
+                    self.target.write(f"{self.prefix}{line}\n")
+                self.target.flush()
+        return len(data)
+
+    def flush(self) -> None:
+        if self.buffer:
+            with self._lock:
+                self.target.write(f"{self.prefix}{self.buffer}\n")
+                self.target.flush()
+            self.buffer = ""
+
+
+def run(name: str, command: Sequence[str], *, console: Console,
+        store: Store | None = None) -> list[ExecResult]:
+    store = store or Store()
+    cluster = load(store, name)
+    _, files, nodes = refresh(store, cluster)
+    nodes = reachable_nodes(cluster, nodes)
+    line = shlex.join(command) if len(command) > 1 else command[0]
+    width = max(len(n.name) for n in nodes)
+
+    def one(node) -> ExecResult:
+        import paramiko
+        from fabric import Connection
+
+        out = PrefixedStream(f"{node.name:<{width}} | ", sys.stdout)
+        err = PrefixedStream(f"{node.name:<{width}} ! ", sys.stderr)
+        conn = Connection(
+            host=node.address, port=node.ssh_port, user=node.user, connect_timeout=15,
+            connect_kwargs=_auth(node_key(node, files.key)),
+        )
+        conn.client.get_host_keys().clear()
+        conn.client.load_host_keys(str(files.known_hosts))
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            result = conn.run(line, warn=True, hide=False, pty=False, in_stream=False,
+                              out_stream=out, err_stream=err)
+            return ExecResult(node.name, result.exited)
+        except Exception as exc:  # noqa: BLE001  (any SSH failure is reported per node)
+            return ExecResult(node.name, 255, f"{type(exc).__name__}: {exc}")
+        finally:
+            out.flush()
+            err.flush()
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=min(len(nodes), 32)) as pool:
+        results = list(pool.map(one, nodes))
+    for r in results:
+        if r.error:
+            console.say(f"{r.node}: {r.error}")
+        elif r.exit_code:
+            console.say(f"{r.node}: exit {r.exit_code}")
+    return results

@@ -1,0 +1,19 @@
+"""The project's error types.
+
+Every failure a user can meet is one of these; the CLI turns it into a single
+line on stderr and an exit code in one place (``gpuprov.cli.main``).
+"""
+
+from __future__ import annotations
+
+
+class GpuprovError(Exception):
+    """An operational failure: the request was valid but could not be done (exit 1)."""
+
+    exit_code = 1
+
+
+class BadInput(GpuprovError):
+    """Bad usage or bad input, detected before anything was created or changed (exit 2)."""
+
+    exit_code = 2

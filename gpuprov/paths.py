@@ -1,0 +1,53 @@
+"""Where gpuprov keeps its state and finds its Ansible content."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def home() -> Path:
+    """The state directory: ``GPUPROV_HOME``, else the user state dir."""
+    env = os.environ.get("GPUPROV_HOME")
+    if env:
+        path = Path(env).expanduser()
+    else:
+        from platformdirs import user_state_path
+
+        path = user_state_path("gpuprov", appauthor=False)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def cluster_dir(name: str, create: bool = True) -> Path:
+    path = home() / "clusters" / name
+    if create:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def _content_root() -> Path:
+    # A source checkout keeps roles/ playbooks/ templates/ beside the package;
+    # an installed wheel carries them under gpuprov/share/.
+    checkout = _PKG.parent
+    if (checkout / "roles").is_dir() and (checkout / "playbooks").is_dir():
+        return checkout
+    return _PKG / "share"
+
+
+def roles_dir() -> Path:
+    return _content_root() / "roles"
+
+
+def playbooks_dir() -> Path:
+    return _content_root() / "playbooks"
+
+
+def templates_dir() -> Path:
+    return _content_root() / "templates"
+
+
+def probes_dir() -> Path:
+    return _PKG / "probes"

@@ -1,0 +1,52 @@
+"""pytest plugin: write each probe's outcome as a JSON line, as soon as it is known.
+
+Loaded by ``gpuprov verify`` with ``-p gpuprov.probes.collect``; the file is
+named by ``GPUPROV_PROBE_RESULTS``. With pytest-xdist the hook runs in the
+controller, so lines are written by one process only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import pytest
+
+
+def _probe(report: pytest.TestReport) -> str:
+    name = report.location[2].split("[", 1)[0]
+    return name.removeprefix("test_")
+
+
+def _host_from_id(nodeid: str) -> str:
+    match = re.search(r"\[(?:ansible://)?([^\]]+)\]$", nodeid)
+    return match.group(1) if match else "?"
+
+
+def _detail(report: pytest.TestReport) -> str:
+    props = dict(report.user_properties)
+    if report.passed:
+        return str(props.get("detail", "ok"))
+    longrepr: Any = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple):
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(longrepr)
+    first = text.strip().splitlines()[0] if text.strip() else "failed"
+    for prefix in ("AssertionError: ", "Failed: "):
+        first = first.removeprefix(prefix)
+    return first
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = os.environ.get("GPUPROV_PROBE_RESULTS")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # xdist workers forward their reports to the controller, which writes
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        status = "pass" if report.passed else "skip" if report.skipped else "fail"
+        host = dict(report.user_properties).get("host") or _host_from_id(report.nodeid)
+        line = {"host": host, "probe": _probe(report), "status": status, "detail": _detail(report)}
+        with open(path, "a") as fh:
+            fh.write(json.dumps(line) + "\n")

@@ -1,0 +1,275 @@
+"""Local nodes: systemd Debian 12 containers, reached over real SSH.
+
+For trying the whole flow before paying for GPUs, and for the project's own
+end-to-end tests. Nodes have no GPU (the catalog's ``docker-node`` type).
+
+Each node:
+- runs systemd as PID 1 with the flags checked in TESTBED.md (no
+  ``--privileged``), on the default bridge network;
+- publishes SSH on 127.0.0.1 only;
+- gets a host key generated here and copied in before it boots, pinned in
+  the cluster's known_hosts before first contact;
+- keeps /var/lib/docker on a named volume of its own (removed by ``down``).
+
+Everything carries the label ``gpuprov.cluster=<name>``; the engine, not the
+state file, says what exists.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from gpuprov import ssh
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
+from gpuprov.state import NodeRecord
+
+LABEL = "gpuprov.cluster"
+NODE_LABEL = "gpuprov.node"
+DEFAULT_IMAGE = "gpuprov/node:bookworm"
+NODE_USER = "gpuprov"
+
+# The flags that run systemd in a container on a cgroup v1/v2 host without
+# --privileged (CAP_SYS_RESOURCE is not in every bounding set).
+SYSTEMD_FLAGS = [
+    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "--tmpfs", "/run", "--tmpfs", "/run/lock",
+    "--stop-signal", "SIGRTMIN+3",
+]
+
+
+def docker(*args: str, check: bool = True, input: bytes | None = None,
+           timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    try:
+        proc = subprocess.run(["docker", *args], capture_output=True, input=input,
+                              check=False, timeout=timeout)
+    except FileNotFoundError:
+        raise BadInput("no docker client found; install Docker (make host-setup does it)") from None
+    except subprocess.TimeoutExpired:
+        raise GpuprovError(f"docker {args[0]} did not answer within {timeout:.0f}s") from None
+    if check and proc.returncode != 0:
+        raise GpuprovError(f"docker {args[0]} failed: {proc.stderr.decode().strip()}")
+    return proc
+
+
+class DockerProvider(Provider):
+    name = "docker"
+    billable = False
+
+    def __init__(self) -> None:
+        self.image = os.environ.get("GPUPROV_NODE_IMAGE", DEFAULT_IMAGE)
+
+    # -- checks -------------------------------------------------------------
+    def check_engine(self) -> None:
+        proc = docker("info", "--format", "{{.ServerVersion}}", check=False, timeout=20)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            detail = proc.stderr.decode().strip().splitlines()
+            raise BadInput(
+                "no Docker engine reachable"
+                + (f" ({detail[-1]})" if detail else "")
+                + "; start one with `systemctl start docker` (or `dockerd &`), "
+                "or run `make host-setup`"
+            )
+
+    def check_image(self) -> None:
+        if docker("image", "inspect", self.image, check=False).returncode != 0:
+            raise BadInput(
+                f"node image {self.image} not found; build it with "
+                "`scripts/build-node-image.sh` (or `make host-setup`)"
+            )
+
+    def _containers(self, cluster: str) -> list[dict]:
+        proc = docker("ps", "-a", "--no-trunc", "--filter", f"label={LABEL}={cluster}",
+                      "--format", "{{json .}}")
+        rows = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.strip()]
+        return rows
+
+    # -- interface ------------------------------------------------------------
+    def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
+        if spec.instance_type not in (None, "docker-node"):
+            raise BadInput(
+                f"the docker provider runs only the 'docker-node' type, not '{spec.instance_type}'"
+            )
+        self.check_engine()
+        self.check_image()
+        existing = len(self._containers(spec.name))
+        if existing > spec.count:
+            raise BadInput(
+                f"cluster '{spec.name}' already has {existing} nodes, more than --count "
+                f"{spec.count}; gpuprov does not shrink clusters (use `gpuprov down` first)"
+            )
+        return Plan(spec=spec, to_create=spec.count - existing, existing=existing, billable=False,
+                    notes=("local containers: no GPU, no cost",))
+
+    def launch(self, spec: ClusterSpec, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+        ssh.ensure_keypair(files.key, f"gpuprov-{spec.name}")
+        pubkey = files.key.with_suffix(".pub").read_text()
+        existing = {c["Names"]: c for c in self._containers(spec.name)}
+        created: list[str] = []
+        host_keys: dict[str, str] = {}
+        try:
+            for i in range(1, spec.count + 1):
+                node = node_name(spec.name, i)
+                cname = container_name(spec.name, i)
+                if cname in existing:
+                    if existing[cname]["State"] != "running":
+                        report(f"{node}: starting existing container")
+                        docker("start", cname)
+                    continue
+                report(f"{node}: creating container from {self.image}")
+                host_keys[cname] = self._create(spec.name, node, cname, pubkey, files)
+                created.append(cname)
+            for cname in created:
+                docker("start", cname)
+            nodes = self.describe(spec.name, [], files)
+            missing = [n.name for n in nodes if n.state != "running"]
+            if missing or len(nodes) != spec.count:
+                raise GpuprovError(
+                    f"nodes did not start: {', '.join(missing) or 'count mismatch'}"
+                )
+        except BaseException:
+            for cname in created:
+                docker("rm", "-f", "-v", cname, check=False)
+                docker("volume", "rm", f"{cname}-docker", check=False)
+            if created:
+                report(f"launch failed: removed the {len(created)} container(s) this run created")
+            raise
+        return nodes
+
+    def _create(self, cluster: str, node: str, cname: str, pubkey: str, files: ClusterFiles) -> str:
+        volume = f"{cname}-docker"
+        docker("volume", "create", "--label", f"{LABEL}={cluster}", volume)
+        docker(
+            "create", "--name", cname, "--hostname", node,
+            "--label", f"{LABEL}={cluster}", "--label", f"{NODE_LABEL}={node}",
+            *SYSTEMD_FLAGS,
+            "-v", f"{volume}:/var/lib/docker",
+            "-p", "127.0.0.1::22",
+            self.image, "/sbin/init",
+        )
+        # The image's /etc/passwd says which uid owns the admin user's home.
+        uid, gid = _user_ids(cname, NODE_USER)
+        private, public = ssh.new_host_key(files.dir, f"root@{node}")
+        (files.dir / "hostkeys").mkdir(mode=0o700, exist_ok=True)
+        (files.dir / "hostkeys" / f"{node}.pub").write_text(public + "\n")
+        payload = _tar([
+            ("etc/ssh/ssh_host_ed25519_key", private, 0o600, 0, 0),
+            ("etc/ssh/ssh_host_ed25519_key.pub", (public + "\n").encode(), 0o644, 0, 0),
+            (f"home/{NODE_USER}/.ssh/authorized_keys", pubkey.encode(), 0o600, uid, gid),
+        ])
+        docker("cp", "-a", "-", f"{cname}:/", input=payload)
+        return public
+
+    def wait_ready(self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles,
+                   report: Reporter) -> list[NodeRecord]:
+        self._pin(nodes, files)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
+            list(pool.map(lambda n: ssh.wait_ssh(n, files.key, files.known_hosts), nodes))
+        for n in nodes:
+            report(f"{n.name}: SSH ready on 127.0.0.1:{n.ssh_port} (host key pinned)")
+        return nodes
+
+    def _pin(self, nodes: list[NodeRecord], files: ClusterFiles) -> None:
+        keys = {}
+        for n in nodes:
+            pub = files.dir / "hostkeys" / f"{n.name}.pub"
+            if not pub.exists():
+                raise GpuprovError(
+                    f"{n.name}: no recorded host key for this node; it was not created by "
+                    "this state directory (run `gpuprov down` and `up` again)"
+                )
+            keys[(n.address, n.ssh_port)] = pub.read_text().strip()
+        ssh.pin_host_keys(files.known_hosts, keys)
+
+    def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
+        rows = self._containers(name)
+        if not rows:
+            return []
+        ids = [r["ID"] for r in rows]
+        info = json.loads(docker("inspect", *ids).stdout)
+        nodes = []
+        for c in info:
+            labels = c["Config"]["Labels"] or {}
+            port = 0
+            bindings = (c["NetworkSettings"]["Ports"] or {}).get("22/tcp") or []
+            for b in bindings:
+                if b.get("HostIp") in ("127.0.0.1", "") and b.get("HostPort"):
+                    port = int(b["HostPort"])
+            nodes.append(NodeRecord(
+                name=labels.get(NODE_LABEL, c["Name"].lstrip("/")),
+                id=c["Id"][:12],
+                address="127.0.0.1",
+                ssh_port=port,
+                user=NODE_USER,
+                state=c["State"]["Status"],
+                zone="local",
+                instance_type="docker-node",
+                extra={"container": c["Name"].lstrip("/"), "virtualization": "container"},
+            ))
+        nodes.sort(key=lambda n: _index(n.name))
+        if files.known_hosts.exists() or any(n.ssh_port for n in nodes):
+            running = [n for n in nodes if n.ssh_port]
+            if running and (files.dir / "hostkeys").is_dir():
+                self._pin(running, files)
+        return nodes
+
+    def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles,
+                  report: Reporter) -> int:
+        rows = self._containers(name)
+        for r in rows:
+            report(f"{r['Names']}: removing container and its volumes")
+        if rows:
+            docker("rm", "-f", "-v", *[r["ID"] for r in rows])
+        vols = docker("volume", "ls", "-q", "--filter", f"label={LABEL}={name}").stdout.decode().split()
+        if vols:
+            docker("volume", "rm", *vols)
+        return len(rows)
+
+
+def node_name(cluster: str, index: int) -> str:
+    return f"{cluster}-node-{index}"
+
+
+def container_name(cluster: str, index: int) -> str:
+    return f"gpuprov-{cluster}-node-{index}"
+
+
+def _index(name: str) -> int:
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _user_ids(container: str, user: str) -> tuple[int, int]:
+    raw = docker("cp", f"{container}:/etc/passwd", "-").stdout
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        member = tar.extractfile("passwd")
+        assert member is not None
+        for line in member.read().decode().splitlines():
+            fields = line.split(":")
+            if fields[0] == user:
+                return int(fields[2]), int(fields[3])
+    raise GpuprovError(f"node image has no '{user}' user; rebuild it with scripts/build-node-image.sh")
+
+
+def _tar(files: list[tuple[str, bytes, int, int, int]]) -> bytes:
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, data, mode, uid, gid in files:
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, gid, now
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+PROVIDER = DockerProvider()
+
+__all__ = ["PROVIDER", "DockerProvider", "LABEL"]

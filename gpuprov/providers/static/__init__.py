@@ -1,0 +1,261 @@
+"""Hosts that already exist (on-prem, other clouds), read from an inventory file.
+
+``up`` checks every host is reachable with its pinned host key and records
+them; ``down`` forgets them and never touches the machines.
+
+Accepted files (see inventory/static-hosts.example.yml and .ini):
+
+- gpuprov YAML: ``hosts: [{name, address, user, port, key, instance_type, gpus,
+  host_key}]`` plus optional top-level ``known_hosts`` and ``user``/``key`` defaults;
+- Ansible YAML inventory: ``all: {hosts: {NAME: {ansible_host, ...}}}``;
+- Ansible INI inventory: ``NAME ansible_host=... ansible_user=... ansible_port=...
+  ansible_ssh_private_key_file=...`` lines.
+
+Host keys: ``host_key`` per host, or a ``known_hosts`` file that already holds
+them; otherwise they are read once with ssh-keyscan, printed with their
+fingerprints (trust on first use), and pinned from then on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuprov import ssh
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
+from gpuprov.state import NodeRecord
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class StaticHost:
+    name: str
+    address: str
+    user: str
+    port: int
+    key: str | None
+    instance_type: str | None
+    gpus: int | None
+    host_key: str | None
+
+
+def parse_hosts_file(path: str | None) -> tuple[list[StaticHost], Path | None]:
+    """Parse a hosts file; BadInput with the file and the reason when it is not usable."""
+    if not path:
+        raise BadInput("the static provider needs --hosts FILE (YAML or INI inventory)")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise BadInput(f"hosts file {path} not found")
+    text = file.read_text()
+    try:
+        if file.suffix in (".yml", ".yaml") or text.lstrip().startswith(("hosts:", "all:", "---")):
+            hosts, known = _parse_yaml(text, file)
+        else:
+            hosts, known = _parse_ini(text), None
+    except BadInput:
+        raise
+    except Exception as exc:  # noqa: BLE001  (any parser error is bad input)
+        raise BadInput(f"hosts file {path} is malformed: {str(exc).splitlines()[0]}") from None
+    if not hosts:
+        raise BadInput(f"hosts file {path} lists no hosts")
+    names = [h.name for h in hosts]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise BadInput(f"hosts file {path} lists {', '.join(dupes)} more than once")
+    for h in hosts:
+        if not _NAME.match(h.name):
+            raise BadInput(f"hosts file {path}: invalid host name '{h.name}'")
+        if h.key and not Path(h.key).expanduser().is_file():
+            raise BadInput(f"hosts file {path}: key {h.key} for {h.name} not found")
+    return hosts, known
+
+
+def _host(name: str, data: dict[str, Any], defaults: dict[str, Any], where: Path) -> StaticHost:
+    def pick(*keys: str) -> Any:
+        for k in keys:
+            if data.get(k) not in (None, ""):
+                return data[k]
+        for k in keys:
+            if defaults.get(k) not in (None, ""):
+                return defaults[k]
+        return None
+
+    address = pick("address", "ansible_host") or name
+    user = pick("user", "ansible_user")
+    if not user:
+        raise BadInput(f"hosts file {where}: no user for {name} (set user: or ansible_user)")
+    try:
+        port = int(pick("port", "ansible_port") or 22)
+        gpus = pick("gpus", "gpuprov_gpus")
+        gpus = None if gpus is None else int(gpus)
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"hosts file {where}: bad number for {name}: {exc}") from None
+    if not 0 < port < 65536:
+        raise BadInput(f"hosts file {where}: port {port} of {name} is out of range")
+    return StaticHost(
+        name=str(name), address=str(address), user=str(user), port=port,
+        key=pick("key", "ansible_ssh_private_key_file", "ansible_private_key_file"),
+        instance_type=pick("instance_type", "gpuprov_instance_type"),
+        gpus=gpus, host_key=pick("host_key"),
+    )
+
+
+def _parse_yaml(text: str, where: Path) -> tuple[list[StaticHost], Path | None]:
+    import yaml
+
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise BadInput(f"hosts file {where} is malformed: expected a mapping at the top")
+    known = data.get("known_hosts")
+    known_path = Path(known).expanduser() if known else None
+    if known_path is not None and not known_path.is_file():
+        raise BadInput(f"hosts file {where}: known_hosts {known} not found")
+    if "hosts" in data and isinstance(data["hosts"], list):
+        defaults = {k: v for k, v in data.items() if k not in ("hosts", "known_hosts")}
+        hosts = []
+        for i, item in enumerate(data["hosts"]):
+            if not isinstance(item, dict) or "name" not in item:
+                raise BadInput(f"hosts file {where} is malformed: host #{i + 1} has no name")
+            hosts.append(_host(item["name"], item, defaults, where))
+        return hosts, known_path
+    if "all" in data and isinstance(data["all"], dict):
+        hosts = []
+
+        def walk(group: dict[str, Any], inherited: dict[str, Any]) -> None:
+            group_vars = {**inherited, **(group.get("vars") or {})}
+            for name, hv in (group.get("hosts") or {}).items():
+                hosts.append(_host(name, hv or {}, group_vars, where))
+            for child in (group.get("children") or {}).values():
+                walk(child or {}, group_vars)
+
+        walk(data["all"], {})
+        return hosts, known_path
+    raise BadInput(f"hosts file {where} is malformed: expected a 'hosts:' list or an 'all:' group")
+
+
+def _parse_ini(text: str) -> list[StaticHost]:
+    hosts: dict[str, dict[str, Any]] = {}
+    group_vars: dict[str, Any] = {}
+    section = ""
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            if not line.endswith("]"):
+                raise BadInput(f"line {lineno}: unterminated section header")
+            section = line[1:-1]
+            continue
+        parts = shlex.split(line)
+        if section.endswith(":vars"):
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise BadInput(f"line {lineno}: expected key=value in [{section}]")
+            group_vars[key.strip()] = value.strip()
+            continue
+        if section.endswith(":children"):
+            continue
+        name, *pairs = parts
+        hv = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise BadInput(f"line {lineno}: expected key=value, found '{pair}'")
+            hv[key] = value
+        hosts.setdefault(name, {}).update(hv)
+    return [_host(n, hv, group_vars, Path("<ini>")) for n, hv in hosts.items()]
+
+
+class StaticProvider(Provider):
+    name = "static"
+    billable = False
+
+    def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
+        hosts, _ = parse_hosts_file(spec.hosts_file)
+        if spec.count and spec.count != len(hosts):
+            raise BadInput(f"--count {spec.count} but the hosts file lists {len(hosts)} hosts")
+        return Plan(spec=spec, to_create=0, existing=len(hosts), billable=False,
+                    notes=(f"{len(hosts)} existing host(s) from {spec.hosts_file}; "
+                           "gpuprov will not create or remove machines",))
+
+    def launch(self, spec: ClusterSpec, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+        hosts, known = parse_hosts_file(spec.hosts_file)
+        return [
+            NodeRecord(
+                name=h.name, id=h.name, address=h.address, ssh_port=h.port, user=h.user,
+                state="reachable", zone="static",
+                instance_type=h.instance_type or spec.instance_type or "",
+                extra={
+                    "key_file": str(Path(h.key).expanduser().resolve()) if h.key else None,
+                    "gpus": h.gpus,
+                    "host_key": h.host_key,
+                    "known_hosts": str(known) if known else None,
+                },
+            )
+            for h in hosts
+        ]
+
+    def wait_ready(self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles,
+                   report: Reporter) -> list[NodeRecord]:
+        keys: dict[tuple[str, int], str] = {}
+        for n in nodes:
+            key = n.extra.get("host_key") or _from_known_hosts(n)
+            if key is None:
+                key = ssh.keyscan(n.address, n.ssh_port)
+                report(f"{n.name}: pinned host key {ssh.fingerprint(key)} "
+                       "(first use; give host_key or known_hosts in the hosts file to pin ahead)")
+            keys[(n.address, n.ssh_port)] = key
+        ssh.pin_host_keys(files.known_hosts, keys)
+
+        def check(n: NodeRecord) -> str | None:
+            try:
+                ssh.wait_ssh(n, ssh.node_key(n, files.key), files.known_hosts, timeout=20)
+            except GpuprovError as exc:
+                return str(exc)
+            return None
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
+            problems = [p for p in pool.map(check, nodes) if p]
+        if problems:
+            raise GpuprovError("; ".join(problems))
+        for n in nodes:
+            report(f"{n.name}: reachable at {n.user}@{n.address}:{n.ssh_port}")
+        return nodes
+
+    def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
+        return list(known)
+
+    def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles,
+                  report: Reporter) -> int:
+        for n in known:
+            report(f"{n.name}: forgotten (the machine is not touched)")
+        return len(known)
+
+
+def _from_known_hosts(node: NodeRecord) -> str | None:
+    path = node.extra.get("known_hosts")
+    if not path:
+        return None
+    lookup = ssh.known_hosts_name(node.address, node.ssh_port)
+    proc = subprocess.run(["ssh-keygen", "-F", lookup, "-f", os.fspath(path)],
+                          capture_output=True, text=True, check=False)
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#") and parts[1] == "ssh-ed25519":
+            return f"{parts[1]} {parts[2]}"
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#"):
+            return f"{parts[1]} {parts[2]}"
+    return None
+
+
+PROVIDER = StaticProvider()

@@ -1,0 +1,132 @@
+"""SSH keys, pinned host keys and reachability checks.
+
+gpuprov never turns host key checking off: every node's host key is in the
+cluster's own known_hosts before the first connection, and every SSH client
+(OpenSSH for Ansible and the probes, paramiko for ``exec``) is told to
+reject anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpuprov.errors import GpuprovError
+from gpuprov.state import NodeRecord
+
+
+def ensure_keypair(path: Path, comment: str) -> Path:
+    """An ed25519 key pair at ``path`` (private 0600), created when absent."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+    os.chmod(path, 0o600)
+    return path
+
+
+def new_host_key(workdir: Path, comment: str) -> tuple[bytes, str]:
+    """A fresh ed25519 host key: (private key bytes, public key line)."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        key = Path(tmp) / "ssh_host_ed25519_key"
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)])
+        return key.read_bytes(), key.with_suffix(".pub").read_text().strip()
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def pin_host_keys(known_hosts: Path, keys: Mapping[tuple[str, int], str]) -> None:
+    """Write ``keys`` ({(address, port): "type base64 [comment]"}) into known_hosts.
+
+    Entries for the same address:port are replaced (a re-created node has a
+    new key); other entries are kept. Written atomically.
+    """
+    names = {known_hosts_name(a, p): key for (a, p), key in keys.items()}
+    lines: list[str] = []
+    if known_hosts.exists():
+        for line in known_hosts.read_text().splitlines():
+            host = line.split(" ", 1)[0]
+            if line.strip() and host not in names:
+                lines.append(line)
+    for name, key in sorted(names.items()):
+        keytype, blob = key.split()[:2]
+        lines.append(f"{name} {keytype} {blob}")
+    tmp = known_hosts.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.chmod(tmp, 0o600)
+    tmp.replace(known_hosts)
+
+
+def keyscan(address: str, port: int, timeout: int = 10) -> str:
+    """The ed25519 host key a server offers (trust on first use, for static hosts)."""
+    proc = subprocess.run(
+        ["ssh-keyscan", "-T", str(timeout), "-t", "ed25519", "-p", str(port), address],
+        capture_output=True, text=True, check=False,
+    )
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#"):
+            return f"{parts[1]} {parts[2]}"
+    raise GpuprovError(f"{address}:{port} offered no ed25519 host key (ssh-keyscan: "
+                       f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no answer'})")
+
+
+def fingerprint(pubkey: str) -> str:
+    proc = subprocess.run(["ssh-keygen", "-l", "-f", "-"], input=pubkey + "\n",
+                          capture_output=True, text=True, check=False)
+    return proc.stdout.split()[1] if proc.returncode == 0 and proc.stdout else "?"
+
+
+def ssh_options(known_hosts: Path, key: Path | None) -> list[str]:
+    opts = ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    if key is not None:
+        opts += ["-o", "IdentitiesOnly=yes", "-i", str(key)]
+    return opts
+
+
+def node_key(node: NodeRecord, default: Path) -> Path | None:
+    """The private key for ``node``: its own (static hosts), else the cluster's, else None
+    (a static host without a key: the user's agent and default keys are used)."""
+    if node.extra.get("key_file"):
+        return Path(node.extra["key_file"]).expanduser()
+    if node.zone == "static":
+        return None
+    return default
+
+
+def wait_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: float = 90.0) -> None:
+    """Return once ``node`` runs a command over SSH with its pinned host key."""
+    deadline = time.monotonic() + timeout
+    last = "no attempt"
+    while True:
+        proc = subprocess.run(
+            ["ssh", "-p", str(node.ssh_port), *ssh_options(known_hosts, key),
+             "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+             f"{node.user}@{node.address}", "true"],
+            capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
+        )
+        if proc.returncode == 0:
+            return
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        if "Host key verification failed" in proc.stderr or "IDENTIFICATION HAS CHANGED" in proc.stderr:
+            raise GpuprovError(
+                f"{node.name}: host key does not match the pinned key "
+                f"({node.address}:{node.ssh_port}); refusing to connect"
+            )
+        if time.monotonic() > deadline:
+            raise GpuprovError(
+                f"{node.name}: SSH not reachable at {node.user}@{node.address}:{node.ssh_port} "
+                f"after {timeout:.0f}s ({last})"
+            )
+        time.sleep(1.0)
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise GpuprovError(f"{cmd[0]} failed: {proc.stderr.strip()}")

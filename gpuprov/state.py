@@ -1,0 +1,298 @@
+"""SQLite state store.
+
+One database file in the state directory. Safe for several gpuprov processes
+at once: WAL journal, a generous busy timeout, and every write inside
+``BEGIN IMMEDIATE`` so two writers serialise instead of failing half-way.
+The schema is versioned with ``PRAGMA user_version`` and migrated forward
+on open, under an exclusive lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpuprov import paths
+
+# Each entry moves the schema from version i to i+1. Never edit a released
+# entry; append a new one.
+MIGRATIONS: Sequence[str] = (
+    # 1: clusters, nodes, runs
+    """
+    CREATE TABLE clusters (
+        name      TEXT PRIMARY KEY,
+        provider  TEXT NOT NULL,
+        created   TEXT NOT NULL,
+        state     TEXT NOT NULL,
+        spec      TEXT NOT NULL DEFAULT '{}',
+        lock      TEXT
+    );
+    CREATE TABLE nodes (
+        cluster        TEXT NOT NULL REFERENCES clusters(name) ON DELETE CASCADE,
+        name           TEXT NOT NULL,
+        id             TEXT NOT NULL,
+        address        TEXT NOT NULL,
+        ssh_port       INTEGER NOT NULL,
+        user           TEXT NOT NULL,
+        state          TEXT NOT NULL,
+        zone           TEXT NOT NULL DEFAULT '',
+        instance_type  TEXT NOT NULL DEFAULT '',
+        extra          TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (cluster, name)
+    );
+    CREATE TABLE runs (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        cluster       TEXT NOT NULL,
+        kind          TEXT NOT NULL,
+        started       TEXT NOT NULL,
+        finished      TEXT,
+        ok            INTEGER,
+        artifact_dir  TEXT,
+        summary       TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX runs_by_cluster ON runs(cluster, id);
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    id: str
+    address: str
+    ssh_port: int
+    user: str
+    state: str
+    zone: str = ""
+    instance_type: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        """The node as DESIGN.md's JSON shape has it."""
+        return {
+            "name": self.name,
+            "id": self.id,
+            "address": self.address,
+            "ssh_port": self.ssh_port,
+            "state": self.state,
+            "zone": self.zone,
+            "instance_type": self.instance_type,
+        }
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    name: str
+    provider: str
+    created: str
+    state: str
+    spec: dict[str, Any]
+    lock: dict[str, Any] | None
+    nodes: tuple[NodeRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    cluster: str
+    kind: str
+    started: str
+    finished: str | None
+    ok: bool | None
+    artifact_dir: str | None
+    summary: dict[str, Any]
+
+
+class Store:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or (paths.home() / "state.db")
+        self._migrate()
+
+    # -- plumbing ---------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    @contextmanager
+    def _tx(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        conn = self._connect()
+        try:
+            conn.execute(f"BEGIN {mode}")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def _migrate(self) -> None:
+        conn = self._connect()
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+        finally:
+            conn.close()
+        with self._tx("EXCLUSIVE") as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                from gpuprov.errors import GpuprovError
+
+                raise GpuprovError(
+                    f"state database {self.path} has schema version {version}, newer than this "
+                    f"gpuprov understands ({SCHEMA_VERSION}); upgrade gpuprov"
+                )
+            for target in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {target + 1}")
+
+    def schema_version(self) -> int:
+        conn = self._connect()
+        try:
+            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+        finally:
+            conn.close()
+
+    # -- clusters ---------------------------------------------------------
+    def create_cluster(
+        self, name: str, provider: str, spec: dict[str, Any], lock: dict[str, Any] | None = None
+    ) -> ClusterRecord:
+        """Reserve a cluster name. Raises ``KeyError`` when it is taken."""
+        with self._tx() as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO clusters(name, provider, created, state, spec, lock)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (name, provider, now(), "launching", json.dumps(spec),
+                     json.dumps(lock) if lock is not None else None),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise KeyError(name) from exc
+        cluster = self.get_cluster(name)
+        assert cluster is not None
+        return cluster
+
+    def get_cluster(self, name: str) -> ClusterRecord | None:
+        conn = self._connect()
+        try:
+            row = conn.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return None
+            nodes = conn.execute(
+                "SELECT * FROM nodes WHERE cluster = ? ORDER BY name", (name,)
+            ).fetchall()
+            return _cluster(row, nodes)
+        finally:
+            conn.close()
+
+    def list_clusters(self) -> list[ClusterRecord]:
+        conn = self._connect()
+        try:
+            rows = conn.execute("SELECT * FROM clusters ORDER BY created, name").fetchall()
+            out = []
+            for row in rows:
+                nodes = conn.execute(
+                    "SELECT * FROM nodes WHERE cluster = ? ORDER BY name", (row["name"],)
+                ).fetchall()
+                out.append(_cluster(row, nodes))
+            return out
+        finally:
+            conn.close()
+
+    def set_cluster_state(self, name: str, state: str) -> None:
+        with self._tx() as conn:
+            conn.execute("UPDATE clusters SET state = ? WHERE name = ?", (state, name))
+
+    def set_lock(self, name: str, lock: dict[str, Any] | None) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE clusters SET lock = ? WHERE name = ?",
+                (json.dumps(lock) if lock is not None else None, name),
+            )
+
+    def replace_nodes(self, cluster: str, nodes: Sequence[NodeRecord]) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM nodes WHERE cluster = ?", (cluster,))
+            conn.executemany(
+                "INSERT INTO nodes(cluster, name, id, address, ssh_port, user, state, zone,"
+                " instance_type, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (cluster, n.name, n.id, n.address, n.ssh_port, n.user, n.state, n.zone,
+                     n.instance_type, json.dumps(n.extra))
+                    for n in nodes
+                ],
+            )
+
+    def delete_cluster(self, name: str) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM clusters WHERE name = ?", (name,))
+
+    # -- runs -------------------------------------------------------------
+    def start_run(self, cluster: str, kind: str, artifact_dir: str | None) -> int:
+        with self._tx() as conn:
+            cur = conn.execute(
+                "INSERT INTO runs(cluster, kind, started, artifact_dir) VALUES (?, ?, ?, ?)",
+                (cluster, kind, now(), artifact_dir),
+            )
+            return int(cur.lastrowid)
+
+    def finish_run(self, run_id: int, ok: bool, summary: dict[str, Any]) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE runs SET finished = ?, ok = ?, summary = ? WHERE id = ?",
+                (now(), int(ok), json.dumps(summary), run_id),
+            )
+
+    def runs(self, cluster: str, limit: int = 20) -> list[RunRecord]:
+        conn = self._connect()
+        try:
+            rows = conn.execute(
+                "SELECT * FROM runs WHERE cluster = ? ORDER BY id DESC LIMIT ?", (cluster, limit)
+            ).fetchall()
+        finally:
+            conn.close()
+        return [
+            RunRecord(
+                id=r["id"], cluster=r["cluster"], kind=r["kind"], started=r["started"],
+                finished=r["finished"], ok=None if r["ok"] is None else bool(r["ok"]),
+                artifact_dir=r["artifact_dir"], summary=json.loads(r["summary"]),
+            )
+            for r in rows
+        ]
+
+
+def _cluster(row: sqlite3.Row, nodes: Sequence[sqlite3.Row]) -> ClusterRecord:
+    return ClusterRecord(
+        name=row["name"],
+        provider=row["provider"],
+        created=row["created"],
+        state=row["state"],
+        spec=json.loads(row["spec"]),
+        lock=json.loads(row["lock"]) if row["lock"] else None,
+        nodes=tuple(
+            NodeRecord(
+                name=n["name"], id=n["id"], address=n["address"], ssh_port=n["ssh_port"],
+                user=n["user"], state=n["state"], zone=n["zone"],
+                instance_type=n["instance_type"], extra=json.loads(n["extra"]),
+            )
+            for n in nodes
+        ),
+    )
