@@ -21,7 +21,11 @@ PROVIDER_NAMES = ("aws", "docker", "static")
 
 def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
+        "--output",
+        "-o",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
         help="Table for people, JSON (one document on stdout) for programs.",
     )(fn)
 
@@ -72,27 +76,59 @@ def cli(debug: bool) -> None:
 # -- up ------------------------------------------------------------------------------
 @cli.command()
 @click.option("--name", help="Cluster name (generated and printed when absent).")
-@click.option("--type", "instance_type", metavar="TYPE",
-              help="Instance type, e.g. p4d.24xlarge (`gpuprov types` lists them). "
-                   "docker: docker-node (the default); static: optional, sets what probes expect.")
-@click.option("--count", type=click.IntRange(min=1), metavar="N",
-              help="Number of nodes (static: defaults to every host in --hosts).")
-@click.option("--provider", type=click.Choice(PROVIDER_NAMES), default="aws", show_default=True,
-              help="Where the nodes come from.")
+@click.option(
+    "--type",
+    "instance_type",
+    metavar="TYPE",
+    help="Instance type, e.g. p4d.24xlarge (`gpuprov types` lists them). "
+    "docker: docker-node (the default); static: optional, sets what probes expect.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Number of nodes (static: defaults to every host in --hosts).",
+)
+@click.option(
+    "--provider",
+    type=click.Choice(PROVIDER_NAMES),
+    default="aws",
+    show_default=True,
+    help="Where the nodes come from.",
+)
 @click.option("--region", help="Cloud region (aws).")
 @click.option("--image", help="Machine image, e.g. an AMI id (aws).")
 @click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32).")
 @click.option("--spot", is_flag=True, help="Use spot capacity (aws).")
-@click.option("--hosts", "hosts_file", type=click.Path(dir_okay=False),
-              help="Inventory of existing hosts, YAML or INI (static).")
-@click.option("--no-bootstrap", is_flag=True,
-              help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.")
+@click.option(
+    "--hosts",
+    "hosts_file",
+    type=click.Path(dir_okay=False),
+    help="Inventory of existing hosts, YAML or INI (static).",
+)
+@click.option(
+    "--no-bootstrap",
+    is_flag=True,
+    help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
+)
 @click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @output_option
-def up(name: str | None, instance_type: str | None, count: int | None, provider: str,
-       region: str | None, image: str | None, ssh_cidr: str | None, spot: bool,
-       hosts_file: str | None, no_bootstrap: bool, dry_run: bool, yes: bool, output: str) -> int:
+def up(
+    name: str | None,
+    instance_type: str | None,
+    count: int | None,
+    provider: str,
+    region: str | None,
+    image: str | None,
+    ssh_cidr: str | None,
+    spot: bool,
+    hosts_file: str | None,
+    no_bootstrap: bool,
+    dry_run: bool,
+    yes: bool,
+    output: str,
+) -> int:
     """Launch a cluster and bootstrap it (idempotent: re-running completes a cluster)."""
     from gpuprov import catalog, core
     from gpuprov.providers import ClusterSpec
@@ -116,8 +152,15 @@ def up(name: str | None, instance_type: str | None, count: int | None, provider:
         name = core.generate_name()
         console.say(f"cluster name: {name}")
     spec = ClusterSpec(
-        name=name, provider=provider, instance_type=instance_type, count=count or 0,
-        region=region, image=image, ssh_cidr=ssh_cidr, spot=spot, hosts_file=hosts_file,
+        name=name,
+        provider=provider,
+        instance_type=instance_type,
+        count=count or 0,
+        region=region,
+        image=image,
+        ssh_cidr=ssh_cidr,
+        spot=spot,
+        hosts_file=hosts_file,
     )
 
     def confirm(plan) -> bool:
@@ -125,18 +168,20 @@ def up(name: str | None, instance_type: str | None, count: int | None, provider:
             return True
         if not _interactive():
             raise BadInput("this launch costs money: pass --yes to confirm without a prompt")
-        return click.confirm(f"Launch {plan.to_create} x {spec.instance_type}?", default=False,
-                             err=True)
+        return click.confirm(f"Launch {plan.to_create} x {spec.instance_type}?", default=False, err=True)
 
-    result = core.up(spec, console=console, dry_run=dry_run, bootstrap=not no_bootstrap,
-                     confirm=confirm)
+    result = core.up(spec, console=console, dry_run=dry_run, bootstrap=not no_bootstrap, confirm=confirm)
     if output == "json":
         _emit_json(result)
     else:
-        _table(f"cluster {result['cluster']} ({result['provider']})",
-               ["node", "id", "address", "ssh", "state", "zone", "type"],
-               [[n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"],
-                 n["instance_type"]] for n in result["nodes"]])
+        _table(
+            f"cluster {result['cluster']} ({result['provider']})",
+            ["node", "id", "address", "ssh", "state", "zone", "type"],
+            [
+                [n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"], n["instance_type"]]
+                for n in result["nodes"]
+            ],
+        )
         if result["bootstrap"] is not None:
             _provision_table(result["cluster"], result["bootstrap"])
     boot = result["bootstrap"]
@@ -144,10 +189,11 @@ def up(name: str | None, instance_type: str | None, count: int | None, provider:
 
 
 def _provision_table(cluster: str, data: dict[str, Any]) -> None:
-    _table(f"bootstrap {cluster}: {'ok' if data['ok'] else 'FAILED'}",
-           ["node", "ok", "changed", "failed", "unreachable"],
-           [[h, s["ok"], s["changed"], s["failed"], s["unreachable"]]
-            for h, s in data["hosts"].items()])
+    _table(
+        f"bootstrap {cluster}: {'ok' if data['ok'] else 'FAILED'}",
+        ["node", "ok", "changed", "failed", "unreachable"],
+        [[h, s["ok"], s["changed"], s["failed"], s["unreachable"]] for h, s in data["hosts"].items()],
+    )
 
 
 # -- down / list / status ----------------------------------------------------------------
@@ -179,8 +225,11 @@ def list_(output: str) -> int:
     if output == "json":
         _emit_json(rows)
     else:
-        _table(None, ["name", "provider", "nodes", "created", "state"],
-               [[r["name"], r["provider"], r["nodes"], r["created"], r["state"]] for r in rows])
+        _table(
+            None,
+            ["name", "provider", "nodes", "created", "state"],
+            [[r["name"], r["provider"], r["nodes"], r["created"], r["state"]] for r in rows],
+        )
     return 0
 
 
@@ -195,13 +244,28 @@ def status(name: str, output: str) -> int:
     if output == "json":
         _emit_json(data)
         return 0
-    _table(f"{name} ({data['provider']}): {data['state']}",
-           ["node", "id", "address", "ssh", "state", "zone", "type"],
-           [[n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"],
-             n["instance_type"]] for n in data["nodes"]])
-    _table("recent runs", ["id", "kind", "started", "ok", "artifacts"],
-           [[r["id"], r["kind"], r["started"], {True: "yes", False: "no", None: "running"}[r["ok"]],
-             r["artifact_dir"]] for r in data["runs"]])
+    _table(
+        f"{name} ({data['provider']}): {data['state']}",
+        ["node", "id", "address", "ssh", "state", "zone", "type"],
+        [
+            [n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"], n["instance_type"]]
+            for n in data["nodes"]
+        ],
+    )
+    _table(
+        "recent runs",
+        ["id", "kind", "started", "ok", "artifacts"],
+        [
+            [
+                r["id"],
+                r["kind"],
+                r["started"],
+                {True: "yes", False: "no", None: "running"}[r["ok"]],
+                r["artifact_dir"],
+            ]
+            for r in data["runs"]
+        ],
+    )
     return 0
 
 
@@ -225,8 +289,13 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 
 @cli.command()
 @click.argument("name")
-@click.option("--level", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
-              help="quick: fast probes; full: also the slow ones.")
+@click.option(
+    "--level",
+    type=click.Choice(["quick", "full"]),
+    default="quick",
+    show_default=True,
+    help="quick: fast probes; full: also the slow ones.",
+)
 @output_option
 def verify(name: str, level: str, output: str) -> int:
     """Probe every node (testinfra) and report pass / fail / skip, each with its reason."""
@@ -241,8 +310,11 @@ def verify(name: str, level: str, output: str) -> int:
             for r in results:
                 rows.append([host, r["probe"], r["status"].upper(), r["detail"]])
         s = data["summary"]
-        _table(f"verify {name}: {s['pass']} pass, {s['fail']} fail, {s['skip']} skip",
-               ["node", "probe", "status", "detail"], rows)
+        _table(
+            f"verify {name}: {s['pass']} pass, {s['fail']} fail, {s['skip']} skip",
+            ["node", "probe", "status", "detail"],
+            rows,
+        )
     return 0 if data["ok"] else 1
 
 
@@ -292,12 +364,24 @@ def types(gpu: str | None, output: str) -> int:
     if output == "json":
         _emit_json(rows)
         return 0
-    _table(f"instance types (prices: on-demand us-east-1 estimate as of {catalog.price_date()})",
-           ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "vcpus", "efa", "nvswitch", "$/h"],
-           [[r["instance_type"], r["gpu"] or "-", r["gpus"], r["gpu_memory_gib"], r["arch"] or "-",
-             r["vcpus"] or "-", r["efa_interfaces"] if r["efa"] else "no",
-             "yes" if r["nvswitch"] else "no",
-             f"{r['price_us_east_1']:.2f}" if r["price_us_east_1"] else "-"] for r in rows])
+    _table(
+        f"instance types (prices: on-demand us-east-1 estimate as of {catalog.price_date()})",
+        ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "vcpus", "efa", "nvswitch", "$/h"],
+        [
+            [
+                r["instance_type"],
+                r["gpu"] or "-",
+                r["gpus"],
+                r["gpu_memory_gib"],
+                r["arch"] or "-",
+                r["vcpus"] or "-",
+                r["efa_interfaces"] if r["efa"] else "no",
+                "yes" if r["nvswitch"] else "no",
+                f"{r['price_us_east_1']:.2f}" if r["price_us_east_1"] else "-",
+            ]
+            for r in rows
+        ],
+    )
     return 0
 
 
@@ -314,8 +398,11 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         sys.exit(2)
     except click.ClickException as exc:
-        hint = f" (see 'gpuprov {exc.ctx.command_path.split(' ', 1)[1]} --help')" if getattr(
-            exc, "ctx", None) and " " in exc.ctx.command_path else ""
+        hint = (
+            f" (see 'gpuprov {exc.ctx.command_path.split(' ', 1)[1]} --help')"
+            if getattr(exc, "ctx", None) and " " in exc.ctx.command_path
+            else ""
+        )
         click.echo(f"gpuprov: {exc.format_message()}{hint}", err=True)
         sys.exit(exc.exit_code)
     except GpuprovError as exc:
@@ -328,10 +415,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("gpuprov: interrupted", err=True)
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if debug:
             raise
-        click.echo(f"gpuprov: internal error: {type(exc).__name__}: {exc} "
-                   "(run with --debug for the traceback)", err=True)
+        click.echo(
+            f"gpuprov: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            err=True,
+        )
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

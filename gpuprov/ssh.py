@@ -66,19 +66,24 @@ def keyscan(address: str, port: int, timeout: int = 10) -> str:
     """The ed25519 host key a server offers (trust on first use, for static hosts)."""
     proc = subprocess.run(
         ["ssh-keyscan", "-T", str(timeout), "-t", "ed25519", "-p", str(port), address],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     for line in proc.stdout.splitlines():
         parts = line.split()
         if len(parts) >= 3 and not line.startswith("#"):
             return f"{parts[1]} {parts[2]}"
-    raise GpuprovError(f"{address}:{port} offered no ed25519 host key (ssh-keyscan: "
-                       f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no answer'})")
+    raise GpuprovError(
+        f"{address}:{port} offered no ed25519 host key (ssh-keyscan: "
+        f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no answer'})"
+    )
 
 
 def fingerprint(pubkey: str) -> str:
-    proc = subprocess.run(["ssh-keygen", "-l", "-f", "-"], input=pubkey + "\n",
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["ssh-keygen", "-l", "-f", "-"], input=pubkey + "\n", capture_output=True, text=True, check=False
+    )
     return proc.stdout.split()[1] if proc.returncode == 0 and proc.stdout else "?"
 
 
@@ -105,10 +110,22 @@ def wait_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: flo
     last = "no attempt"
     while True:
         proc = subprocess.run(
-            ["ssh", "-p", str(node.ssh_port), *ssh_options(known_hosts, key),
-             "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-             f"{node.user}@{node.address}", "true"],
-            capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
+            [
+                "ssh",
+                "-p",
+                str(node.ssh_port),
+                *ssh_options(known_hosts, key),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=5",
+                f"{node.user}@{node.address}",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
         )
         if proc.returncode == 0:
             return

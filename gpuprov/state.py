@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,14 @@ class Store:
                 conn.execute(
                     "INSERT INTO clusters(name, provider, created, state, spec, lock)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
-                    (name, provider, now(), "launching", json.dumps(spec),
-                     json.dumps(lock) if lock is not None else None),
+                    (
+                        name,
+                        provider,
+                        now(),
+                        "launching",
+                        json.dumps(spec),
+                        json.dumps(lock) if lock is not None else None,
+                    ),
                 )
             except sqlite3.IntegrityError as exc:
                 raise KeyError(name) from exc
@@ -196,9 +202,7 @@ class Store:
             row = conn.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return None
-            nodes = conn.execute(
-                "SELECT * FROM nodes WHERE cluster = ? ORDER BY name", (name,)
-            ).fetchall()
+            nodes = conn.execute("SELECT * FROM nodes WHERE cluster = ? ORDER BY name", (name,)).fetchall()
             return _cluster(row, nodes)
         finally:
             conn.close()
@@ -235,8 +239,18 @@ class Store:
                 "INSERT INTO nodes(cluster, name, id, address, ssh_port, user, state, zone,"
                 " instance_type, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (cluster, n.name, n.id, n.address, n.ssh_port, n.user, n.state, n.zone,
-                     n.instance_type, json.dumps(n.extra))
+                    (
+                        cluster,
+                        n.name,
+                        n.id,
+                        n.address,
+                        n.ssh_port,
+                        n.user,
+                        n.state,
+                        n.zone,
+                        n.instance_type,
+                        json.dumps(n.extra),
+                    )
                     for n in nodes
                 ],
             )
@@ -271,9 +285,14 @@ class Store:
             conn.close()
         return [
             RunRecord(
-                id=r["id"], cluster=r["cluster"], kind=r["kind"], started=r["started"],
-                finished=r["finished"], ok=None if r["ok"] is None else bool(r["ok"]),
-                artifact_dir=r["artifact_dir"], summary=json.loads(r["summary"]),
+                id=r["id"],
+                cluster=r["cluster"],
+                kind=r["kind"],
+                started=r["started"],
+                finished=r["finished"],
+                ok=None if r["ok"] is None else bool(r["ok"]),
+                artifact_dir=r["artifact_dir"],
+                summary=json.loads(r["summary"]),
             )
             for r in rows
         ]
@@ -289,9 +308,15 @@ def _cluster(row: sqlite3.Row, nodes: Sequence[sqlite3.Row]) -> ClusterRecord:
         lock=json.loads(row["lock"]) if row["lock"] else None,
         nodes=tuple(
             NodeRecord(
-                name=n["name"], id=n["id"], address=n["address"], ssh_port=n["ssh_port"],
-                user=n["user"], state=n["state"], zone=n["zone"],
-                instance_type=n["instance_type"], extra=json.loads(n["extra"]),
+                name=n["name"],
+                id=n["id"],
+                address=n["address"],
+                ssh_port=n["ssh_port"],
+                user=n["user"],
+                state=n["state"],
+                zone=n["zone"],
+                instance_type=n["instance_type"],
+                extra=json.loads(n["extra"]),
             )
             for n in nodes
         ),

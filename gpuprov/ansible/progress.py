@@ -56,8 +56,7 @@ class PlaybookProgress:
         if self.interactive:
             from rich.live import Live
 
-            self.live = Live(self._table(), console=self.console, refresh_per_second=8,
-                             transient=False)
+            self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
             self.live.__enter__()
         else:
             self.console.print(f"{self.title}: {len(self.hosts)} node(s)", highlight=False)
@@ -125,8 +124,9 @@ class PlaybookProgress:
             table.add_column(col, justify="right")
         for h in self.hosts.values():
             style = "red" if (h.failed or h.unreachable) else ("green" if h.done else "")
-            table.add_row(h.host, h.task, str(h.ok), str(h.changed), str(h.failed),
-                          str(h.unreachable), style=style)
+            table.add_row(
+                h.host, h.task, str(h.ok), str(h.changed), str(h.failed), str(h.unreachable), style=style
+            )
         return table
 
     # -- result ---------------------------------------------------------------------
@@ -142,8 +142,12 @@ class PlaybookProgress:
                     "unreachable": int(self.stats.get("dark", {}).get(name, 0)),
                 }
             else:
-                out[name] = {"ok": h.ok, "changed": h.changed, "failed": h.failed,
-                             "unreachable": h.unreachable}
+                out[name] = {
+                    "ok": h.ok,
+                    "changed": h.changed,
+                    "failed": h.failed,
+                    "unreachable": h.unreachable,
+                }
         return out
 
     def errors(self) -> dict[str, str]:

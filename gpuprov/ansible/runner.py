@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ class PlaybookResult:
 
 
 def new_run_dir(files: ClusterFiles, kind: str) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     path = files.runs / f"{stamp}-{kind}"
     path.mkdir(parents=True, mode=0o700)
     return path
@@ -87,10 +87,15 @@ def run_playbook(
             f" (full log: {artifact_dir / 'stdout'})"
         )
     hosts_summary = progress.summary()
-    ok = result.rc == 0 and all(h["failed"] == 0 and h["unreachable"] == 0
-                                for h in hosts_summary.values())
-    return PlaybookResult(ok=ok, rc=int(result.rc), status=str(result.status), hosts=hosts_summary,
-                          errors=progress.errors(), artifact_dir=artifact_dir)
+    ok = result.rc == 0 and all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts_summary.values())
+    return PlaybookResult(
+        ok=ok,
+        rc=int(result.rc),
+        status=str(result.status),
+        hosts=hosts_summary,
+        errors=progress.errors(),
+        artifact_dir=artifact_dir,
+    )
 
 
 def _stdout_tail(artifact_dir: Path) -> str:

@@ -133,8 +133,13 @@ def up(
     plan = provider.plan(spec, files_for(spec.name, create=False))
     _show_plan(plan, console)
     if dry_run:
-        return {"cluster": spec.name, "provider": spec.provider, "nodes": [], "bootstrap": None,
-                "dry_run": True}
+        return {
+            "cluster": spec.name,
+            "provider": spec.provider,
+            "nodes": [],
+            "bootstrap": None,
+            "dry_run": True,
+        }
     if plan.billable and plan.to_create and confirm is not None and not confirm(plan):
         raise GpuprovError("aborted; nothing was created")
 
@@ -144,8 +149,10 @@ def up(
             try:
                 store.create_cluster(spec.name, spec.provider, spec.as_dict())
             except KeyError:
-                raise BadInput(f"cluster name '{spec.name}' was just taken by another gpuprov "
-                               "process; choose another --name") from None
+                raise BadInput(
+                    f"cluster name '{spec.name}' was just taken by another gpuprov "
+                    "process; choose another --name"
+                ) from None
             created_record = True
         files = files_for(spec.name)
         report = _reporter(console)
@@ -165,8 +172,9 @@ def up(
             "bootstrap": None,
         }
         if not bootstrap:
-            console.say(f"{spec.name}: {len(nodes)} node(s) running (--no-bootstrap: "
-                        "no SSH wait, no playbooks)")
+            console.say(
+                f"{spec.name}: {len(nodes)} node(s) running (--no-bootstrap: no SSH wait, no playbooks)"
+            )
             return result
         nodes = provider.wait_ready(spec, nodes, files, report)
         store.replace_nodes(spec.name, nodes)
@@ -185,8 +193,10 @@ def _show_plan(plan: Plan, console: Console) -> None:
         line += f", {plan.existing} already exist, {plan.to_create} to create"
     console.say(line)
     if plan.price_per_node_hour is not None:
-        console.say(f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
-                    f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster")
+        console.say(
+            f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
+            f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster"
+        )
     for note in plan.notes:
         console.say(f"  {note}")
 
@@ -196,20 +206,28 @@ def _reporter(console: Console) -> Callable[[str], None]:
 
 
 # -- provision --------------------------------------------------------------------------
-def provision(name: str, *, console: Console, store: Store | None = None, check: bool = False,
-              tags: str | None = None) -> dict[str, Any]:
+def provision(
+    name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None
+) -> dict[str, Any]:
     store = store or Store()
     cluster = load(store, name)
     with cluster_lock(name):
         provider, files, nodes = refresh(store, cluster)
         nodes = reachable_nodes(cluster, nodes)
-        return _provision(store, cluster, provider, files, nodes, console=console, check=check,
-                          tags=tags)
+        return _provision(store, cluster, provider, files, nodes, console=console, check=check, tags=tags)
 
 
-def _provision(store: Store, cluster: ClusterRecord, provider: Provider, files: ClusterFiles,
-               nodes: list[NodeRecord], *, console: Console, check: bool = False,
-               tags: str | None = None) -> dict[str, Any]:
+def _provision(
+    store: Store,
+    cluster: ClusterRecord,
+    provider: Provider,
+    files: ClusterFiles,
+    nodes: list[NodeRecord],
+    *,
+    console: Console,
+    check: bool = False,
+    tags: str | None = None,
+) -> dict[str, Any]:
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir, run_playbook
 
@@ -221,8 +239,13 @@ def _provision(store: Store, cluster: ClusterRecord, provider: Provider, files: 
     summary: dict[str, Any] = {}
     try:
         result = run_playbook(
-            paths.playbooks_dir() / "site.yml", files, [n.name for n in nodes], run_dir,
-            title=f"{'check' if check else 'provision'} {cluster.name}", check=check, tags=tags,
+            paths.playbooks_dir() / "site.yml",
+            files,
+            [n.name for n in nodes],
+            run_dir,
+            title=f"{'check' if check else 'provision'} {cluster.name}",
+            check=check,
+            tags=tags,
             console=console.rich,
         )
         ok = result.ok
@@ -238,8 +261,9 @@ def _provision(store: Store, cluster: ClusterRecord, provider: Provider, files: 
 
 
 # -- verify --------------------------------------------------------------------------------
-def verify(name: str, *, console: Console, store: Store | None = None,
-           level: str = "quick") -> dict[str, Any]:
+def verify(
+    name: str, *, console: Console, store: Store | None = None, level: str = "quick"
+) -> dict[str, Any]:
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir
     from gpuprov.probes.run import run_probes
@@ -255,8 +279,15 @@ def verify(name: str, *, console: Console, store: Store | None = None,
     ok = False
     summary = {"pass": 0, "fail": 0, "skip": 0}
     try:
-        hosts = run_probes(files.inventory, files.ansible_cfg, [n.name for n in nodes], expect,
-                           run_dir, level=level, console=console.rich)
+        hosts = run_probes(
+            files.inventory,
+            files.ansible_cfg,
+            [n.name for n in nodes],
+            expect,
+            run_dir,
+            level=level,
+            console=console.rich,
+        )
         for results in hosts.values():
             for r in results:
                 summary[r["status"]] += 1
@@ -267,16 +298,19 @@ def verify(name: str, *, console: Console, store: Store | None = None,
 
 
 # -- down -------------------------------------------------------------------------------------
-def down(name: str, *, console: Console, store: Store | None = None,
-         confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
+def down(
+    name: str, *, console: Console, store: Store | None = None, confirm: Callable[[str], bool] | None = None
+) -> dict[str, Any]:
     store = store or Store()
     cluster = store.get_cluster(name)
     if cluster is None:
         return _down_orphan(name, console=console, confirm=confirm)
     provider = get_provider(cluster.provider)
-    what = (f"forget {len(cluster.nodes)} static host(s) (the machines are not touched)"
-            if cluster.provider == "static"
-            else f"remove {len(cluster.nodes)} {cluster.provider} node(s) and their volumes")
+    what = (
+        f"forget {len(cluster.nodes)} static host(s) (the machines are not touched)"
+        if cluster.provider == "static"
+        else f"remove {len(cluster.nodes)} {cluster.provider} node(s) and their volumes"
+    )
     if confirm is not None and not confirm(f"{name}: {what}?"):
         raise GpuprovError("aborted; nothing was removed")
     with cluster_lock(name):
@@ -284,12 +318,13 @@ def down(name: str, *, console: Console, store: Store | None = None,
         removed = provider.terminate(name, list(cluster.nodes), files, _reporter(console))
         store.delete_cluster(name)
         shutil.rmtree(files.dir, ignore_errors=True)
-    console.say(f"{name}: down ({removed} node(s) {'forgotten' if cluster.provider == 'static' else 'removed'})")
+    console.say(
+        f"{name}: down ({removed} node(s) {'forgotten' if cluster.provider == 'static' else 'removed'})"
+    )
     return {"cluster": name, "provider": cluster.provider, "removed": removed}
 
 
-def _down_orphan(name: str, *, console: Console,
-                 confirm: Callable[[str], bool] | None) -> dict[str, Any]:
+def _down_orphan(name: str, *, console: Console, confirm: Callable[[str], bool] | None) -> dict[str, Any]:
     """A cluster that state has lost but the engine still labels (state dir wiped)."""
     docker_provider = get_provider("docker")
     try:
@@ -312,8 +347,13 @@ def _down_orphan(name: str, *, console: Console,
 def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
     store = store or Store()
     return [
-        {"name": c.name, "provider": c.provider, "nodes": len(c.nodes), "created": c.created,
-         "state": c.state}
+        {
+            "name": c.name,
+            "provider": c.provider,
+            "nodes": len(c.nodes),
+            "created": c.created,
+            "state": c.state,
+        }
         for c in store.list_clusters()
     ]
 
@@ -331,8 +371,14 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "spec": cluster.spec,
         "nodes": [n.public() for n in nodes],
         "runs": [
-            {"id": r.id, "kind": r.kind, "started": r.started, "finished": r.finished,
-             "ok": r.ok, "artifact_dir": r.artifact_dir}
+            {
+                "id": r.id,
+                "kind": r.kind,
+                "started": r.started,
+                "finished": r.finished,
+                "ok": r.ok,
+                "artifact_dir": r.artifact_dir,
+            }
             for r in runs
         ],
     }

@@ -58,8 +58,9 @@ class PrefixedStream:
             self.buffer = ""
 
 
-def run(name: str, command: Sequence[str], *, console: Console,
-        store: Store | None = None) -> list[ExecResult]:
+def run(
+    name: str, command: Sequence[str], *, console: Console, store: Store | None = None
+) -> list[ExecResult]:
     store = store or Store()
     cluster = load(store, name)
     _, files, nodes = refresh(store, cluster)
@@ -74,15 +75,19 @@ def run(name: str, command: Sequence[str], *, console: Console,
         out = PrefixedStream(f"{node.name:<{width}} | ", sys.stdout)
         err = PrefixedStream(f"{node.name:<{width}} ! ", sys.stderr)
         conn = Connection(
-            host=node.address, port=node.ssh_port, user=node.user, connect_timeout=15,
+            host=node.address,
+            port=node.ssh_port,
+            user=node.user,
+            connect_timeout=15,
             connect_kwargs=_auth(node_key(node, files.key)),
         )
         conn.client.get_host_keys().clear()
         conn.client.load_host_keys(str(files.known_hosts))
         conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
-            result = conn.run(line, warn=True, hide=False, pty=False, in_stream=False,
-                              out_stream=out, err_stream=err)
+            result = conn.run(
+                line, warn=True, hide=False, pty=False, in_stream=False, out_stream=out, err_stream=err
+            )
             return ExecResult(node.name, result.exited)
         except Exception as exc:  # noqa: BLE001  (any SSH failure is reported per node)
             return ExecResult(node.name, 255, f"{type(exc).__name__}: {exc}")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+
 @dataclass(frozen=True)
 class Expectation:
     node: str
@@ -28,6 +29,7 @@ class Expectation:
         kind = self.instance_type or "this node"
         return f"{kind} has no GPU (catalog: 0 GPUs)"
 
+
 def _expectations() -> dict[str, Any]:
     raw = os.environ.get("GPUPROV_EXPECTATIONS", "").strip()
     if not raw:
@@ -36,12 +38,15 @@ def _expectations() -> dict[str, Any]:
         return json.loads(raw)
     return json.loads(Path(raw).read_text())
 
+
 _EXPECTATIONS = _expectations()
+
 
 @pytest.fixture
 def node(host: Any) -> str:
     backend = host.backend
     return getattr(backend, "host", None) or backend.get_hostname()
+
 
 @pytest.fixture
 def expect(node: str) -> Expectation:
@@ -56,6 +61,7 @@ def expect(node: str) -> Expectation:
         virtualization=data.get("virtualization") or "unknown",
     )
 
+
 @pytest.fixture
 def report(request: pytest.FixtureRequest):
     """Record what the probe found; shown as the probe's detail when it passes."""
@@ -64,6 +70,7 @@ def report(request: pytest.FixtureRequest):
         request.node.user_properties.append(("detail", text))
 
     return _report
+
 
 @pytest.fixture(autouse=True)
 def _tag_host(request: pytest.FixtureRequest, node: str) -> None:

@@ -40,31 +40,38 @@ def run_probes(
 
     workers = min(len(hosts), 8)
     cmd = [
-        sys.executable, "-m", "pytest", str(paths.probes_dir()),
-        "-p", "gpuprov.probes.collect",
-        "--connection=ansible", f"--ansible-inventory={inventory}",
+        sys.executable,
+        "-m",
+        "pytest",
+        str(paths.probes_dir()),
+        "-p",
+        "gpuprov.probes.collect",
+        "--connection=ansible",
+        f"--ansible-inventory={inventory}",
         f"--hosts={','.join(hosts)}",
         f"--junitxml={run_dir / 'probes.xml'}",
-        "-q", "-rN",
+        "-q",
+        "-rN",
     ]
     if level != "full":
         cmd += ["-m", "not full"]
     if workers > 1:
         cmd += ["-n", str(workers)]
     env = dict(os.environ)
-    env.update({
-        "GPUPROV_EXPECTATIONS": str(expect_file),
-        "GPUPROV_PROBE_RESULTS": str(results_file),
-        "ANSIBLE_CONFIG": str(ansible_cfg),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
-        "PYTHONDONTWRITEBYTECODE": "1",
-    })
+    env.update(
+        {
+            "GPUPROV_EXPECTATIONS": str(expect_file),
+            "GPUPROV_PROBE_RESULTS": str(results_file),
+            "ANSIBLE_CONFIG": str(ansible_cfg),
+            "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
     seen = 0
     counts = {h: {"pass": 0, "fail": 0, "skip": 0} for h in hosts}
     console.print(f"verify: {len(hosts)} node(s), level {level}", highlight=False)
     with log_file.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(run_dir))
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(run_dir))
         while True:
             done = proc.poll() is not None
             lines = results_file.read_text().splitlines()
@@ -73,8 +80,9 @@ def run_probes(
                 if item["host"] in counts:
                     counts[item["host"]][item["status"]] += 1
                     if item["status"] == "fail":
-                        console.print(f"  {item['host']}: FAIL {item['probe']}: {item['detail']}",
-                                      highlight=False)
+                        console.print(
+                            f"  {item['host']}: FAIL {item['probe']}: {item['detail']}", highlight=False
+                        )
             seen = len(lines)
             if done:
                 break
@@ -85,11 +93,11 @@ def run_probes(
         results.setdefault(item.pop("host"), []).append(item)
     if proc.returncode not in (0, 1) or not any(results.values()):
         tail = " | ".join(log_file.read_text().strip().splitlines()[-3:])
-        raise GpuprovError(f"the probes did not run (pytest exit {proc.returncode}): {tail} "
-                           f"(log: {log_file})")
+        raise GpuprovError(
+            f"the probes did not run (pytest exit {proc.returncode}): {tail} (log: {log_file})"
+        )
     for h in hosts:
         results[h].sort(key=lambda r: r["probe"])
         c = counts[h]
-        console.print(f"  {h}: {c['pass']} pass, {c['fail']} fail, {c['skip']} skip",
-                      highlight=False)
+        console.print(f"  {h}: {c['pass']} pass, {c['fail']} fail, {c['skip']} skip", highlight=False)
     return results

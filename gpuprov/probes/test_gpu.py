@@ -10,8 +10,10 @@ from gpuprov.probes.nodefacts import nvidia_pci
 def test_gpus_on_pci_bus(host, expect, report):
     found = nvidia_pci(host)["gpus"]
     if expect.gpus is None:
-        pytest.skip(f"no expected GPU count for {expect.node} (found {found}); "
-                    "give instance_type or gpus for it in the hosts file")
+        pytest.skip(
+            f"no expected GPU count for {expect.node} (found {found}); "
+            "give instance_type or gpus for it in the hosts file"
+        )
     assert found == expect.gpus, (
         f"expected {expect.gpus} NVIDIA GPU(s) on the PCI bus "
         f"({expect.instance_type or 'configured'}), found {found}"

@@ -11,8 +11,7 @@ from gpuprov.probes.nodefacts import in_container, nvidia_pci
 
 SUPPORTED = {("ubuntu", "20.04"), ("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 # Package names unattended-upgrades must leave alone, and one it may touch.
-GPU_PACKAGES = ["nvidia-driver", "libnvidia-compute-535", "cuda-toolkit-11-8", "libcudnn8",
-                "libnccl2"]
+GPU_PACKAGES = ["nvidia-driver", "libnvidia-compute-535", "cuda-toolkit-11-8", "libcudnn8", "libnccl2"]
 
 
 def test_os_supported(host, report):
@@ -36,15 +35,12 @@ def test_unattended_upgrades_leave_gpu_packages(host, report):
     assert dump.rc == 0, f"apt-config failed: {dump.stderr.strip()}"
     patterns = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump.stdout, re.M)
     unguarded = [p for p in GPU_PACKAGES if not any(re.match(rx, p) for rx in patterns)]
-    assert not unguarded, (
-        f"expected unattended-upgrades to skip {unguarded}; its blacklist is {patterns}"
-    )
+    assert not unguarded, f"expected unattended-upgrades to skip {unguarded}; its blacklist is {patterns}"
     assert not any(re.match(rx, "openssl") for rx in patterns), (
         f"blacklist {patterns} also blocks ordinary security updates (openssl)"
     )
     installed = host.package("unattended-upgrades").is_installed
-    report(f"blacklist {patterns} "
-           f"(unattended-upgrades {'installed' if installed else 'not installed'})")
+    report(f"blacklist {patterns} (unattended-upgrades {'installed' if installed else 'not installed'})")
 
 
 def test_kernel_headers_for_running_kernel(host, report):
@@ -70,5 +66,4 @@ def test_gpu_fact_matches_pci_bus(host, report):
     assert data["nvswitch_count"] == pci["nvswitches"], (
         f"gpu.fact says {data['nvswitch_count']} NVSwitches, the PCI bus has {pci['nvswitches']}"
     )
-    report(f"gpu.fact: {data['gpu_count']} GPU(s), {data['nvswitch_count']} NVSwitch(es), "
-           f"agrees with sysfs")
+    report(f"gpu.fact: {data['gpu_count']} GPU(s), {data['nvswitch_count']} NVSwitch(es), agrees with sysfs")

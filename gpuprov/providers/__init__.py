@@ -42,9 +42,14 @@ class ClusterSpec:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "instance_type": self.instance_type, "count": self.count, "region": self.region,
-            "image": self.image, "ssh_cidr": self.ssh_cidr, "spot": self.spot,
-            "hosts_file": self.hosts_file, "options": dict(self.options),
+            "instance_type": self.instance_type,
+            "count": self.count,
+            "region": self.region,
+            "image": self.image,
+            "ssh_cidr": self.ssh_cidr,
+            "spot": self.spot,
+            "hosts_file": self.hosts_file,
+            "options": dict(self.options),
         }
 
 
@@ -137,9 +142,7 @@ def get(name: str) -> Provider:
     try:
         module_name = PROVIDERS[name]
     except KeyError:
-        raise BadInput(
-            f"unknown provider '{name}'; choose one of: {', '.join(sorted(PROVIDERS))}"
-        ) from None
+        raise BadInput(f"unknown provider '{name}'; choose one of: {', '.join(sorted(PROVIDERS))}") from None
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

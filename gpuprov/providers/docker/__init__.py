@@ -38,19 +38,33 @@ NODE_USER = "gpuprov"
 # The flags that run systemd in a container on a cgroup v1/v2 host without
 # --privileged (CAP_SYS_RESOURCE is not in every bounding set).
 SYSTEMD_FLAGS = [
-    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
-    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "--tmpfs", "/run", "--tmpfs", "/run/lock",
-    "--stop-signal", "SIGRTMIN+3",
+    "--cap-add",
+    "ALL",
+    "--cap-drop",
+    "SYS_RESOURCE",
+    "--security-opt",
+    "seccomp=unconfined",
+    "--security-opt",
+    "apparmor=unconfined",
+    "--cgroupns=host",
+    "-v",
+    "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "--tmpfs",
+    "/run",
+    "--tmpfs",
+    "/run/lock",
+    "--stop-signal",
+    "SIGRTMIN+3",
 ]
 
 
-def docker(*args: str, check: bool = True, input: bytes | None = None,
-           timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+def docker(
+    *args: str, check: bool = True, input: bytes | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
     try:
-        proc = subprocess.run(["docker", *args], capture_output=True, input=input,
-                              check=False, timeout=timeout)
+        proc = subprocess.run(
+            ["docker", *args], capture_output=True, input=input, check=False, timeout=timeout
+        )
     except FileNotFoundError:
         raise BadInput("no docker client found; install Docker (make host-setup does it)") from None
     except subprocess.TimeoutExpired:
@@ -87,8 +101,9 @@ class DockerProvider(Provider):
             )
 
     def _containers(self, cluster: str) -> list[dict]:
-        proc = docker("ps", "-a", "--no-trunc", "--filter", f"label={LABEL}={cluster}",
-                      "--format", "{{json .}}")
+        proc = docker(
+            "ps", "-a", "--no-trunc", "--filter", f"label={LABEL}={cluster}", "--format", "{{json .}}"
+        )
         rows = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.strip()]
         return rows
 
@@ -106,8 +121,13 @@ class DockerProvider(Provider):
                 f"cluster '{spec.name}' already has {existing} nodes, more than --count "
                 f"{spec.count}; gpuprov does not shrink clusters (use `gpuprov down` first)"
             )
-        return Plan(spec=spec, to_create=spec.count - existing, existing=existing, billable=False,
-                    notes=("local containers: no GPU, no cost",))
+        return Plan(
+            spec=spec,
+            to_create=spec.count - existing,
+            existing=existing,
+            billable=False,
+            notes=("local containers: no GPU, no cost",),
+        )
 
     def launch(self, spec: ClusterSpec, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
         ssh.ensure_keypair(files.key, f"gpuprov-{spec.name}")
@@ -132,9 +152,7 @@ class DockerProvider(Provider):
             nodes = self.describe(spec.name, [], files)
             missing = [n.name for n in nodes if n.state != "running"]
             if missing or len(nodes) != spec.count:
-                raise GpuprovError(
-                    f"nodes did not start: {', '.join(missing) or 'count mismatch'}"
-                )
+                raise GpuprovError(f"nodes did not start: {', '.join(missing) or 'count mismatch'}")
         except BaseException:
             for cname in created:
                 docker("rm", "-f", "-v", cname, check=False)
@@ -148,28 +166,41 @@ class DockerProvider(Provider):
         volume = f"{cname}-docker"
         docker("volume", "create", "--label", f"{LABEL}={cluster}", volume)
         docker(
-            "create", "--name", cname, "--hostname", node,
-            "--label", f"{LABEL}={cluster}", "--label", f"{NODE_LABEL}={node}",
+            "create",
+            "--name",
+            cname,
+            "--hostname",
+            node,
+            "--label",
+            f"{LABEL}={cluster}",
+            "--label",
+            f"{NODE_LABEL}={node}",
             *SYSTEMD_FLAGS,
-            "-v", f"{volume}:/var/lib/docker",
-            "-p", "127.0.0.1::22",
-            self.image, "/sbin/init",
+            "-v",
+            f"{volume}:/var/lib/docker",
+            "-p",
+            "127.0.0.1::22",
+            self.image,
+            "/sbin/init",
         )
         # The image's /etc/passwd says which uid owns the admin user's home.
         uid, gid = _user_ids(cname, NODE_USER)
         private, public = ssh.new_host_key(files.dir, f"root@{node}")
         (files.dir / "hostkeys").mkdir(mode=0o700, exist_ok=True)
         (files.dir / "hostkeys" / f"{node}.pub").write_text(public + "\n")
-        payload = _tar([
-            ("etc/ssh/ssh_host_ed25519_key", private, 0o600, 0, 0),
-            ("etc/ssh/ssh_host_ed25519_key.pub", (public + "\n").encode(), 0o644, 0, 0),
-            (f"home/{NODE_USER}/.ssh/authorized_keys", pubkey.encode(), 0o600, uid, gid),
-        ])
+        payload = _tar(
+            [
+                ("etc/ssh/ssh_host_ed25519_key", private, 0o600, 0, 0),
+                ("etc/ssh/ssh_host_ed25519_key.pub", (public + "\n").encode(), 0o644, 0, 0),
+                (f"home/{NODE_USER}/.ssh/authorized_keys", pubkey.encode(), 0o600, uid, gid),
+            ]
+        )
         docker("cp", "-a", "-", f"{cname}:/", input=payload)
         return public
 
-    def wait_ready(self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles,
-                   report: Reporter) -> list[NodeRecord]:
+    def wait_ready(
+        self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter
+    ) -> list[NodeRecord]:
         self._pin(nodes, files)
         with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
             list(pool.map(lambda n: ssh.wait_ssh(n, files.key, files.known_hosts), nodes))
@@ -203,17 +234,19 @@ class DockerProvider(Provider):
             for b in bindings:
                 if b.get("HostIp") in ("127.0.0.1", "") and b.get("HostPort"):
                     port = int(b["HostPort"])
-            nodes.append(NodeRecord(
-                name=labels.get(NODE_LABEL, c["Name"].lstrip("/")),
-                id=c["Id"][:12],
-                address="127.0.0.1",
-                ssh_port=port,
-                user=NODE_USER,
-                state=c["State"]["Status"],
-                zone="local",
-                instance_type="docker-node",
-                extra={"container": c["Name"].lstrip("/"), "virtualization": "container"},
-            ))
+            nodes.append(
+                NodeRecord(
+                    name=labels.get(NODE_LABEL, c["Name"].lstrip("/")),
+                    id=c["Id"][:12],
+                    address="127.0.0.1",
+                    ssh_port=port,
+                    user=NODE_USER,
+                    state=c["State"]["Status"],
+                    zone="local",
+                    instance_type="docker-node",
+                    extra={"container": c["Name"].lstrip("/"), "virtualization": "container"},
+                )
+            )
         nodes.sort(key=lambda n: _index(n.name))
         if files.known_hosts.exists() or any(n.ssh_port for n in nodes):
             running = [n for n in nodes if n.ssh_port]
@@ -221,8 +254,7 @@ class DockerProvider(Provider):
                 self._pin(running, files)
         return nodes
 
-    def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles,
-                  report: Reporter) -> int:
+    def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
         rows = self._containers(name)
         for r in rows:
             report(f"{r['Names']}: removing container and its volumes")
@@ -272,4 +304,4 @@ def _tar(files: list[tuple[str, bytes, int, int, int]]) -> bytes:
 
 PROVIDER = DockerProvider()
 
-__all__ = ["PROVIDER", "DockerProvider", "LABEL"]
+__all__ = ["LABEL", "PROVIDER", "DockerProvider"]

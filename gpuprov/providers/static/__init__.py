@@ -101,10 +101,14 @@ def _host(name: str, data: dict[str, Any], defaults: dict[str, Any], where: Path
     if not 0 < port < 65536:
         raise BadInput(f"hosts file {where}: port {port} of {name} is out of range")
     return StaticHost(
-        name=str(name), address=str(address), user=str(user), port=port,
+        name=str(name),
+        address=str(address),
+        user=str(user),
+        port=port,
         key=pick("key", "ansible_ssh_private_key_file", "ansible_private_key_file"),
         instance_type=pick("instance_type", "gpuprov_instance_type"),
-        gpus=gpus, host_key=pick("host_key"),
+        gpus=gpus,
+        host_key=pick("host_key"),
     )
 
 
@@ -182,16 +186,28 @@ class StaticProvider(Provider):
         hosts, _ = parse_hosts_file(spec.hosts_file)
         if spec.count and spec.count != len(hosts):
             raise BadInput(f"--count {spec.count} but the hosts file lists {len(hosts)} hosts")
-        return Plan(spec=spec, to_create=0, existing=len(hosts), billable=False,
-                    notes=(f"{len(hosts)} existing host(s) from {spec.hosts_file}; "
-                           "gpuprov will not create or remove machines",))
+        return Plan(
+            spec=spec,
+            to_create=0,
+            existing=len(hosts),
+            billable=False,
+            notes=(
+                f"{len(hosts)} existing host(s) from {spec.hosts_file}; "
+                "gpuprov will not create or remove machines",
+            ),
+        )
 
     def launch(self, spec: ClusterSpec, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
         hosts, known = parse_hosts_file(spec.hosts_file)
         return [
             NodeRecord(
-                name=h.name, id=h.name, address=h.address, ssh_port=h.port, user=h.user,
-                state="reachable", zone="static",
+                name=h.name,
+                id=h.name,
+                address=h.address,
+                ssh_port=h.port,
+                user=h.user,
+                state="reachable",
+                zone="static",
                 instance_type=h.instance_type or spec.instance_type or "",
                 extra={
                     "key_file": str(Path(h.key).expanduser().resolve()) if h.key else None,
@@ -203,15 +219,18 @@ class StaticProvider(Provider):
             for h in hosts
         ]
 
-    def wait_ready(self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles,
-                   report: Reporter) -> list[NodeRecord]:
+    def wait_ready(
+        self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter
+    ) -> list[NodeRecord]:
         keys: dict[tuple[str, int], str] = {}
         for n in nodes:
             key = n.extra.get("host_key") or _from_known_hosts(n)
             if key is None:
                 key = ssh.keyscan(n.address, n.ssh_port)
-                report(f"{n.name}: pinned host key {ssh.fingerprint(key)} "
-                       "(first use; give host_key or known_hosts in the hosts file to pin ahead)")
+                report(
+                    f"{n.name}: pinned host key {ssh.fingerprint(key)} "
+                    "(first use; give host_key or known_hosts in the hosts file to pin ahead)"
+                )
             keys[(n.address, n.ssh_port)] = key
         ssh.pin_host_keys(files.known_hosts, keys)
 
@@ -233,8 +252,7 @@ class StaticProvider(Provider):
     def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
         return list(known)
 
-    def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles,
-                  report: Reporter) -> int:
+    def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
         for n in known:
             report(f"{n.name}: forgotten (the machine is not touched)")
         return len(known)
@@ -245,8 +263,9 @@ def _from_known_hosts(node: NodeRecord) -> str | None:
     if not path:
         return None
     lookup = ssh.known_hosts_name(node.address, node.ssh_port)
-    proc = subprocess.run(["ssh-keygen", "-F", lookup, "-f", os.fspath(path)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["ssh-keygen", "-F", lookup, "-f", os.fspath(path)], capture_output=True, text=True, check=False
+    )
     for line in proc.stdout.splitlines():
         parts = line.split()
         if len(parts) >= 3 and not line.startswith("#") and parts[1] == "ssh-ed25519":

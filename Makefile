@@ -1,0 +1,54 @@
+# gpuprov: the two commands of the Quick start are `make demo` and `make test`.
+# Each installs what it needs (virtualenv, Python packages, Docker engine,
+# local node image) and then does its job.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_NOCOLOR := 1
+
+.PHONY: demo demo-down test lint unit molecule e2e bench host-setup venv clean
+
+$(STAMP): pyproject.toml scripts/venv.sh
+	scripts/venv.sh $(PYTHON) $(VENV)
+	touch $@
+
+venv: $(STAMP)
+
+host-setup:
+	scripts/host-setup.sh
+
+## demo: two local nodes, bootstrapped and verified (the main job, no GPU, no cost)
+demo: $(STAMP) host-setup
+	gpuprov up --provider docker --count 2 --name demo --yes
+	gpuprov verify demo
+
+demo-down: $(STAMP)
+	gpuprov down demo --yes
+
+## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
+test: $(STAMP) host-setup lint
+	python -m pytest tests -p no:cacheprovider
+
+lint: $(STAMP)
+	ruff check gpuprov tests benchmarks
+	yamllint -s .
+	cd $(CURDIR) && ansible-lint --profile production --offline playbooks roles
+
+unit: $(STAMP)
+	python -m pytest tests/unit tests/cli -p no:cacheprovider
+
+molecule: $(STAMP) host-setup
+	python -m pytest tests/molecule -p no:cacheprovider
+
+e2e: $(STAMP) host-setup
+	python -m pytest tests/e2e -p no:cacheprovider
+
+## bench: start-up, converge and no-op re-run figures (not a test)
+bench: $(STAMP) host-setup
+	python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .ruff_cache
