@@ -148,9 +148,9 @@ def up(
     if count is None and provider != "static":
         raise BadInput("--count is required")
     console = _console()
+    generated = name is None
     if name is None:
         name = core.generate_name()
-        console.say(f"cluster name: {name}")
     spec = ClusterSpec(
         name=name,
         provider=provider,

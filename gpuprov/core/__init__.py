@@ -118,6 +118,7 @@ def up(
     dry_run: bool = False,
     bootstrap: bool = True,
     confirm: Callable[[Plan], bool] | None = None,
+    name_generated: bool = False,
 ) -> dict[str, Any]:
     store = store or Store()
     validate_name(spec.name)
@@ -131,6 +132,8 @@ def up(
             "choose another --name"
         )
     plan = provider.plan(spec, files_for(spec.name, create=False))
+    if name_generated:
+        console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     _show_plan(plan, console)
     if dry_run:
         return {
@@ -176,7 +179,18 @@ def up(
                 f"{spec.name}: {len(nodes)} node(s) running (--no-bootstrap: no SSH wait, no playbooks)"
             )
             return result
-        nodes = provider.wait_ready(spec, nodes, files, report)
+        try:
+            nodes = provider.wait_ready(spec, nodes, files, report)
+        except BaseException:
+            if created_record:
+                # All or nothing: a new cluster whose nodes never answered is removed.
+                report("nodes not reachable: removing what this run launched")
+                provider.terminate(spec.name, nodes, files, report)
+                store.delete_cluster(spec.name)
+                shutil.rmtree(files.dir, ignore_errors=True)
+            else:
+                store.set_cluster_state(spec.name, "failed")
+            raise
         store.replace_nodes(spec.name, nodes)
         cluster = load(store, spec.name)
         outcome = _provision(store, cluster, provider, files, nodes, console=console)
@@ -187,10 +201,12 @@ def up(
 
 def _show_plan(plan: Plan, console: Console) -> None:
     spec = plan.spec
-    what = f"{spec.count} x {spec.instance_type or 'node'}"
-    line = f"plan: {spec.name} ({spec.provider}): {what}"
-    if plan.existing:
-        line += f", {plan.existing} already exist, {plan.to_create} to create"
+    total = plan.existing + plan.to_create
+    line = f"plan: {spec.name} ({spec.provider}): {total} x {spec.instance_type or 'node'}"
+    if plan.existing and plan.to_create:
+        line += f" ({plan.existing} exist, {plan.to_create} to create)"
+    elif plan.existing and spec.provider != "static":
+        line += " (all exist already)"
     console.say(line)
     if plan.price_per_node_hour is not None:
         console.say(

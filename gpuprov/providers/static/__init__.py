@@ -236,7 +236,7 @@ class StaticProvider(Provider):
 
         def check(n: NodeRecord) -> str | None:
             try:
-                ssh.wait_ssh(n, ssh.node_key(n, files.key), files.known_hosts, timeout=20)
+                ssh.wait_ssh(n, ssh.node_key(n, files.key), files.known_hosts, timeout=10)
             except GpuprovError as exc:
                 return str(exc)
             return None

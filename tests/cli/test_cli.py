@@ -1,0 +1,142 @@
+"""The command line: help, bad input (one line, exit 2, nothing created), JSON shapes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuprov.cli import main
+from gpuprov.state import Store
+
+COMMANDS = ["up", "down", "list", "status", "provision", "verify", "exec", "inventory", "types"]
+
+
+def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(capsys, command: str) -> None:
+    code, out, _ = invoke(capsys, command, "--help")
+    assert code == 0
+    assert out.startswith(f"Usage: gpuprov {command}")
+    assert len(out.splitlines()) > 3
+
+
+def _assert_bad_input(code: int, out: str, err: str, needle: str) -> None:
+    assert code == 2, (code, out, err)
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpuprov: ") and needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["up", "--provider", "docker", "--count", "0"], "0 is not in the range"),
+        (["up", "--provider", "docker", "--count", "-3"], "-3 is not in the range"),
+        (["up", "--provider", "nimbus", "--count", "1"], "'nimbus' is not one of"),
+        (["up", "--type", "p4d.24xl", "--count", "1"], "did you mean p4d.24xlarge"),
+        (["up", "--count", "1"], "--type is required for the aws provider"),
+        (["up", "--provider", "docker"], "--count is required"),
+        (["up", "--provider", "docker", "--count", "1", "--name", "Bad_Name"], "invalid cluster name"),
+        (["up", "--provider", "docker", "--count", "1", "--type", "p4d.24xlarge"],
+         "only the 'docker-node' type"),
+        (["up", "--provider", "static"], "needs --hosts"),
+        (["up", "--provider", "static", "--hosts", "/nonexistent/hosts.yml"], "not found"),
+        (["verify", "nosuch"], "unknown cluster 'nosuch'"),
+        (["provision", "nosuch"], "unknown cluster 'nosuch'"),
+        (["status", "nosuch"], "unknown cluster 'nosuch'"),
+        (["types", "--gpu", "Z9000"], "no instance type with GPU 'Z9000'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(capsys, gpuprov_home: Path, args, needle):
+    code, out, err = invoke(capsys, *args)
+    _assert_bad_input(code, out, err, needle)
+    assert Store().list_clusters() == []
+    assert not (gpuprov_home / "clusters").exists() or not any((gpuprov_home / "clusters").iterdir())
+
+
+def test_down_unknown_cluster(capsys, gpuprov_home: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    code, out, err = invoke(capsys, "down", "nosuch", "--yes")
+    _assert_bad_input(code, out, err, "unknown cluster 'nosuch'")
+
+
+def test_malformed_hosts_file(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("hosts:\n  - name: a\n    user: [unclosed\n")
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts))
+    _assert_bad_input(code, out, err, "malformed")
+    assert Store().list_clusters() == []
+
+
+def test_no_docker_engine_says_how_to_start_one(capsys, gpuprov_home: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    code, out, err = invoke(capsys, "up", "--provider", "docker", "--count", "1", "--name", "x1")
+    _assert_bad_input(code, out, err, "no Docker engine reachable")
+    assert "systemctl start docker" in err
+    assert Store().list_clusters() == []
+
+
+def test_name_in_use_by_another_provider(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
+    Store().create_cluster("rack3", "static", {})
+    code, out, err = invoke(capsys, "up", "--provider", "docker", "--count", "1", "--name", "rack3")
+    _assert_bad_input(code, out, err, "already used by a static cluster")
+    (cluster,) = Store().list_clusters()
+    assert cluster.provider == "static" and cluster.nodes == ()
+
+
+def test_operational_error_is_one_line_exit_1(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
+    # A host that does not answer: valid input, failed operation.
+    key = tmp_path / "key"
+    key.write_text("x")
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text(f"hosts:\n  - name: gone\n    address: 127.0.0.1\n    port: 1\n"
+                     f"    user: root\n    key: {key}\n    host_key: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGr\n")
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
+                            "--name", "gone")
+    assert code == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("gpuprov:")]
+    assert len(errors) == 1 and "SSH not reachable" in errors[0], err
+    assert "Traceback" not in err
+    assert Store().list_clusters() == []
+
+
+def test_types_json_and_list_json(capsys, gpuprov_home: Path) -> None:
+    code, out, _ = invoke(capsys, "types", "--gpu", "A100", "-o", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert {r["instance_type"] for r in rows} == {"p4d.24xlarge", "p4de.24xlarge"}
+    assert all(r["gpus"] == 8 and r["nvswitch"] for r in rows)
+    code, out, _ = invoke(capsys, "list", "-o", "json")
+    assert code == 0 and json.loads(out) == []
+
+
+def test_dry_run_creates_nothing(capsys, gpuprov_home: Path) -> None:
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", "/nonexistent",
+                            "--dry-run")
+    assert code == 2
+    assert Store().list_clusters() == []
+
+
+def test_cli_start_up_imports_no_heavy_library() -> None:
+    """`gpuprov --help` must not import boto3, Ansible, testinfra, fabric or rich."""
+    code = (
+        "import sys; from gpuprov.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'boto3', 'botocore', 'ansible', 'ansible_runner', 'testinfra', 'fabric', 'paramiko',"
+        " 'rich', 'jinja2', 'yaml', 'pytest', 'platformdirs'})\n"
+        "print('HEAVY', heavy, file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "HEAVY []" in proc.stderr, proc.stderr

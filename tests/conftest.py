@@ -1,0 +1,50 @@
+"""Shared fixtures: an isolated state directory, and the real engines the e2e tests need."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GPUPROV = [sys.executable, "-m", "gpuprov"]
+
+
+@pytest.fixture
+def gpuprov_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "gpuprov-home"
+    monkeypatch.setenv("GPUPROV_HOME", str(home))
+    return home
+
+
+def require_docker() -> None:
+    """The e2e and molecule tests need a Docker engine and the node image.
+
+    `make test` provides both (scripts/host-setup.sh). Outside CI a missing
+    engine skips with the reason; in CI (CI=true) it fails, so a broken
+    set-up can never pass as green.
+    """
+    problems = []
+    if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode != 0:
+        problems.append("no Docker engine reachable (run `make host-setup`)")
+    elif subprocess.run(["docker", "image", "inspect", "gpuprov/node:bookworm"],
+                        capture_output=True, check=False).returncode != 0:
+        problems.append("node image gpuprov/node:bookworm missing (run `make host-setup`)")
+    if problems:
+        if os.environ.get("CI"):
+            pytest.fail("; ".join(problems))
+        pytest.skip("; ".join(problems))
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600,
+            check: bool = False) -> subprocess.CompletedProcess[str]:
+    """The real command line, in a subprocess, as a user runs it."""
+    proc = subprocess.run([*GPUPROV, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"gpuprov {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc

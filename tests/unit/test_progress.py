@@ -1,0 +1,50 @@
+"""Event handling of the per-node progress, with events shaped as ansible-runner emits them."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from gpuprov.ansible.progress import PlaybookProgress
+
+
+def _ev(event: str, host: str | None = None, **data) -> dict:
+    body = {"event": event, "event_data": {**data}}
+    if host:
+        body["event_data"]["host"] = host
+    return body
+
+
+def test_counts_changes_failures_and_final_stats() -> None:
+    out = io.StringIO()
+    progress = PlaybookProgress(["a", "b"], "provision x", console=Console(file=out, width=200))
+    with progress:
+        for e in [
+            _ev("runner_on_start", "a", task="Install", role="gpu_preflight"),
+            _ev("runner_on_ok", "a", task="Install", role="gpu_preflight", res={"changed": True}),
+            _ev("runner_on_start", "b", task="Install", role="gpu_preflight"),
+            _ev("runner_on_failed", "b", task="Install", role="gpu_preflight",
+                res={"msg": "no headers for 6.1.0-9"}),
+            _ev("runner_on_failed", "a", task="Probe", ignore_errors=True, res={"msg": "x"}),
+            _ev("playbook_on_stats", changed={"a": 1}, ok={"a": 5, "b": 1}, failures={"b": 1},
+                dark={}),
+        ]:
+            progress.handle(e)
+    assert progress.summary() == {
+        "a": {"ok": 5, "changed": 1, "failed": 0, "unreachable": 0},
+        "b": {"ok": 1, "changed": 0, "failed": 1, "unreachable": 0},
+    }
+    assert progress.errors() == {"b": "gpu_preflight : Install: no headers for 6.1.0-9"}
+    text = out.getvalue()
+    assert "a: changed  gpu_preflight : Install" in text
+    assert "b: FAILED   gpu_preflight : Install: no headers for 6.1.0-9" in text
+
+
+def test_unreachable_host_is_counted_without_stats() -> None:
+    progress = PlaybookProgress(["a"], "t", console=Console(file=io.StringIO()))
+    with progress:
+        progress.handle(_ev("runner_on_unreachable", "a", task="Gathering Facts",
+                            res={"msg": "ssh: connect to host 10.0.0.1 port 22: timed out"}))
+    assert progress.summary()["a"]["unreachable"] == 1
+    assert "timed out" in progress.errors()["a"]

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpuprov.errors import GpuprovError
+from gpuprov.state import SCHEMA_VERSION, NodeRecord, Store
+
+
+def _node(i: int) -> NodeRecord:
+    return NodeRecord(name=f"n{i}", id=f"id{i}", address="127.0.0.1", ssh_port=2200 + i,
+                      user="gpuprov", state="running", zone="local", instance_type="docker-node",
+                      extra={"i": i})
+
+
+def test_new_store_is_migrated_to_the_latest_schema(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    assert store.schema_version() == SCHEMA_VERSION
+    # Re-opening does not re-run migrations (they would fail on existing tables).
+    assert Store(tmp_path / "state.db").schema_version() == SCHEMA_VERSION
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    Store(db)
+    conn = sqlite3.connect(db)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(GpuprovError, match="newer than this gpuprov"):
+        Store(db)
+
+
+def test_cluster_nodes_and_runs_round_trip(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.create_cluster("c1", "docker", {"count": 2})
+    with pytest.raises(KeyError):
+        store.create_cluster("c1", "static", {})
+    store.replace_nodes("c1", [_node(1), _node(2)])
+    store.set_cluster_state("c1", "ready")
+    cluster = store.get_cluster("c1")
+    assert cluster is not None
+    assert cluster.state == "ready" and cluster.spec == {"count": 2}
+    assert [n.name for n in cluster.nodes] == ["n1", "n2"]
+    assert cluster.nodes[0].extra == {"i": 1}
+    run = store.start_run("c1", "provision", "/tmp/x")
+    store.finish_run(run, True, {"hosts": {"n1": {"changed": 0}}})
+    (record,) = store.runs("c1")
+    assert record.ok is True and record.summary["hosts"]["n1"]["changed"] == 0
+    store.delete_cluster("c1")
+    assert store.get_cluster("c1") is None
+    assert store.list_clusters() == []
+
+
+def _writer(db: str, worker: int, count: int) -> None:
+    store = Store(Path(db))
+    for i in range(count):
+        run = store.start_run("shared", f"w{worker}", None)
+        store.finish_run(run, True, {"i": i})
+        store.replace_nodes("shared", [_node(worker * 1000 + i)])
+
+
+def test_two_processes_do_not_corrupt_the_store(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    Store(db).create_cluster("shared", "docker", {})
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(db), w, 60)) for w in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    store = Store(db)
+    runs = store.runs("shared", limit=1000)
+    assert len(runs) == 120
+    assert all(r.ok for r in runs)
+    cluster = store.get_cluster("shared")
+    assert cluster is not None and len(cluster.nodes) == 1  # replace_nodes is atomic
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuprov.errors import BadInput
+from gpuprov.providers.static import parse_hosts_file
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    path = tmp_path / "id_ed25519"
+    path.write_text("not used by the parser\n")
+    return path
+
+
+def test_gpuprov_yaml(tmp_path: Path, key: Path) -> None:
+    f = tmp_path / "hosts.yml"
+    f.write_text(f"""
+user: ubuntu
+key: {key}
+hosts:
+  - name: gpu01
+    address: 10.1.0.11
+    instance_type: p4d.24xlarge
+  - name: gpu02
+    address: 10.1.0.12
+    port: 2222
+    gpus: 4
+    user: admin
+""")
+    hosts, known = parse_hosts_file(str(f))
+    assert known is None
+    assert [(h.name, h.address, h.user, h.port) for h in hosts] == [
+        ("gpu01", "10.1.0.11", "ubuntu", 22), ("gpu02", "10.1.0.12", "admin", 2222)]
+    assert hosts[0].instance_type == "p4d.24xlarge" and hosts[1].gpus == 4
+    assert hosts[0].key == str(key)
+
+
+def test_ansible_yaml_inventory(tmp_path: Path, key: Path) -> None:
+    f = tmp_path / "inv.yaml"
+    f.write_text(f"""
+all:
+  vars:
+    ansible_user: ubuntu
+  children:
+    gpu:
+      vars:
+        ansible_ssh_private_key_file: {key}
+      hosts:
+        a100-1: {{ansible_host: 192.0.2.1}}
+        a100-2: {{ansible_host: 192.0.2.2, ansible_port: 2200}}
+""")
+    hosts, _ = parse_hosts_file(str(f))
+    assert [(h.name, h.address, h.port, h.user) for h in hosts] == [
+        ("a100-1", "192.0.2.1", 22, "ubuntu"), ("a100-2", "192.0.2.2", 2200, "ubuntu")]
+
+
+def test_ini_inventory(tmp_path: Path, key: Path) -> None:
+    f = tmp_path / "hosts.ini"
+    f.write_text(f"""
+# on-prem rack 3
+[gpu]
+node1 ansible_host=192.0.2.10 ansible_port=22
+node2 ansible_host=192.0.2.11 gpuprov_gpus=8
+
+[gpu:vars]
+ansible_user=root
+ansible_ssh_private_key_file={key}
+""")
+    hosts, _ = parse_hosts_file(str(f))
+    assert [(h.name, h.address, h.user, h.gpus) for h in hosts] == [
+        ("node1", "192.0.2.10", "root", None), ("node2", "192.0.2.11", "root", 8)]
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix", "message"),
+    [
+        ("hosts: [1, 2", ".yml", "malformed"),
+        ("- just\n- a list\n", ".yml", "expected a mapping"),
+        ("hosts:\n  - address: 1.2.3.4\n", ".yml", "has no name"),
+        ("hosts:\n  - name: a\n    user: u\n  - name: a\n    user: u\n", ".yml", "more than once"),
+        ("hosts:\n  - name: a\n", ".yml", "no user"),
+        ("hosts:\n  - name: a\n    user: u\n    port: 70000\n", ".yml", "out of range"),
+        ("hosts:\n  - name: a\n    user: u\n    key: /nonexistent/key\n", ".yml", "not found"),
+        ("[gpu\nnode1 ansible_user=x\n", ".ini", "unterminated"),
+        ("node1 ansible_user\n", ".ini", "expected key=value"),
+        ("hosts: []\n", ".yml", "lists no hosts"),
+    ],
+)
+def test_bad_hosts_files_are_bad_input(tmp_path: Path, text: str, suffix: str, message: str) -> None:
+    f = tmp_path / f"hosts{suffix}"
+    f.write_text(text)
+    with pytest.raises(BadInput, match=message):
+        parse_hosts_file(str(f))
+
+
+def test_missing_hosts_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="not found"):
+        parse_hosts_file(str(tmp_path / "nope.yml"))
