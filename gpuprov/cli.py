@@ -170,7 +170,9 @@ def up(
             raise BadInput("this launch costs money: pass --yes to confirm without a prompt")
         return click.confirm(f"Launch {plan.to_create} x {spec.instance_type}?", default=False, err=True)
 
-    result = core.up(spec, console=console, dry_run=dry_run, bootstrap=not no_bootstrap, confirm=confirm)
+    result = core.up(
+        spec, console=console, dry_run=dry_run, bootstrap=not no_bootstrap, confirm=confirm, name_generated=generated
+    )
     if output == "json":
         _emit_json(result)
     else:

@@ -102,8 +102,8 @@ def test_operational_error_is_one_line_exit_1(capsys, gpuprov_home: Path, tmp_pa
     hosts = tmp_path / "hosts.yml"
     hosts.write_text(f"hosts:\n  - name: gone\n    address: 127.0.0.1\n    port: 1\n"
                      f"    user: root\n    key: {key}\n    host_key: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGr\n")
-    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
-                            "--name", "gone")
+    code, _, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
+                          "--name", "gone")
     assert code == 1, err
     errors = [line for line in err.splitlines() if line.startswith("gpuprov:")]
     assert len(errors) == 1 and "SSH not reachable" in errors[0], err
@@ -121,11 +121,17 @@ def test_types_json_and_list_json(capsys, gpuprov_home: Path) -> None:
     assert code == 0 and json.loads(out) == []
 
 
-def test_dry_run_creates_nothing(capsys, gpuprov_home: Path) -> None:
-    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", "/nonexistent",
-                            "--dry-run")
-    assert code == 2
+def test_dry_run_creates_nothing(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("hosts:\n  - name: gpu01\n    address: 192.0.2.1\n    user: ubuntu\n")
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
+                            "--name", "plan-only", "--dry-run", "-o", "json")
+    assert code == 0, err
+    assert json.loads(out) == {"cluster": "plan-only", "provider": "static", "nodes": [],
+                               "bootstrap": None, "dry_run": True}
+    assert "1 existing host(s)" in err
     assert Store().list_clusters() == []
+    assert not (gpuprov_home / "clusters" / "plan-only").exists()
 
 
 def test_cli_start_up_imports_no_heavy_library() -> None:
@@ -140,3 +146,13 @@ def test_cli_start_up_imports_no_heavy_library() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "HEAVY []" in proc.stderr, proc.stderr
+
+
+def test_generated_name_is_printed(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.ini"
+    hosts.write_text("gpu01 ansible_host=192.0.2.1 ansible_user=ubuntu\n")
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
+                            "--dry-run", "-o", "json")
+    assert code == 0, err
+    name = json.loads(out)["cluster"]
+    assert name.startswith("gpu-") and f"cluster name: {name}" in err

@@ -1,0 +1,261 @@
+"""End to end through the real CLI: real containers with systemd, real SSH with
+pinned host keys, real Ansible, real testinfra probes.
+
+One cluster of two local nodes serves the module; the tests run in file order
+and each states what it proves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_docker, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    require_docker()
+    home = tmp_path_factory.mktemp("gpuprov-home")
+    return {**os.environ, "GPUPROV_HOME": str(home)}
+
+
+@pytest.fixture(scope="module")
+def cluster(env: dict[str, str]):
+    name = f"e2e-{secrets.token_hex(3)}"
+    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "-o", "json",
+                   env=env)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        yield name, json.loads(proc.stdout), proc.stderr
+    finally:
+        run_cli("down", name, "--yes", env=env)
+        _cleanup_labels(name)
+
+
+def _labelled(name: str) -> tuple[list[str], list[str]]:
+    containers = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=gpuprov.cluster={name}"],
+        capture_output=True, text=True, check=True).stdout.split()
+    volumes = subprocess.run(
+        ["docker", "volume", "ls", "-q", "--filter", f"label=gpuprov.cluster={name}"],
+        capture_output=True, text=True, check=True).stdout.split()
+    return containers, volumes
+
+
+def _cleanup_labels(name: str) -> None:
+    containers, volumes = _labelled(name)
+    if containers:
+        subprocess.run(["docker", "rm", "-f", "-v", *containers], capture_output=True, check=False)
+    if volumes:
+        subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True, check=False)
+
+
+def _cluster_dir(env: dict[str, str], name: str) -> Path:
+    return Path(env["GPUPROV_HOME"]) / "clusters" / name
+
+
+def test_up_launches_and_bootstraps(cluster) -> None:
+    name, data, stderr = cluster
+    assert data["cluster"] == name and data["provider"] == "docker"
+    assert [n["name"] for n in data["nodes"]] == [f"{name}-node-1", f"{name}-node-2"]
+    for node in data["nodes"]:
+        assert node["address"] == "127.0.0.1" and node["ssh_port"] > 0
+        assert node["state"] == "running" and node["instance_type"] == "docker-node"
+    boot = data["bootstrap"]
+    assert boot["ok"] is True
+    for host, stats in boot["hosts"].items():
+        assert stats["failed"] == 0 and stats["unreachable"] == 0 and stats["changed"] > 0, host
+    # progress was reported per node while the playbook ran
+    assert f"{name}-node-1: gpu_preflight" in stderr and f"{name}-node-2: gpu_preflight" in stderr
+
+
+def test_host_keys_are_pinned_before_first_contact(cluster, env) -> None:
+    name, data, _ = cluster
+    cdir = _cluster_dir(env, name)
+    known = (cdir / "known_hosts").read_text()
+    for node in data["nodes"]:
+        pinned = (cdir / "hostkeys" / f"{node['name']}.pub").read_text().split()[1]
+        assert f"[127.0.0.1]:{node['ssh_port']} ssh-ed25519 {pinned}" in known
+    inventory = (cdir / "inventory.ini").read_text()
+    assert "StrictHostKeyChecking=yes" in inventory and "StrictHostKeyChecking=no" not in inventory
+    assert (cdir / "id_ed25519").stat().st_mode & 0o777 == 0o600
+
+
+def test_verify_passes_or_skips_with_reason(cluster, env) -> None:
+    name, data, _ = cluster
+    proc = run_cli("verify", name, "-o", "json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ok"] is True and result["summary"]["fail"] == 0
+    assert set(result["hosts"]) == {n["name"] for n in data["nodes"]}
+    for host, probes in result["hosts"].items():
+        by_name = {p["probe"]: p for p in probes}
+        assert by_name["os_supported"]["status"] == "pass"
+        assert by_name["unattended_upgrades_leave_gpu_packages"]["status"] == "pass"
+        assert by_name["gpu_fact_matches_pci_bus"]["status"] == "pass"
+        smi = by_name["nvidia_smi_sees_gpus"]
+        assert smi["status"] == "skip" and "no GPU" in smi["detail"], smi
+        for p in probes:
+            assert p["detail"], (host, p)
+    assert result["summary"]["pass"] + result["summary"]["skip"] == sum(
+        len(v) for v in result["hosts"].values())
+
+
+def test_rerun_changes_nothing(cluster, env) -> None:
+    name, _, _ = cluster
+    proc = run_cli("provision", name, "-o", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ok"] is True
+    assert {h: s["changed"] for h, s in result["hosts"].items()} == dict.fromkeys(result["hosts"], 0)
+
+
+def test_check_mode_on_converged_nodes_reports_nothing_to_change(cluster, env) -> None:
+    name, _, _ = cluster
+    proc = run_cli("provision", name, "--check", "-o", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert all(s["changed"] == 0 and s["failed"] == 0 for s in result["hosts"].values()), result
+
+
+def test_verify_catches_drift_and_provision_repairs_it(cluster, env) -> None:
+    name, _, _ = cluster
+    broken = f"{name}-node-1"
+    # Someone removes the guard that keeps unattended-upgrades off the GPU packages.
+    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={broken}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["docker", "exec", cid, "rm", "/etc/apt/apt.conf.d/51gpuprov-unattended-upgrades"],
+                   check=True)
+    proc = run_cli("verify", name, "-o", "json", env=env)
+    assert proc.returncode == 1
+    result = json.loads(proc.stdout)
+    failed = [(h, p["probe"]) for h, ps in result["hosts"].items() for p in ps if p["status"] == "fail"]
+    assert failed == [(broken, "unattended_upgrades_leave_gpu_packages")]
+    detail = next(p["detail"] for p in result["hosts"][broken] if p["status"] == "fail")
+    assert "nvidia-driver" in detail
+
+    proc = run_cli("provision", name, "-o", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert hosts[broken]["changed"] == 1
+    assert hosts[f"{name}-node-2"]["changed"] == 0
+    assert run_cli("verify", name, env=env).returncode == 0
+
+
+def test_exec_runs_everywhere_with_prefixed_output(cluster, env) -> None:
+    name, _, _ = cluster
+    proc = run_cli("exec", name, "--", "uname", "-r", env=env)
+    assert proc.returncode == 0, proc.stderr
+    kernel = os.uname().release  # container nodes share this machine's kernel
+    lines = sorted(proc.stdout.splitlines())
+    assert lines == sorted([f"{name}-node-1 | {kernel}", f"{name}-node-2 | {kernel}"])
+    proc = run_cli("exec", name, "--", "sh", "-c", "exit 7", env=env)
+    assert proc.returncode == 1 and "exit 7" in proc.stderr
+
+
+def test_changed_host_key_is_refused(cluster, env, tmp_path) -> None:
+    """A node that suddenly presents another host key (an impostor) is refused by every client."""
+    name, data, _ = cluster
+    node = data["nodes"][0]["name"]
+    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    key = "/etc/ssh/ssh_host_ed25519_key"
+    saved = tmp_path / "original_key"
+    subprocess.run(["docker", "cp", f"{cid}:{key}", str(saved)], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")],
+                   check=True)
+
+    def install(private: Path) -> None:
+        subprocess.run(["docker", "cp", str(private), f"{cid}:{key}"], check=True)
+        subprocess.run(["docker", "exec", cid, "sh", "-c",
+                        f"chown root:root {key} && chmod 600 {key} && systemctl restart ssh"],
+                       check=True)
+
+    install(tmp_path / "impostor")
+    try:
+        proc = run_cli("exec", name, "--", "true", env=env)
+        assert proc.returncode == 1
+        assert f"{node}: BadHostKeyException" in proc.stderr, proc.stderr
+        cdir = _cluster_dir(env, name)
+        play = subprocess.run(
+            ["ansible", "-i", str(cdir / "inventory.ini"), node, "-m", "ansible.builtin.ping"],
+            capture_output=True, text=True, check=False,
+            # a fresh connection: a ControlPersist master opened earlier would skip the check
+            env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"),
+                 "ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path / "cp")},
+        )
+        assert play.returncode != 0
+        assert "Host key verification failed" in play.stdout + play.stderr, play.stdout
+    finally:
+        install(saved)
+    assert run_cli("exec", name, "--", "true", env=env).returncode == 0
+
+
+def test_up_again_is_idempotent(cluster, env) -> None:
+    name, data, _ = cluster
+    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "-o", "json",
+                   env=env)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(proc.stdout)
+    assert [n["id"] for n in again["nodes"]] == [n["id"] for n in data["nodes"]]
+    assert all(s["changed"] == 0 for s in again["bootstrap"]["hosts"].values())
+    proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, env=env)
+    assert proc.returncode == 2 and "does not shrink" in proc.stderr
+
+
+def test_status_list_and_inventory(cluster, env) -> None:
+    name, _, _ = cluster
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert status["state"] == "ready" and len(status["nodes"]) == 2
+    assert {r["kind"] for r in status["runs"]} >= {"provision", "verify-quick"}
+    for run in status["runs"]:
+        assert Path(run["artifact_dir"]).is_dir()
+    listed = json.loads(run_cli("list", "-o", "json", env=env, check=True).stdout)
+    assert {"name": name, "provider": "docker", "nodes": 2, "state": "ready"}.items() <= next(
+        c for c in listed if c["name"] == name).items()
+    inv = json.loads(run_cli("inventory", name, "-o", "json", env=env, check=True).stdout)
+    assert sorted(inv["gpuprov_nodes"]["hosts"]) == [f"{name}-node-1", f"{name}-node-2"]
+
+
+def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, env, tmp_path) -> None:
+    name, data, _ = cluster
+    cdir = _cluster_dir(env, name)
+    hosts = tmp_path / "hosts.yml"
+    lines = [f"known_hosts: {cdir / 'known_hosts'}", "user: gpuprov", f"key: {cdir / 'id_ed25519'}",
+             "hosts:"]
+    for i, node in enumerate(data["nodes"], 1):
+        lines += [f"  - name: rack-{i}", "    address: 127.0.0.1", f"    port: {node['ssh_port']}",
+                  "    instance_type: docker-node"]
+    hosts.write_text("\n".join(lines) + "\n")
+    static = f"st-{name}"
+    up = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", static,
+                 "--no-bootstrap", "-o", "json", env=env)
+    assert up.returncode == 0, up.stderr
+    assert [n["name"] for n in json.loads(up.stdout)["nodes"]] == ["rack-1", "rack-2"]
+    verify = run_cli("verify", static, "-o", "json", env=env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert set(json.loads(verify.stdout)["hosts"]) == {"rack-1", "rack-2"}
+    assert run_cli("up", "--provider", "docker", "--count", "1", "--name", static,
+                   env=env).returncode == 2  # name taken by the static cluster
+    down = run_cli("down", static, "--yes", env=env)
+    assert down.returncode == 0 and "forgotten" in down.stderr
+    containers, _ = _labelled(name)
+    assert len(containers) == 2  # the machines are untouched
+
+
+def test_down_removes_containers_and_volumes(cluster, env) -> None:
+    name, _, _ = cluster
+    assert _labelled(name)[0]
+    proc = run_cli("down", name, "--yes", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert _labelled(name) == ([], [])
+    assert not _cluster_dir(env, name).exists()
+    assert run_cli("verify", name, env=env).returncode == 2

@@ -1,0 +1,46 @@
+"""Every role's molecule scenarios, run for real (docker driver, systemd node image).
+
+The scenario's own sequence includes the idempotence and check steps and the
+shared probes as its testinfra verifier.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, require_docker
+
+SCENARIOS = sorted(
+    (p.parent.parent.parent.name, p.parent.name)
+    for p in (ROOT / "roles").glob("*/molecule/*/molecule.yml")
+)
+
+
+def test_every_role_has_a_scenario() -> None:
+    roles = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "tasks").is_dir())
+    assert roles and roles == sorted({role for role, _ in SCENARIOS})
+
+
+@pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{r}:{s}" for r, s in SCENARIOS])
+def test_molecule_scenario(role: str, scenario: str, tmp_path: Path) -> None:
+    require_docker()
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["ANSIBLE_NOCOLOR"] = "1"
+    env["NO_COLOR"] = "1"
+    log = tmp_path / "molecule.log"
+    with log.open("w") as fh:
+        proc = subprocess.run(
+            ["molecule", "test", "--scenario-name", scenario],
+            cwd=ROOT / "roles" / role, env=env, stdout=fh, stderr=subprocess.STDOUT,
+            check=False, timeout=1800,
+        )
+    text = log.read_text()
+    assert proc.returncode == 0, f"molecule test {role}:{scenario} failed:\n{text[-6000:]}"
+    for step in ("converge", "idempotence", "verify"):
+        assert f"{step}: Executed: Successful" in text, f"{step} did not run:\n{text[-3000:]}"
