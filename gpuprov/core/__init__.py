@@ -132,6 +132,14 @@ def up(
             "choose another --name"
         )
     plan = provider.plan(spec, files_for(spec.name, create=False))
+    if existing is None and plan.existing and spec.provider != "static":
+        # Resources carry this name but this state directory never made them
+        # (another GPUPROV_HOME, or lost state): never adopt or touch them.
+        raise BadInput(
+            f"{plan.existing} {spec.provider} node(s) labelled with cluster '{spec.name}' already "
+            "exist but this state directory does not know them; choose another --name, or "
+            f"remove them with `gpuprov down {spec.name}`"
+        )
     if name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     _show_plan(plan, console)

@@ -251,6 +251,31 @@ def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, 
     assert len(containers) == 2  # the machines are untouched
 
 
+def test_nodes_of_another_state_dir_are_never_adopted(cluster, env, tmp_path) -> None:
+    name, _, _ = cluster
+    other = {**env, "GPUPROV_HOME": str(tmp_path / "other-home")}
+    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, env=other)
+    assert proc.returncode == 2 and "this state directory does not know them" in proc.stderr
+    containers, _ = _labelled(name)
+    assert len(containers) == 2
+    assert run_cli("exec", name, "--", "true", env=env).returncode == 0
+
+
+def test_down_finds_nodes_whose_state_was_lost(env, tmp_path) -> None:
+    name = f"lost-{secrets.token_hex(3)}"
+    lost_home = {**env, "GPUPROV_HOME": str(tmp_path / "lost-home")}
+    try:
+        run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap",
+                env=lost_home, check=True)
+        assert len(_labelled(name)[0]) == 1
+        fresh = {**env, "GPUPROV_HOME": str(tmp_path / "fresh-home")}
+        proc = run_cli("down", name, "--yes", env=fresh)
+        assert proc.returncode == 0 and "unrecorded docker node(s) removed" in proc.stderr
+        assert _labelled(name) == ([], [])
+    finally:
+        _cleanup_labels(name)
+
+
 def test_down_removes_containers_and_volumes(cluster, env) -> None:
     name, _, _ = cluster
     assert _labelled(name)[0]
