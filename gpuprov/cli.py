@@ -101,6 +101,23 @@ def cli(debug: bool) -> None:
 @click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32).")
 @click.option("--spot", is_flag=True, help="Use spot capacity (aws).")
 @click.option(
+    "--disk-gb",
+    type=click.IntRange(min=8, max=16384),
+    metavar="GIB",
+    help="Root volume size in GiB, encrypted gp3 (aws; default 200, room for CUDA).",
+)
+@click.option(
+    "--capacity-reservation",
+    metavar="ID",
+    help="Launch into this EC2 capacity reservation (aws; cr-...).",
+)
+@click.option(
+    "--rollback/--no-rollback",
+    default=None,
+    help="When nodes never answer SSH or the bootstrap fails, terminate what this run launched "
+    "(default: on for a new aws cluster, off otherwise).",
+)
+@click.option(
     "--hosts",
     "hosts_file",
     type=click.Path(dir_okay=False),
@@ -123,6 +140,9 @@ def up(
     image: str | None,
     ssh_cidr: str | None,
     spot: bool,
+    disk_gb: int | None,
+    capacity_reservation: str | None,
+    rollback: bool | None,
     hosts_file: str | None,
     no_bootstrap: bool,
     dry_run: bool,
@@ -136,7 +156,7 @@ def up(
     if name is not None:
         core.validate_name(name)
     if instance_type:
-        catalog.get(instance_type)
+        catalog.get(instance_type, region=region if provider == "aws" else None)
     elif provider == "aws":
         raise BadInput("--type is required for the aws provider (`gpuprov types` lists them)")
     elif provider == "docker":
@@ -147,6 +167,13 @@ def up(
         raise BadInput("--provider static needs --hosts FILE")
     if count is None and provider != "static":
         raise BadInput("--count is required")
+    aws_only = {"--disk-gb": disk_gb, "--capacity-reservation": capacity_reservation}
+    for flag, value in aws_only.items():
+        if value is not None and provider != "aws":
+            raise BadInput(f"{flag} is for --provider aws")
+    if capacity_reservation is not None and not capacity_reservation.startswith("cr-"):
+        raise BadInput(f"--capacity-reservation {capacity_reservation}: expected an id like cr-0123456789abcdef0")
+    options = {k: v for k, v in (("disk_gb", disk_gb), ("capacity_reservation", capacity_reservation)) if v}
     console = _console()
     generated = name is None
     if name is None:
@@ -161,6 +188,7 @@ def up(
         ssh_cidr=ssh_cidr,
         spot=spot,
         hosts_file=hosts_file,
+        options=options,
     )
 
     def confirm(plan) -> bool:
@@ -171,7 +199,13 @@ def up(
         return click.confirm(f"Launch {plan.to_create} x {spec.instance_type}?", default=False, err=True)
 
     result = core.up(
-        spec, console=console, dry_run=dry_run, bootstrap=not no_bootstrap, confirm=confirm, name_generated=generated
+        spec,
+        console=console,
+        dry_run=dry_run,
+        bootstrap=not no_bootstrap,
+        confirm=confirm,
+        name_generated=generated,
+        rollback=rollback,
     )
     if output == "json":
         _emit_json(result)
@@ -202,8 +236,13 @@ def _provision_table(cluster: str, data: dict[str, Any]) -> None:
 @cli.command()
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def down(name: str, yes: bool) -> int:
-    """Remove a cluster's nodes (static: forget them; the machines are not touched)."""
+@click.option("--region", help="aws: where to look by tag when local state has lost the cluster.")
+def down(name: str, yes: bool, region: str | None) -> int:
+    """Remove a cluster's nodes (static: forget them; the machines are not touched).
+
+    aws: terminates the instances, waits, then deletes the cluster's elastic
+    IPs, placement group, security group and key pair, all found by the tag
+    gpuprov:cluster=NAME (also when local state is gone)."""
     from gpuprov import core
 
     def confirm(question: str) -> bool:
@@ -213,17 +252,22 @@ def down(name: str, yes: bool) -> int:
             raise BadInput(f"refusing to take '{name}' down without --yes (no terminal to ask)")
         return click.confirm(question, default=False, err=True)
 
-    core.down(name, console=_console(), confirm=confirm)
+    core.down(name, console=_console(), confirm=confirm, region=region)
     return 0
 
 
 @cli.command(name="list")
+@click.option("--region", help="aws: also look for tagged clusters in this region.")
 @output_option
-def list_(output: str) -> int:
-    """List the clusters this state directory knows."""
+def list_(region: str | None, output: str) -> int:
+    """List the clusters this state directory knows, reconciled with AWS tags.
+
+    When AWS is set up here, clusters tagged gpuprov:cluster=NAME that no
+    state knows show as `untracked (tags only)`, and recorded aws clusters
+    whose instances are gone as `missing at aws`."""
     from gpuprov import core
 
-    rows = core.list_clusters()
+    rows = core.list_clusters(region=region, console=_console())
     if output == "json":
         _emit_json(rows)
     else:
@@ -353,21 +397,32 @@ def inventory(name: str, output: str) -> int:
 
 @cli.command()
 @click.option("--gpu", metavar="MODEL", help="Only types with this GPU (A100, H100, ...).")
+@click.option("--region", help="aws: the region whose EC2 facts to show (and --refresh).")
+@click.option("--refresh", is_flag=True, help="aws: read EC2's current GPU types (DescribeInstanceTypes) into the cache.")
 @output_option
-def types(gpu: str | None, output: str) -> int:
-    """List the instance types gpuprov knows (GPUs, arch, EFA, NVSwitch, price estimate)."""
+def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> int:
+    """List the instance types gpuprov knows (GPUs, arch, EFA, NVSwitch, price estimate).
+
+    Facts come from EC2's DescribeInstanceTypes where cached (every aws `up`
+    caches its type; --refresh reads all GPU types), and from gpuprov's
+    bundled table for what that API lacks (NVSwitch, compute capability, price)."""
     from gpuprov import catalog
 
-    found = catalog.by_gpu(gpu)
+    if refresh:
+        from gpuprov.providers.aws import refresh_catalog
+
+        count, region = refresh_catalog(region)
+        _console().say(f"cached {count} GPU instance type(s) of {region} from EC2")
+    found = catalog.by_gpu(gpu, region=region)
     if gpu and not found:
-        known = sorted({t.gpu_model for t in catalog.all_types() if t.gpu_model})
+        known = sorted({t.gpu_model for t in catalog.all_types(region) if t.gpu_model})
         raise BadInput(f"no instance type with GPU '{gpu}'; known GPUs: {', '.join(known)}")
     rows = [t.row() for t in found]
     if output == "json":
         _emit_json(rows)
         return 0
     _table(
-        f"instance types (prices: on-demand us-east-1 estimate as of {catalog.price_date()})",
+        f"instance types (prices: on-demand us-east-1 estimate as of {catalog.price_date()}, not a quote)",
         ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "vcpus", "efa", "nvswitch", "$/h"],
         [
             [

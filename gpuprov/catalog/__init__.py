@@ -1,14 +1,24 @@
 """Instance-type facts: GPUs, architecture, EFA, NVSwitch, price estimate.
 
-The bundled table (``instance_types.json``) is the reviewed source for what
-EC2's DescribeInstanceTypes does not say (NVSwitch, compute capability,
-price). Loaded lazily, once per process.
+Two sources, merged:
+
+- EC2's DescribeInstanceTypes (GPU model, count and memory, vCPUs, memory,
+  EFA support and maximum EFA interfaces, network cards), fetched by the aws
+  provider and cached per region in ``$GPUPROV_HOME/catalog/ec2-REGION.json``;
+- the bundled table (``instance_types.json``), the reviewed source for what
+  that API does not say (NVSwitch / fabric manager, compute capability,
+  on-demand price estimate with its date, the vCPU quota code).
+
+API facts win where both have a field. Nothing here talks to AWS: the
+provider hands in what it fetched (``record_api_types``).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +27,35 @@ from typing import Any
 from gpuprov.errors import BadInput
 
 _DATA = Path(__file__).with_name("instance_types.json")
+CACHE_MAX_AGE_S = 7 * 24 * 3600
+
+# What DescribeInstanceTypes does not say.
+ARCH_BY_GPU = {
+    "V100": "sm_70",
+    "T4": "sm_75",
+    "T4G": "sm_75",
+    "A100": "sm_80",
+    "A10G": "sm_86",
+    "L4": "sm_89",
+    "L40S": "sm_89",
+    "H100": "sm_90",
+    "H200": "sm_90",
+}
+# Families whose GPUs sit on NVSwitch: fabric manager must run, matching the driver.
+NVSWITCH_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en"})
+# vCPU-based EC2 quotas (Service Quotas, service code "ec2"), by family letter.
+QUOTAS_ON_DEMAND = {
+    "p": ("L-417A185B", "Running On-Demand P instances"),
+    "g": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "vt": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+}
+QUOTAS_SPOT = {
+    "p": ("L-7212CCBC", "All P Spot Instance Requests"),
+    "g": ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    "vt": ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+}
+QUOTA_STANDARD = ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances")
+QUOTA_SPOT_STANDARD = ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests")
 
 
 @dataclass(frozen=True)
@@ -70,30 +109,140 @@ def price_date() -> str:
     return _load()[0]
 
 
-def all_types() -> list[InstanceType]:
-    return sorted(_load()[1].values(), key=lambda t: (t.provider, t.name))
+def _merged(region: str | None = None) -> dict[str, InstanceType]:
+    types = dict(_load()[1])
+    for region_name in [region] if region else cached_regions():
+        types.update(cached_types(region_name))
+    return types
 
 
-def get(name: str) -> InstanceType:
-    types = _load()[1]
+def all_types(region: str | None = None) -> list[InstanceType]:
+    """Bundled types plus what EC2 said (cached), for one region or every cached one."""
+    return sorted(_merged(region).values(), key=lambda t: (t.provider, t.name))
+
+
+def suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else "; `gpuprov types` lists them"
+
+
+def get(name: str, region: str | None = None) -> InstanceType:
+    types = _merged(region)
     try:
         return types[name]
     except KeyError:
-        close = difflib.get_close_matches(name, list(types), n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; `gpuprov types` lists them"
-        raise BadInput(f"unknown instance type '{name}'{hint}") from None
+        raise BadInput(f"unknown instance type '{name}'{suggest(name, list(types))}") from None
 
 
 def find(name: str | None) -> InstanceType | None:
     """Like ``get`` but ``None`` for unknown or absent names (static hosts)."""
     if not name:
         return None
-    return _load()[1].get(name)
+    return _merged().get(name)
 
 
-def by_gpu(model: str | None) -> list[InstanceType]:
-    types = all_types()
+def by_gpu(model: str | None, region: str | None = None) -> list[InstanceType]:
+    types = all_types(region)
     if model is None:
         return types
     want = model.lower()
     return [t for t in types if t.gpu_model and t.gpu_model.lower() == want]
+
+
+def family(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def quota_for(name: str, spot: bool = False) -> tuple[str, str]:
+    """(quota code, quota name) of the vCPU quota that a launch of ``name`` counts against."""
+    fam = family(name)
+    letter = "vt" if fam.startswith("vt") else fam[:1]
+    table = QUOTAS_SPOT if spot else QUOTAS_ON_DEMAND
+    return table.get(letter, QUOTA_SPOT_STANDARD if spot else QUOTA_STANDARD)
+
+
+# -- facts from EC2 (DescribeInstanceTypes), cached in the state dir --------------------
+def from_api(record: dict[str, Any], region: str) -> InstanceType:
+    """An InstanceType from one DescribeInstanceTypes record, completed with bundled facts."""
+    name = record["InstanceType"]
+    bundled = _load()[1].get(name)
+    gpus = (record.get("GpuInfo") or {}).get("Gpus") or []
+    gpu = gpus[0] if gpus else {}
+    model = gpu.get("Name") or (bundled.gpu_model if bundled else None)
+    network = record.get("NetworkInfo") or {}
+    efa = bool(network.get("EfaSupported"))
+    price = dict(bundled.price) if bundled else {}
+    return InstanceType(
+        name=name,
+        provider="aws",
+        gpu_model=model,
+        gpu_count=sum(int(g.get("Count", 0)) for g in gpus),
+        gpu_memory_gib=round((gpu.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024),
+        arch=ARCH_BY_GPU.get(model or "", bundled.arch if bundled else None),
+        vcpus=(record.get("VCpuInfo") or {}).get("DefaultVCpus"),
+        memory_gib=round((record.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024) or None,
+        efa=efa,
+        efa_max_interfaces=int((network.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)) if efa else 0,
+        network_cards=int(network.get("MaximumNetworkCards") or 1),
+        nvswitch=family(name) in NVSWITCH_FAMILIES,
+        virtualization="metal" if record.get("BareMetal") else "vm",
+        quota_code=quota_for(name)[0],
+        price=price,
+    )
+
+
+def cache_dir() -> Path:
+    from gpuprov import paths
+
+    return paths.home() / "catalog"
+
+
+def _cache_file(region: str) -> Path:
+    return cache_dir() / f"ec2-{region}.json"
+
+
+def cached_regions() -> list[str]:
+    directory = cache_dir()
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem.removeprefix("ec2-") for p in directory.glob("ec2-*.json"))
+
+
+def _read_cache(region: str) -> dict[str, Any]:
+    try:
+        data = json.loads(_cache_file(region).read_text())
+    except (OSError, ValueError):
+        return {"types": {}}
+    return data if isinstance(data.get("types"), dict) else {"types": {}}
+
+
+def cached_types(region: str, max_age_s: float | None = None) -> dict[str, InstanceType]:
+    """What EC2 said about types in ``region`` (only entries younger than ``max_age_s``)."""
+    now = time.time()
+    out = {}
+    for name, entry in _read_cache(region)["types"].items():
+        if max_age_s is not None and now - entry.get("fetched", 0) > max_age_s:
+            continue
+        try:
+            out[name] = from_api(entry["record"], region)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def record_api_types(region: str, records: list[dict[str, Any]]) -> list[InstanceType]:
+    """Cache DescribeInstanceTypes records for ``region``; returns them as InstanceTypes."""
+    data = _read_cache(region)
+    now = time.time()
+    for record in records:
+        data["types"][record["InstanceType"]] = {"fetched": now, "record": _jsonable(record)}
+    path = _cache_file(region)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.replace(path)
+    return [from_api(r, region) for r in records]
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))

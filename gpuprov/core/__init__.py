@@ -119,7 +119,15 @@ def up(
     bootstrap: bool = True,
     confirm: Callable[[Plan], bool] | None = None,
     name_generated: bool = False,
+    rollback: bool | None = None,
 ) -> dict[str, Any]:
+    """Launch (or complete) a cluster and bootstrap it.
+
+    ``rollback``: when the nodes never answer SSH or the bootstrap fails,
+    terminate what this run launched. ``None`` means: on for a new cluster of a
+    billable provider, off otherwise (free local nodes are kept to look at).
+    Failures inside the provider's launch always undo what it made.
+    """
     store = store or Store()
     validate_name(spec.name)
     if spec.count < 1 and not (spec.provider == "static" and spec.count == 0):
@@ -144,6 +152,9 @@ def up(
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     _show_plan(plan, console)
     if dry_run:
+        checks = getattr(provider, "dry_run", None)
+        if checks is not None:
+            checks(spec, _reporter(console))
         return {
             "cluster": spec.name,
             "provider": spec.provider,
@@ -153,6 +164,8 @@ def up(
         }
     if plan.billable and plan.to_create and confirm is not None and not confirm(plan):
         raise GpuprovError("aborted; nothing was created")
+    if rollback is None:
+        rollback = existing is None and plan.billable
 
     with cluster_lock(spec.name):
         created_record = False
@@ -167,10 +180,16 @@ def up(
             created_record = True
         files = files_for(spec.name)
         report = _reporter(console)
+        known_ids = {n.id for n in existing.nodes} if existing else set()
         try:
             nodes = provider.launch(spec, files, report)
-        except BaseException:
-            if created_record:
+        except BaseException as exc:
+            leftover = getattr(exc, "leftover_nodes", None)
+            if leftover:
+                # Termination failed: keep what is still there in state, so `down` finds it.
+                store.replace_nodes(spec.name, [*(existing.nodes if existing else ()), *leftover])
+                store.set_cluster_state(spec.name, "failed")
+            elif created_record:
                 store.delete_cluster(spec.name)
                 shutil.rmtree(files.dir, ignore_errors=True)
             raise
@@ -187,24 +206,73 @@ def up(
                 f"{spec.name}: {len(nodes)} node(s) running (--no-bootstrap: no SSH wait, no playbooks)"
             )
             return result
+        added = [n for n in nodes if n.id not in known_ids]
         try:
             nodes = provider.wait_ready(spec, nodes, files, report)
         except BaseException:
-            if created_record:
+            if created_record and (rollback or not plan.billable):
                 # All or nothing: a new cluster whose nodes never answered is removed.
                 report("nodes not reachable: removing what this run launched")
                 provider.terminate(spec.name, nodes, files, report)
                 store.delete_cluster(spec.name)
                 shutil.rmtree(files.dir, ignore_errors=True)
             else:
+                if rollback and added:
+                    _rollback_added(store, spec.name, provider, files, nodes, added, report)
                 store.set_cluster_state(spec.name, "failed")
             raise
         store.replace_nodes(spec.name, nodes)
         cluster = load(store, spec.name)
-        outcome = _provision(store, cluster, provider, files, nodes, console=console)
+        try:
+            outcome = _provision(store, cluster, provider, files, nodes, console=console)
+        except BaseException:
+            if rollback:
+                _rollback_cluster(store, spec.name, provider, files, nodes, added, created_record, report)
+            raise
+        if not outcome["ok"] and rollback:
+            report("bootstrap failed and --rollback is on: removing what this run launched")
+            nodes = _rollback_cluster(store, spec.name, provider, files, nodes, added, created_record, report)
         result["nodes"] = [n.public() for n in nodes]
         result["bootstrap"] = {"ok": outcome["ok"], "hosts": outcome["hosts"]}
         return result
+
+
+def _rollback_cluster(
+    store: Store,
+    name: str,
+    provider: Provider,
+    files: ClusterFiles,
+    nodes: list[NodeRecord],
+    added: list[NodeRecord],
+    whole: bool,
+    report: Callable[[str], None],
+) -> list[NodeRecord]:
+    """Undo one ``up``: the whole cluster when it made it, else only the nodes it added."""
+    if whole:
+        provider.terminate(name, nodes, files, report)
+        store.delete_cluster(name)
+        shutil.rmtree(files.dir, ignore_errors=True)
+        return []
+    return _rollback_added(store, name, provider, files, nodes, added, report)
+
+
+def _rollback_added(
+    store: Store,
+    name: str,
+    provider: Provider,
+    files: ClusterFiles,
+    nodes: list[NodeRecord],
+    added: list[NodeRecord],
+    report: Callable[[str], None],
+) -> list[NodeRecord]:
+    terminate_nodes = getattr(provider, "terminate_nodes", None)
+    if terminate_nodes is None or not added:
+        return nodes
+    report(f"removing the {len(added)} node(s) this run added: {', '.join(n.name for n in added)}")
+    gone = {n.id for n in added} - set(terminate_nodes(added, files, report))
+    kept = [n for n in nodes if n.id not in gone]
+    store.replace_nodes(name, kept)
+    return kept
 
 
 def _show_plan(plan: Plan, console: Console) -> None:
@@ -217,9 +285,13 @@ def _show_plan(plan: Plan, console: Console) -> None:
         line += " (all exist already)"
     console.say(line)
     if plan.price_per_node_hour is not None:
+        from gpuprov import catalog
+
         console.say(
             f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
-            f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster"
+            f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster "
+            f"(on-demand list price as of {catalog.price_date()}; an estimate, not a quote"
+            f"{'; spot prices differ' if spec.spot else ''})"
         )
     for note in plan.notes:
         console.say(f"  {note}")
@@ -323,12 +395,17 @@ def verify(
 
 # -- down -------------------------------------------------------------------------------------
 def down(
-    name: str, *, console: Console, store: Store | None = None, confirm: Callable[[str], bool] | None = None
+    name: str,
+    *,
+    console: Console,
+    store: Store | None = None,
+    confirm: Callable[[str], bool] | None = None,
+    region: str | None = None,
 ) -> dict[str, Any]:
     store = store or Store()
     cluster = store.get_cluster(name)
     if cluster is None:
-        return _down_orphan(name, console=console, confirm=confirm)
+        return _down_orphan(name, console=console, confirm=confirm, region=region)
     provider = get_provider(cluster.provider)
     what = (
         f"forget {len(cluster.nodes)} static host(s) (the machines are not touched)"
@@ -348,29 +425,66 @@ def down(
     return {"cluster": name, "provider": cluster.provider, "removed": removed}
 
 
-def _down_orphan(name: str, *, console: Console, confirm: Callable[[str], bool] | None) -> dict[str, Any]:
-    """A cluster that state has lost but the engine still labels (state dir wiped)."""
+def _down_orphan(
+    name: str, *, console: Console, confirm: Callable[[str], bool] | None, region: str | None = None
+) -> dict[str, Any]:
+    """A cluster that state has lost but its provider still tags (state dir wiped)."""
     docker_provider = get_provider("docker")
     try:
         docker_provider.check_engine()  # type: ignore[attr-defined]
         found = docker_provider.describe(name, [], ClusterFiles(paths.home() / "orphans"))
     except (BadInput, GpuprovError):
         found = []
-    if not found:
+    if found:
+        if confirm is not None and not confirm(
+            f"{name}: not in state, but {len(found)} docker node(s) carry its label; remove them?"
+        ):
+            raise GpuprovError("aborted; nothing was removed")
+        removed = docker_provider.terminate(name, found, ClusterFiles(paths.home()), _reporter(console))
+        console.say(f"{name}: down ({removed} unrecorded docker node(s) removed)")
+        return {"cluster": name, "provider": "docker", "removed": removed}
+    validate_name(name)
+    aws_nodes, aws_other, aws_region = _aws_tagged(name, region)
+    if not aws_nodes and not aws_other:
         raise BadInput(f"unknown cluster '{name}'; `gpuprov list` shows the clusters")
+    what = ", ".join([f"{len(aws_nodes)} instance(s)", *aws_other])
     if confirm is not None and not confirm(
-        f"{name}: not in state, but {len(found)} docker node(s) carry its label; remove them?"
+        f"{name}: not in state, but AWS ({aws_region}) has {what} tagged with it; remove them?"
     ):
         raise GpuprovError("aborted; nothing was removed")
-    removed = docker_provider.terminate(name, found, ClusterFiles(paths.home()), _reporter(console))
-    console.say(f"{name}: down ({removed} unrecorded docker node(s) removed)")
-    return {"cluster": name, "provider": "docker", "removed": removed}
+    aws = get_provider("aws")
+    with cluster_lock(name):
+        removed = aws.destroy(name, aws_region, _reporter(console))  # type: ignore[attr-defined]
+    console.say(f"{name}: down ({removed} unrecorded aws instance(s) removed, found by tag)")
+    return {"cluster": name, "provider": "aws", "removed": removed}
+
+
+def _aws_tagged(name: str, region: str | None) -> tuple[list[NodeRecord], list[str], str | None]:
+    """What AWS tags with ``name``, when AWS is set up here; nothing otherwise."""
+    from gpuprov.providers.aws import api
+
+    if not (region or api.configured()):
+        return [], [], None
+    aws = get_provider("aws")
+    try:
+        nodes, other = aws.find_tagged(name, region)  # type: ignore[attr-defined]
+    except BadInput:
+        return [], [], None
+    return nodes, other, (nodes[0].extra["region"] if nodes else region or api.connect(region).region)
 
 
 # -- reading ------------------------------------------------------------------------------------
-def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
+def list_clusters(
+    store: Store | None = None, *, region: str | None = None, console: Console | None = None
+) -> list[dict[str, Any]]:
+    """Clusters in state, reconciled with what AWS tags (when AWS is set up here).
+
+    An aws cluster whose instances are gone is marked ``missing at aws``;
+    tagged resources that no state knows are listed with state
+    ``untracked (tags only)``: `gpuprov down NAME` removes them.
+    """
     store = store or Store()
-    return [
+    rows = [
         {
             "name": c.name,
             "provider": c.provider,
@@ -380,6 +494,54 @@ def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
         }
         for c in store.list_clusters()
     ]
+    aws_rows = [r for r in rows if r["provider"] == "aws"]
+    tagged = _aws_clusters(store, region, bool(aws_rows), console)
+    if tagged is None:
+        return rows
+    for row in aws_rows:
+        found = tagged.pop(row["name"], None)
+        if found is None or not found["nodes"]:
+            row["nodes"] = 0
+            row["state"] = f"{row['state']} (missing at aws)"
+        else:
+            row["nodes"] = found["nodes"]
+    for name, found in sorted(tagged.items()):
+        rows.append(
+            {
+                "name": name,
+                "provider": "aws",
+                "nodes": found["nodes"],
+                "created": found["created"],
+                "state": "untracked (tags only)",
+            }
+        )
+    return rows
+
+
+def _aws_clusters(
+    store: Store, region: str | None, have_aws: bool, console: Console | None
+) -> dict[str, dict[str, Any]] | None:
+    from gpuprov.providers.aws import api
+
+    if not (region or have_aws or api.configured()):
+        return None
+    regions = {region} if region else {
+        c.spec.get("region") for c in store.list_clusters() if c.provider == "aws"
+    } | {None}
+    aws = get_provider("aws")
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for name in sorted(regions, key=str):
+            out.update(aws.tagged_clusters(name))  # type: ignore[attr-defined]
+    except GpuprovError as exc:
+        if console is not None:
+            console.say(f"warning: AWS not consulted ({exc}); showing local state only")
+        return None
+    except Exception as exc:  # noqa: BLE001  (listing must work offline)
+        if console is not None:
+            console.say(f"warning: AWS not consulted ({type(exc).__name__}: {exc}); showing local state only")
+        return None
+    return out
 
 
 def status(name: str, store: Store | None = None) -> dict[str, Any]:

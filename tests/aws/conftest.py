@@ -1,0 +1,89 @@
+"""Fixtures for the aws provider: moto's real server behind the test shim.
+
+The product reaches them only through the standard AWS_ENDPOINT_URL and fake
+credentials, as it would reach AWS. One moto server serves the session; its
+state is reset before every test.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.aws import moto_shim
+
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def _shim_server(moto_server: str) -> Iterator[moto_shim.Shim]:
+    shim, server = moto_shim.start(moto_server)
+    yield shim
+    shim.release.set()
+    server.shutdown()
+
+
+@pytest.fixture
+def shim(_shim_server: moto_shim.Shim, moto_server: str, gpuprov_home: Path,
+         monkeypatch: pytest.MonkeyPatch) -> Iterator[moto_shim.Shim]:
+    """A fresh moto behind the shim, reached the standard way; an isolated GPUPROV_HOME."""
+    urllib.request.urlopen(urllib.request.Request(f"http://{moto_server}/moto-api/reset", method="POST")).read()
+    _shim_server.reset()
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", _shim_server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(gpuprov_home.parent / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(gpuprov_home.parent / "no-aws-credentials"))
+    monkeypatch.setenv("GPUPROV_AWS_MAX_ATTEMPTS", "4")
+    monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "3")
+    monkeypatch.setenv("GPUPROV_AWS_BACKOFF_S", "0.05")
+    from gpuprov.providers.aws import PROVIDER
+
+    PROVIDER._prepared = None
+    yield _shim_server
+    _shim_server.release.set()
+
+
+@pytest.fixture
+def ami(shim: moto_shim.Shim) -> str:
+    """An image moto knows (moto has none of Canonical's)."""
+    import boto3
+
+    images = boto3.client("ec2", region_name=REGION).describe_images(Owners=["amazon"])["Images"]
+    shim.calls.clear()
+    return str(images[0]["ImageId"])
+
+
+def instances(name: str, states: tuple[str, ...] = ("pending", "running")) -> list[dict]:
+    """What EC2 (moto, straight, not through the product) says carries the cluster's tag."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    found = ec2.describe_instances(Filters=[
+        {"Name": "tag:gpuprov:cluster", "Values": [name]},
+        {"Name": "instance-state-name", "Values": list(states)},
+    ])["Reservations"]
+    return [i for r in found for i in r["Instances"]]
+
+
+def dump(data: object) -> str:
+    return json.dumps(data, indent=1, default=str)
