@@ -213,12 +213,10 @@ def up(
             if created_record and (rollback or not plan.billable):
                 # All or nothing: a new cluster whose nodes never answered is removed.
                 report("nodes not reachable: removing what this run launched")
-                provider.terminate(spec.name, nodes, files, report)
-                store.delete_cluster(spec.name)
-                shutil.rmtree(files.dir, ignore_errors=True)
+                _rollback(store, spec.name, provider, files, nodes, added, report, whole=True)
             else:
-                if rollback and added:
-                    _rollback_added(store, spec.name, provider, files, nodes, added, report)
+                if rollback:
+                    _rollback(store, spec.name, provider, files, nodes, added, report)
                 store.set_cluster_state(spec.name, "failed")
             raise
         store.replace_nodes(spec.name, nodes)
@@ -227,44 +225,34 @@ def up(
             outcome = _provision(store, cluster, provider, files, nodes, console=console)
         except BaseException:
             if rollback:
-                _rollback_cluster(store, spec.name, provider, files, nodes, added, created_record, report)
+                _rollback(store, spec.name, provider, files, nodes, added, report, whole=created_record)
             raise
         if not outcome["ok"] and rollback:
             report("bootstrap failed and --rollback is on: removing what this run launched")
-            nodes = _rollback_cluster(store, spec.name, provider, files, nodes, added, created_record, report)
+            nodes = _rollback(store, spec.name, provider, files, nodes, added, report, whole=created_record)
         result["nodes"] = [n.public() for n in nodes]
         result["bootstrap"] = {"ok": outcome["ok"], "hosts": outcome["hosts"]}
         return result
 
 
-def _rollback_cluster(
+def _rollback(
     store: Store,
     name: str,
     provider: Provider,
     files: ClusterFiles,
     nodes: list[NodeRecord],
     added: list[NodeRecord],
-    whole: bool,
     report: Callable[[str], None],
+    *,
+    whole: bool = False,
 ) -> list[NodeRecord]:
-    """Undo one ``up``: the whole cluster when it made it, else only the nodes it added."""
+    """Undo one ``up``: the whole cluster when it made it, else only the nodes it added
+    (where the provider can remove single nodes). Returns the nodes that remain."""
     if whole:
         provider.terminate(name, nodes, files, report)
         store.delete_cluster(name)
         shutil.rmtree(files.dir, ignore_errors=True)
         return []
-    return _rollback_added(store, name, provider, files, nodes, added, report)
-
-
-def _rollback_added(
-    store: Store,
-    name: str,
-    provider: Provider,
-    files: ClusterFiles,
-    nodes: list[NodeRecord],
-    added: list[NodeRecord],
-    report: Callable[[str], None],
-) -> list[NodeRecord]:
     terminate_nodes = getattr(provider, "terminate_nodes", None)
     if terminate_nodes is None or not added:
         return nodes

@@ -40,6 +40,7 @@ class Fault:
     zone: str | None = None
     times: int | None = None  # None: every time
     status: int = 400
+    dry_run: bool = False  # True: answer only DryRun calls (a refused permission)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Shim:
                     continue
                 if fault.zone and params.get("Placement.AvailabilityZone") != fault.zone:
                     continue
-                if params.get("DryRun") == "true":
+                if (params.get("DryRun") == "true") != fault.dry_run:
                     continue
                 if fault.times is not None:
                     fault.times -= 1
