@@ -442,6 +442,30 @@ def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> in
     return 0
 
 
+@cli.command()
+@click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
+@click.option("--cuda", default="11.8", show_default=True, help="CUDA release.")
+@click.option("--driver", metavar="BRANCH", help="Driver branch (535) or exact release.")
+@click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]), default="nvidia",
+              show_default=True, help="Package source the nodes install from.")
+@output_option
+def stack(instance_type: str, cuda: str, driver: str | None, source: str, output: str) -> int:
+    """Show the version lock for a type: driver, fabric manager, CUDA, cuDNN, NCCL, EFA."""
+    from gpuprov import stack as stack_mod
+
+    lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source)
+    data = lock.public()
+    if output == "json":
+        _emit_json(data)
+        return 0
+    rows = [[key, "-" if data[key] is None else data[key]] for key in (
+        "instance_type", "gpu", "arch", "source", "driver_branch", "driver", "fabricmanager",
+        "cuda", "cudnn", "nccl", "efa_installer", "hash")]
+    rows += [["note", note] for note in data["notes"]]
+    _table(f"stack for {instance_type}", ["", "version"], rows)
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv

@@ -1,0 +1,75 @@
+"""The version lock resolver over a table of types and requests, refusals included."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov import stack
+from gpuprov.errors import BadInput
+
+
+@pytest.mark.parametrize(
+    ("itype", "kwargs", "driver", "fabricmanager", "efa"),
+    [
+        ("p4d.24xlarge", {}, "535.309.01", "535.309.01", "1.34.0"),
+        ("p4de.24xlarge", {}, "535.309.01", "535.309.01", "1.34.0"),
+        ("p5.48xlarge", {}, "535.309.01", "535.309.01", "1.34.0"),
+        ("p5e.48xlarge", {}, "550.163.01", "550.163.01", "1.34.0"),  # H200 needs R550
+        ("p5en.48xlarge", {"driver": "550"}, "550.163.01", "550.163.01", "1.34.0"),
+        ("g5.xlarge", {}, "535.309.01", None, None),
+        ("g6.xlarge", {"driver": "525"}, "525.147.05", None, None),
+        ("p3.2xlarge", {"driver": "535.309.01"}, "535.309.01", None, None),
+        ("docker-node", {"source": "distro"}, "535.309.01", None, None),
+        ("g4dn.xlarge", {"source": "distro"}, "535.309.01", None, None),
+    ],
+)
+def test_resolves(itype, kwargs, driver, fabricmanager, efa) -> None:
+    lock = stack.resolve(itype, **kwargs)
+    assert (lock.driver, lock.fabricmanager, lock.efa_installer) == (driver, fabricmanager, efa)
+    assert lock.cuda == "11.8" and lock.cudnn.startswith("8.9.")
+    if lock.nvswitch:
+        assert lock.fabricmanager == lock.driver
+    assert lock.driver_branch == lock.driver.split(".")[0]
+
+
+@pytest.mark.parametrize(
+    ("itype", "kwargs", "rule"),
+    [
+        ("p5.48xlarge", {"cuda": "11.7"}, r"sm_90 needs CUDA >= 11\.8"),
+        ("g6.xlarge", {"cuda": "11.7"}, r"sm_89 needs CUDA >= 11\.8"),
+        ("p4d.24xlarge", {"driver": "515"}, r"CUDA 11\.8 needs driver >= 520\.61\.05"),
+        ("p5.48xlarge", {"driver": "515"}, r"CUDA 11\.8 needs driver >= 520\.61\.05"),
+        ("p5e.48xlarge", {"driver": "535"}, r"H200.*needs driver >= 550"),
+        ("g6e.xlarge", {"driver": "525"}, r"L40S.*needs driver >= 535"),
+        ("p4d.24xlarge", {"source": "distro"}, "needs fabric manager"),
+        ("g5.xlarge", {"source": "distro", "driver": "550"}, "carries driver branch 535 only"),
+        ("g5.xlarge", {"driver": "470"}, r"needs driver >= 520"),
+        ("g5.xlarge", {"driver": "560"}, "pins no release of driver branch 560"),
+        ("g5.xlarge", {"driver": "535.54.03"}, "not the release gpuprov pins"),
+        ("g5.xlarge", {"cuda": "12.0"}, "has no CUDA 12.0"),
+        ("g5.xlarge", {"source": "apt"}, "unknown package source"),
+        ("p9.huge", {}, "unknown instance type"),
+    ],
+)
+def test_refuses_with_the_rule(itype, kwargs, rule) -> None:
+    with pytest.raises(BadInput, match=rule):
+        stack.resolve(itype, **kwargs)
+
+
+def test_same_request_same_lock_and_round_trip() -> None:
+    a = stack.resolve("p4d.24xlarge")
+    b = stack.resolve("p4d.24xlarge")
+    assert a == b and a.short_hash() == b.short_hash()
+    assert stack.from_dict(a.as_dict()) == a
+    assert stack.resolve("p4d.24xlarge", driver="550").short_hash() != a.short_hash()
+
+
+def test_package_names_follow_the_source() -> None:
+    nvidia = stack.resolve("p4d.24xlarge").packages
+    assert nvidia["driver"] == ["nvidia-driver-535", "nvidia-dkms-535"]
+    assert nvidia["fabricmanager"] == "nvidia-fabricmanager-535"
+    assert nvidia["fabricmanager_version"] == nvidia["driver_version"] == "535.309.01-*"
+    assert nvidia["cudnn_version"] == "8.9.6.50-1+cuda11.8" and nvidia["cudnn_method"] == "packages"
+    distro = stack.resolve("docker-node", source="distro").packages
+    assert distro["driver"] == ["nvidia-driver", "nvidia-kernel-dkms"]
+    assert distro["cuda"] == "nvidia-cuda-toolkit" and distro["cudnn_method"] == "tarball"
