@@ -92,3 +92,6 @@ def instances(name: str, states: tuple[str, ...] = ("pending", "running")) -> li
 
 def dump(data: object) -> str:
     return json.dumps(data, indent=1, default=str)
+
+
+ROOT_POLICY = Path(__file__).resolve().parents[2] / "docs" / "aws-iam-policy.json"

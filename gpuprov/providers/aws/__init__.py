@@ -334,8 +334,8 @@ class AwsProvider(Provider):
             launched = self._run_with_failover(
                 prep, spec, subnets, sg, key_name, batch, first, data, shortfall, fresh, report
             )
-            wait_running(aws, launched, report)
-            attach_public_addresses(aws, spec.name, launched, report)
+            started = wait_running(aws, launched, report)
+            attach_public_addresses(aws, spec.name, started, report)
             return self._ready_nodes(aws, spec.name, files, report)
         except BaseException as exc:
             self._rollback(aws, spec.name, batch, launched, fresh, report, exc)
@@ -809,8 +809,8 @@ def run_params(
     return params
 
 
-def wait_running(aws: api.Aws, ids: list[str], report: Reporter) -> None:
-    """Until every instance runs; an instance that stops on the way is a failure."""
+def wait_running(aws: api.Aws, ids: list[str], report: Reporter) -> list[dict[str, Any]]:
+    """Until every instance runs (returned as EC2 describes them); one that stops is a failure."""
     deadline = time.monotonic() + _env_seconds("GPUPROV_AWS_RUNNING_TIMEOUT", 900)
     delay = _backoff()
     while True:
@@ -822,17 +822,16 @@ def wait_running(aws: api.Aws, ids: list[str], report: Reporter) -> None:
             raise GpuprovError(f"instance(s) stopped while starting: {'; '.join(gone)}")
         if len(states) == len(ids) and all(v["State"]["Name"] == "running" for v in states.values()):
             report(f"{len(ids)} instance(s) running")
-            return
+            return list(states.values())
         if time.monotonic() > deadline:
             raise GpuprovError(f"instances not running after {_env_seconds('GPUPROV_AWS_RUNNING_TIMEOUT', 900):.0f}s")
         time.sleep(delay)
         delay = min(delay * 2, 15.0)
 
 
-def attach_public_addresses(aws: api.Aws, name: str, ids: list[str], report: Reporter) -> None:
+def attach_public_addresses(aws: api.Aws, name: str, instances: list[dict[str, Any]], report: Reporter) -> None:
     """An elastic IP (tagged with the cluster) for each instance EC2 gave no public address."""
-    found = aws.ec2.describe_instances(InstanceIds=ids)["Reservations"]
-    for instance in (i for r in found for i in r["Instances"]):
+    for instance in instances:
         if instance.get("PublicIpAddress"):
             continue
         primary = next(

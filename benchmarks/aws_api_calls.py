@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""EC2 API calls of one `gpuprov up --count 4` (p4d.24xlarge), by name and count.
+
+    python benchmarks/aws_api_calls.py [--count 4] [--type p4d.24xlarge]
+
+Runs against moto's server (no AWS) behind the test shim (tests/aws/moto_shim.py),
+which adds what moto lacks (placement groups; no public address for
+multi-interface launches, as on EC2) and logs every call. Fresh state dir and
+fresh moto, so the catalog cache is cold: the figures are those of a first
+`up` in a region. `--no-bootstrap`: SSH and playbooks make no API calls.
+A figure, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=4)
+    parser.add_argument("--type", default="p4d.24xlarge")
+    args = parser.parse_args()
+
+    from moto.server import ThreadedMotoServer
+
+    from tests.aws.moto_shim import start
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    shim, http = start(f"{host}:{port}")
+    os.environ.update(
+        AWS_ENDPOINT_URL=shim.url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
+        GPUPROV_HOME=tempfile.mkdtemp(prefix="gpuprov-bench-aws-"),
+    )
+    from gpuprov.cli import main as cli
+
+    image = "ami-03cf127a"  # one of moto's bundled images
+    argv = ["up", "--name", "bench", "--type", args.type, "--count", str(args.count), "--image", image,
+            "--ssh-cidr", "203.0.113.7/32", "--no-bootstrap", "--yes", "-o", "json"]
+    try:
+        cli(argv)
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"gpuprov up failed ({exc.code})")
+    finally:
+        http.shutdown()
+        server.stop()
+    by_service = collections.defaultdict(collections.Counter)
+    for call in shim.calls:
+        by_service[call.service][call.action + (" (DryRun)" if call.dry_run else "")] += 1
+    print(f"\nAPI calls of: gpuprov {' '.join(argv)}", file=sys.stderr)
+    for service, counter in sorted(by_service.items()):
+        print(f"{service}: {sum(counter.values())} calls")
+        for action, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
+            print(f"  {n:3d}  {action}")
+    mutating = [c.action for c in shim.calls if c.service == "ec2"]
+    print(f"ec2 total: {len(mutating)}; mutating: {len(shim.mutating())}")
+
+
+if __name__ == "__main__":
+    main()
