@@ -125,10 +125,11 @@ def default_source(provider: str) -> str:
     return "distro" if provider == "docker" else "nvidia"
 
 
-def resolve(instance_type: str, cuda: str = "11.8", driver: str | None = None,
+def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = None,
             source: str = "nvidia") -> Lock:
+    """The lock for ``instance_type`` (None: hosts of unknown type, no GPU rules apply)."""
     facts = data()
-    itype = catalog.get(instance_type)
+    itype = catalog.get(instance_type) if instance_type else catalog.get("docker-node")
     if source not in SOURCES:
         raise BadInput(f"unknown package source '{source}'; choose one of: {', '.join(SOURCES)}")
     notes: list[str] = []
@@ -214,7 +215,7 @@ def resolve(instance_type: str, cuda: str = "11.8", driver: str | None = None,
         notes.append("Debian's archive keeps only its newest 535 release: the lock fails loudly "
                      "if that moves, instead of drifting")
     return Lock(
-        instance_type=instance_type,
+        instance_type=instance_type or "unknown",
         gpu=itype.gpu_model,
         arch=itype.arch,
         nvswitch=itype.nvswitch,

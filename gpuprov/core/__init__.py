@@ -8,6 +8,7 @@ plain data in the JSON shapes of DESIGN.md.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import secrets
@@ -83,8 +84,23 @@ def load(store: Store, name: str) -> ClusterRecord:
     return cluster
 
 
-def expectations(provider: Provider, nodes: list[NodeRecord]) -> dict[str, dict[str, Any]]:
-    return {n.name: provider.expectations(n) for n in nodes}
+def expectations(provider: Provider, nodes: list[NodeRecord],
+                 lock: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """What the probes should find on each node: the provider's view plus the version lock."""
+    return {n.name: {**provider.expectations(n), "stack": lock} for n in nodes}
+
+
+def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
+    """The cluster's version lock: resolved once, stored, then the same on every run."""
+    if cluster.lock:
+        return cluster.lock
+    from gpuprov import stack
+
+    itype = cluster.spec.get("instance_type") or next(
+        (n.instance_type for n in cluster.nodes if n.instance_type), None)
+    lock = stack.resolve(itype, source=stack.default_source(cluster.provider)).as_dict()
+    store.set_lock(cluster.name, lock)
+    return lock
 
 
 def refresh(store: Store, cluster: ClusterRecord) -> tuple[Provider, ClusterFiles, list[NodeRecord]]:
@@ -315,7 +331,14 @@ def _provision(
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir, run_playbook
 
-    render(cluster.name, cluster.provider, nodes, expectations(provider, nodes), files)
+    lock = version_lock(store, cluster)
+    render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files)
+    extravars = {
+        "gpuprov_stack": lock,
+        "gpuprov_artifact_mirror": os.environ.get("GPUPROV_ARTIFACT_MIRROR", ""),
+    }
+    # The same variables, for running the playbooks by hand (-e @vars.json).
+    (files.dir / "vars.json").write_text(json.dumps(extravars, indent=2) + "\n")
     kind = "provision-check" if check else "provision"
     run_dir = new_run_dir(files, kind)
     run_id = store.start_run(cluster.name, kind, str(run_dir))
@@ -330,6 +353,7 @@ def _provision(
             title=f"{'check' if check else 'provision'} {cluster.name}",
             check=check,
             tags=tags,
+            extravars=extravars,
             console=console.rich,
         )
         ok = result.ok
@@ -356,7 +380,7 @@ def verify(
     cluster = load(store, name)
     provider, files, nodes = refresh(store, cluster)
     nodes = reachable_nodes(cluster, nodes)
-    expect = expectations(provider, nodes)
+    expect = expectations(provider, nodes, version_lock(store, cluster))
     render(cluster.name, cluster.provider, nodes, expect, files)
     run_dir = new_run_dir(files, f"verify-{level}")
     run_id = store.start_run(cluster.name, f"verify-{level}", str(run_dir))

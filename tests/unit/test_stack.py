@@ -71,5 +71,5 @@ def test_package_names_follow_the_source() -> None:
     assert nvidia["fabricmanager_version"] == nvidia["driver_version"] == "535.309.01-*"
     assert nvidia["cudnn_version"] == "8.9.6.50-1+cuda11.8" and nvidia["cudnn_method"] == "packages"
     distro = stack.resolve("docker-node", source="distro").packages
-    assert distro["driver"] == ["nvidia-driver", "nvidia-kernel-dkms"]
+    assert distro["driver"] == ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi"]
     assert distro["cuda"] == "nvidia-cuda-toolkit" and distro["cudnn_method"] == "tarball"
