@@ -9,7 +9,10 @@ STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
-.PHONY: demo demo-down test lint unit molecule e2e bench host-setup venv clean
+.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror venv clean
+
+# The package cache and artifact mirror of this machine (scripts/env.sh).
+ENV = eval "$$(scripts/env.sh)" &&
 
 $(STAMP): pyproject.toml scripts/venv.sh
 	scripts/venv.sh $(PYTHON) $(VENV)
@@ -20,17 +23,20 @@ venv: $(STAMP)
 host-setup:
 	scripts/host-setup.sh
 
+mirror: $(STAMP) host-setup
+	scripts/artifact-mirror.sh
+
 ## demo: two local nodes, bootstrapped and verified (the main job, no GPU, no cost)
-demo: $(STAMP) host-setup
-	gpuprov up --provider docker --count 2 --name demo --yes
-	gpuprov verify demo
+demo: $(STAMP) host-setup mirror
+	$(ENV) gpuprov up --provider docker --count 2 --name demo --yes
+	$(ENV) gpuprov verify demo
 
 demo-down: $(STAMP)
 	gpuprov down demo --yes
 
 ## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
-test: $(STAMP) host-setup lint
-	python -m pytest tests -p no:cacheprovider
+test: $(STAMP) host-setup mirror lint
+	$(ENV) python -m pytest tests -p no:cacheprovider
 
 lint: $(STAMP)
 	ruff check gpuprov tests benchmarks
@@ -40,15 +46,15 @@ lint: $(STAMP)
 unit: $(STAMP)
 	python -m pytest tests/unit tests/cli -p no:cacheprovider
 
-molecule: $(STAMP) host-setup
-	python -m pytest tests/molecule -p no:cacheprovider
+molecule: $(STAMP) host-setup mirror
+	$(ENV) python -m pytest tests/molecule -p no:cacheprovider
 
-e2e: $(STAMP) host-setup
-	python -m pytest tests/e2e -p no:cacheprovider
+e2e: $(STAMP) host-setup mirror
+	$(ENV) python -m pytest tests/e2e -p no:cacheprovider
 
 ## bench: start-up, converge and no-op re-run figures (not a test)
-bench: $(STAMP) host-setup
-	python benchmarks/run.py
+bench: $(STAMP) host-setup mirror
+	$(ENV) python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) .ruff_cache

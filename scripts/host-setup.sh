@@ -8,6 +8,8 @@
 #     no image registry is assumed to be reachable)
 #   - the local node image (scripts/build-node-image.sh)
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 here=$(cd "$(dirname "$0")" && pwd)
 image=${GPUPROV_NODE_IMAGE:-gpuprov/node:bookworm}
@@ -38,6 +40,13 @@ command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
+# Test fixtures: a signed apt repository (dpkg-scanpackages, apt-ftparchive, gpg).
+command -v dpkg-scanpackages >/dev/null 2>&1 || missing+=(dpkg-dev)
+command -v apt-ftparchive >/dev/null 2>&1 || missing+=(apt-utils)
+command -v gpg >/dev/null 2>&1 || missing+=(gnupg)
+# The package cache the local nodes use: the 2.7 GB driver and toolkit are
+# downloaded once per machine, not once per node or scenario.
+[ -x /usr/sbin/apt-cacher-ng ] || missing+=(apt-cacher-ng)
 if [ "${#missing[@]}" -gt 0 ]; then
   # shellcheck disable=SC2207
   uniq=($(printf '%s\n' "${missing[@]}" | sort -u))
@@ -63,6 +72,25 @@ if ! docker info >/dev/null 2>&1; then
     exit 1
   fi
 fi
+
+# --- package cache (apt-cacher-ng), reached by nodes through the bridge gateway --
+gateway=$(bridge_gateway)
+acng_conf=/etc/apt-cacher-ng/zz-gpuprov.conf
+want="ConnectProto: v4
+BindAddress: 127.0.0.1 $gateway"
+if [ "$(cat "$acng_conf" 2>/dev/null)" != "$want" ]; then
+  need_root "configure apt-cacher-ng"
+  printf '%s\n' "$want" >"$acng_conf"
+  # Debian's archive as the backend for the Debian remap.
+  [ -s /etc/apt-cacher-ng/backends_debian ] || echo "http://deb.debian.org/debian/" >/etc/apt-cacher-ng/backends_debian
+  restart_acng=1
+fi
+if [ "${restart_acng:-0}" = 1 ] || ! (exec 3<>"/dev/tcp/127.0.0.1/3142") 2>/dev/null; then
+  need_root "start apt-cacher-ng"
+  if [ -d /run/systemd/system ]; then systemctl restart apt-cacher-ng; else /etc/init.d/apt-cacher-ng restart >/dev/null; fi
+  for _ in $(seq 1 20); do (exec 3<>"/dev/tcp/127.0.0.1/3142") 2>/dev/null && break; sleep 0.5; done
+fi
+log "package cache: http://$gateway:3142 (apt-cacher-ng)"
 
 # --- node image ----------------------------------------------------------
 if docker image inspect "$image" >/dev/null 2>&1; then

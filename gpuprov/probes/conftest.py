@@ -24,6 +24,13 @@ class Expectation:
     gpu_model: str | None
     nvswitch: bool | None
     virtualization: str
+    stack: dict[str, Any] | None = None
+
+    def lock(self) -> dict[str, Any]:
+        """The node's version lock; a probe that needs one skips, saying so, without it."""
+        if not self.stack:
+            pytest.skip(f"no version lock for {self.node}: `gpuprov provision` resolves one")
+        return self.stack
 
     def why_no_gpu(self) -> str:
         kind = self.instance_type or "this node"
@@ -59,6 +66,7 @@ def expect(node: str) -> Expectation:
         gpu_model=data.get("gpu_model"),
         nvswitch=data.get("nvswitch"),
         virtualization=data.get("virtualization") or "unknown",
+        stack=data.get("stack"),
     )
 
 

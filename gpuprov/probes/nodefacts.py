@@ -22,3 +22,25 @@ def nvidia_pci(host: Any) -> dict[str, int]:
         "gpus": sum(1 for c in out if c.startswith(("0x0300", "0x0302"))),
         "nvswitches": sum(1 for c in out if c.startswith("0x0680")),
     }
+
+
+def installed_kernels(host: Any) -> list[str]:
+    """Kernels the node has an image or headers for, plus the one it runs (unless a container)
+    and the one its next boot loads (/boot/vmlinuz)."""
+    out = host.run(
+        "dpkg-query -W -f='${Status}\\t${Package}\\n' 'linux-image-[0-9]*' 'linux-headers-[0-9]*' "
+        "2>/dev/null | awk -F'\\t' '$1 ~ / installed$/ && $2 !~ /-common$/ "
+        '{ sub(/^linux-(image|headers)-/, "", $2); print $2 }\''
+    ).stdout.split()
+    kernels = set(out)
+    if not in_container(host):
+        kernels.add(host.run("uname -r").stdout.strip())
+        nxt = host.run("readlink -f /boot/vmlinuz").stdout.strip()
+        if nxt.startswith("/boot/vmlinuz-"):
+            kernels.add(nxt.removeprefix("/boot/vmlinuz-"))
+    return sorted(kernels)
+
+
+def installed_version(host: Any, package: str) -> str | None:
+    pkg = host.package(package)
+    return pkg.version if pkg.is_installed else None

@@ -9,6 +9,8 @@ import pytest
 
 from gpuprov.probes.nodefacts import in_container, nvidia_pci
 
+pytestmark = pytest.mark.preflight
+
 SUPPORTED = {("ubuntu", "20.04"), ("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 # Package names unattended-upgrades must leave alone, and one it may touch.
 GPU_PACKAGES = ["nvidia-driver", "libnvidia-compute-535", "cuda-toolkit-11-8", "libcudnn8", "libnccl2"]

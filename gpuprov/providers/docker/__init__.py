@@ -193,6 +193,7 @@ class DockerProvider(Provider):
                 ("etc/ssh/ssh_host_ed25519_key", private, 0o600, 0, 0),
                 ("etc/ssh/ssh_host_ed25519_key.pub", (public + "\n").encode(), 0o644, 0, 0),
                 (f"home/{NODE_USER}/.ssh/authorized_keys", pubkey.encode(), 0o600, uid, gid),
+                *_apt_proxy_file(),
             ]
         )
         docker("cp", "-a", "-", f"{cname}:/", input=payload)
@@ -289,6 +290,20 @@ def _user_ids(container: str, user: str) -> tuple[int, int]:
             if fields[0] == user:
                 return int(fields[2]), int(fields[3])
     raise GpuprovError(f"node image has no '{user}' user; rebuild it with scripts/build-node-image.sh")
+
+
+def _apt_proxy_file() -> list[tuple[str, bytes, int, int, int]]:
+    """Point the node's apt at the machine's package cache when GPUPROV_APT_PROXY names one.
+
+    Hosts on the bridge gateway itself (the artifact mirror, test repositories)
+    are reached directly.
+    """
+    proxy = os.environ.get("GPUPROV_APT_PROXY", "").strip()
+    if not proxy:
+        return []
+    gateway = proxy.split("//", 1)[-1].split(":", 1)[0]
+    text = f'Acquire::http::Proxy "{proxy}";\nAcquire::http::Proxy::{gateway} "DIRECT";\n'
+    return [("etc/apt/apt.conf.d/01gpuprov-proxy", text.encode(), 0o644, 0, 0)]
 
 
 def _tar(files: list[tuple[str, bytes, int, int, int]]) -> bytes:

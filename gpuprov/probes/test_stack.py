@@ -1,0 +1,134 @@
+"""Probes for the GPU software stack: what the version lock pins is what the node has."""
+
+from __future__ import annotations
+
+import re
+from fnmatch import fnmatch
+
+import pytest
+
+from gpuprov.probes.nodefacts import in_container, installed_kernels, installed_version, nvidia_pci
+
+GPU_PACKAGE_PATTERNS = "'nvidia-*' 'libnvidia-*' 'cuda-*' 'libcudnn*' 'nvidia-cuda-*' 'libcuda*'"
+
+
+@pytest.mark.driver
+def test_driver_packages_match_the_lock(host, expect, report):
+    lock = expect.lock()
+    pattern = lock["packages"]["driver_version"]
+    found = {p: installed_version(host, p) for p in lock["packages"]["driver"]}
+    wrong = {p: v for p, v in found.items() if v is None or not fnmatch(v, pattern)}
+    assert not wrong, f"expected {sorted(found)} at {pattern} (driver {lock['driver']}), found {wrong}"
+    report(f"{', '.join(f'{p} {v}' for p, v in found.items())}")
+
+
+@pytest.mark.driver
+def test_gpu_packages_are_held(host, expect, report):
+    expect.lock()
+    installed = host.run(
+        f"dpkg-query -W -f='${{Status}}\\t${{Package}}\\n' {GPU_PACKAGE_PATTERNS} 2>/dev/null"
+        " | awk -F'\\t' '$1 ~ / installed$/ { print $2 }'"
+    ).stdout.split()
+    held = set(host.run("apt-mark showhold").stdout.split())
+    loose = sorted(set(installed) - held)
+    assert installed, "expected NVIDIA packages installed, found none"
+    assert not loose, f"expected every NVIDIA/CUDA package held, not held: {loose}"
+    report(f"{len(installed)} NVIDIA/CUDA package(s) installed, all held")
+
+
+@pytest.mark.driver
+def test_nouveau_blacklisted(host, report):
+    config = host.run("modprobe -c 2>/dev/null").stdout
+    assert re.search(r"^blacklist nouveau$", config, re.M), (
+        "expected nouveau blacklisted in modprobe's configuration, it is not"
+    )
+    if not in_container(host):
+        assert not host.file("/sys/module/nouveau").exists, "nouveau is blacklisted but loaded"
+    report("blacklist nouveau in modprobe.d" + ("" if in_container(host) else ", not loaded"))
+
+
+@pytest.mark.dkms
+def test_dkms_module_for_every_kernel(host, expect, report):
+    lock = expect.lock()
+    kernels = installed_kernels(host)
+    assert kernels, "expected at least one kernel with headers for DKMS, found none"
+    status = host.run("dkms status").stdout
+    missing = [
+        k
+        for k in kernels
+        if not re.search(
+            rf"nvidia[^/]*/{re.escape(lock['driver'])}, {re.escape(k)}, [^:]*: installed", status
+        )
+    ]
+    assert not missing, (
+        f"expected the nvidia {lock['driver']} module built for {kernels}, missing for {missing}; "
+        f"dkms status: {status.strip()[:300]}"
+    )
+    report(f"nvidia {lock['driver']} built for {', '.join(kernels)}")
+
+
+@pytest.mark.fabricmanager
+def test_fabric_manager_matches_driver(host, expect, report):
+    lock = expect.lock()
+    if not lock.get("fabricmanager"):
+        pytest.skip(f"{expect.instance_type or 'this node'} has no NVSwitch: no fabric manager")
+    package = lock["packages"]["fabricmanager"]
+    version = installed_version(host, package)
+    assert version and version.startswith(lock["driver"] + "-"), (
+        f"expected {package} {lock['driver']} (the driver's release), found {version}"
+    )
+    service = host.service("nvidia-fabricmanager")
+    assert service.is_enabled, "expected nvidia-fabricmanager enabled"
+    if nvidia_pci(host)["nvswitches"]:
+        assert service.is_running, "expected nvidia-fabricmanager running (NVSwitches present)"
+    report(f"{package} {version}, enabled")
+
+
+@pytest.mark.cuda
+def test_nvcc_reports_the_locked_cuda(host, expect, report):
+    lock = expect.lock()
+    out = host.run("bash -lc 'nvcc --version'")
+    assert out.rc == 0, f"expected nvcc on a login shell's PATH, found none ({out.stderr.strip()})"
+    match = re.search(r"release (\d+\.\d+)", out.stdout)
+    assert match and match.group(1) == lock["cuda"], (
+        f"expected nvcc release {lock['cuda']}, found {match.group(1) if match else out.stdout.strip()}"
+    )
+    report(out.stdout.strip().splitlines()[-2] if len(out.stdout.splitlines()) > 1 else out.stdout)
+
+
+@pytest.mark.cuda
+def test_cuda_prefix_and_environment(host, expect, report):
+    lock = expect.lock()
+    link = host.file("/usr/local/cuda")
+    assert link.is_symlink and link.linked_to == f"/usr/local/cuda-{lock['cuda']}", (
+        f"expected /usr/local/cuda -> /usr/local/cuda-{lock['cuda']}, found "
+        f"{link.linked_to if link.is_symlink else 'no link'}"
+    )
+    env = host.run("bash -lc 'echo $PATH; echo $LD_LIBRARY_PATH'").stdout.splitlines()
+    assert "/usr/local/cuda/bin" in env[0].split(":"), f"PATH lacks /usr/local/cuda/bin: {env[0]}"
+    assert "/usr/local/cuda/lib64" in env[1].split(":"), f"LD_LIBRARY_PATH lacks lib64: {env[1]}"
+    report(f"/usr/local/cuda -> {link.linked_to}; PATH and LD_LIBRARY_PATH set for login shells")
+
+
+@pytest.mark.cudnn
+def test_cudnn_matches_the_lock(host, expect, report):
+    lock = expect.lock()
+    want = ".".join(lock["cudnn"].split(".")[:3])  # 8.9.6.50 -> 8.9.6
+    header = host.run(
+        "cat /usr/local/cuda/include/cudnn_version.h /usr/include/cudnn_version.h "
+        "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h 2>/dev/null"
+    ).stdout
+    parts = [re.search(rf"#define CUDNN_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCHLEVEL")]
+    found = ".".join(m.group(1) for m in parts) if all(parts) else None
+    assert found == want, f"expected cudnn_version.h to say {want}, found {found}"
+    # The library itself: loaded by the dynamic linker, asked for its version.
+    code = (
+        "import ctypes; lib = ctypes.CDLL('libcudnn.so.8'); "
+        "lib.cudnnGetVersion.restype = ctypes.c_size_t; print(lib.cudnnGetVersion())"
+    )
+    out = host.run(f'python3 -c "{code}"')
+    major, minor, patch = (int(x) for x in want.split("."))
+    assert out.rc == 0 and out.stdout.strip() == str(major * 1000 + minor * 100 + patch), (
+        f"expected libcudnn.so.8 to load and report {want}, found: {(out.stdout or out.stderr).strip()[:200]}"
+    )
+    report(f"header {found}, libcudnn.so.8 loads and reports {out.stdout.strip()}")
