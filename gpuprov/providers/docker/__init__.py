@@ -267,6 +267,18 @@ class DockerProvider(Provider):
         return len(rows)
 
 
+def bridge_gateway() -> str:
+    """The docker bridge's gateway: the address at which local nodes reach this machine."""
+    proc = docker("network", "inspect", "bridge", "-f",
+                  "{{range .IPAM.Config}}{{.Gateway}}{{end}}", check=False)
+    gateway = proc.stdout.decode().strip()
+    if not gateway:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True,
+                             text=True, check=False).stdout.split()
+        gateway = out[3].split("/")[0] if len(out) > 3 else ""
+    return gateway or "172.17.0.1"
+
+
 def node_name(cluster: str, index: int) -> str:
     return f"{cluster}-node-{index}"
 
