@@ -66,8 +66,17 @@ def expect(node: str) -> Expectation:
         gpu_model=data.get("gpu_model"),
         nvswitch=data.get("nvswitch"),
         virtualization=data.get("virtualization") or "unknown",
-        stack=data.get("stack"),
+        stack=data.get("stack") or _resolve(data.get("stack_request")),
     )
+
+
+def _resolve(request: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A lock resolved from a request ({"instance_type", "source", ...}): molecule's way."""
+    if not request:
+        return None
+    from gpuprov import stack
+
+    return stack.resolve(**request).as_dict()
 
 
 @pytest.fixture

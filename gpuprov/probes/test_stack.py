@@ -115,7 +115,7 @@ def test_cudnn_matches_the_lock(host, expect, report):
     lock = expect.lock()
     want = ".".join(lock["cudnn"].split(".")[:3])  # 8.9.6.50 -> 8.9.6
     header = host.run(
-        "cat /usr/local/cuda/include/cudnn_version.h /usr/include/cudnn_version.h "
+        f"cat /usr/local/cuda-{lock['cuda']}/include/cudnn_version.h /usr/include/cudnn_version.h "
         "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h 2>/dev/null"
     ).stdout
     parts = [re.search(rf"#define CUDNN_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCHLEVEL")]

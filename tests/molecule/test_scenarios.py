@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, require_docker
+from tests.fixtures import aptrepo
 
 SCENARIOS = sorted(
     (p.parent.parent.parent.name, p.parent.name)
@@ -26,10 +27,25 @@ def test_every_role_has_a_scenario() -> None:
     assert roles and roles == sorted({role for role, _ in SCENARIOS})
 
 
-@pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{r}:{s}" for r, s in SCENARIOS])
-def test_molecule_scenario(role: str, scenario: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fixture_repo():
+    """FIXTURE: the signed repository with NVIDIA's package names, for scenarios that need one."""
     require_docker()
+    from gpuprov.providers.docker import bridge_gateway
+
+    repos = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01"])
+    yield repos
+    repos.close()
+
+
+@pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{r}:{s}" for r, s in SCENARIOS])
+def test_molecule_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None:
+    require_docker()
+    if not os.environ.get("GPUPROV_ARTIFACT_MIRROR"):
+        pytest.fail("GPUPROV_ARTIFACT_MIRROR is not set: run through `make test` or `make molecule`")
     env = dict(os.environ)
+    env["GPUPROV_FIXTURE_REPO_URL"] = fixture_repo.good_url
+    env["GPUPROV_FIXTURE_REPO_FPR"] = fixture_repo.fingerprint
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["ANSIBLE_NOCOLOR"] = "1"
     env["NO_COLOR"] = "1"

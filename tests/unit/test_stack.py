@@ -73,3 +73,10 @@ def test_package_names_follow_the_source() -> None:
     distro = stack.resolve("docker-node", source="distro").packages
     assert distro["driver"] == ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi"]
     assert distro["cuda"] == "nvidia-cuda-toolkit" and distro["cudnn_method"] == "tarball"
+
+
+def test_cudnn_scenario_pins_the_locks_checksum() -> None:
+    from pathlib import Path
+
+    scenario = Path(__file__).resolve().parents[2] / "roles/cudnn/molecule/default/molecule.yml"
+    assert f"cudnn_tarball_sha256: {stack.data()['cudnn']['archive_sha256']}" in scenario.read_text()
