@@ -128,6 +128,10 @@ def cli(debug: bool) -> None:
     is_flag=True,
     help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
 )
+@click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]),
+              help="Package source for the NVIDIA stack (default: distro for docker, else nvidia).")
+@click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's).")
+@click.option("--cuda", metavar="X.Y", help="CUDA release (default 11.8).")
 @click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @output_option
@@ -145,6 +149,9 @@ def up(
     rollback: bool | None,
     hosts_file: str | None,
     no_bootstrap: bool,
+    source: str | None,
+    driver: str | None,
+    cuda: str | None,
     dry_run: bool,
     yes: bool,
     output: str,
@@ -173,7 +180,17 @@ def up(
             raise BadInput(f"{flag} is for --provider aws")
     if capacity_reservation is not None and not capacity_reservation.startswith("cr-"):
         raise BadInput(f"--capacity-reservation {capacity_reservation}: expected an id like cr-0123456789abcdef0")
-    options = {k: v for k, v in (("disk_gb", disk_gb), ("capacity_reservation", capacity_reservation)) if v}
+    options = {
+        k: v
+        for k, v in (
+            ("disk_gb", disk_gb),
+            ("capacity_reservation", capacity_reservation),
+            ("source", source),
+            ("driver", driver),
+            ("cuda", cuda),
+        )
+        if v
+    }
     console = _console()
     generated = name is None
     if name is None:
@@ -298,6 +315,13 @@ def status(name: str, output: str) -> int:
             for n in data["nodes"]
         ],
     )
+    lock = data.get("stack")
+    if lock:
+        click.echo(
+            f"stack [lock {lock['hash']}]: driver {lock['driver']} ({lock['source']}), "
+            f"CUDA {lock['cuda']}, cuDNN {lock['cudnn']}"
+            + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
+        )
     _table(
         "recent runs",
         ["id", "kind", "started", "ok", "artifacts"],

@@ -13,6 +13,8 @@ image=${1:-${GPUPROV_NODE_IMAGE:-gpuprov/node:bookworm}}
 suite=${GPUPROV_NODE_SUITE:-bookworm}
 
 log() { printf '[node-image] %s\n' "$*" >&2; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 mirror=${GPUPROV_DEBIAN_MIRROR:-}
 if [ -z "$mirror" ]; then
@@ -73,6 +75,9 @@ CONF
 : >/etc/machine-id
 apt-get clean
 rm -rf /var/lib/apt/lists/*
+# Empty lists must look stale, so the first `apt update_cache` with a
+# cache_valid_time really updates.
+touch -d @0 /var/lib/apt/lists
 EOF
 
 log "importing $image"
@@ -80,5 +85,6 @@ tar -C "$rootfs" -c . | docker import \
   -c 'CMD ["/sbin/init"]' \
   -c 'ENV container=docker' \
   -c 'LABEL org.opencontainers.image.title=gpuprov-node' \
+  -c "LABEL gpuprov.image-recipe=$(recipe_hash)" \
   - "$image" >/dev/null
 log "built $image"

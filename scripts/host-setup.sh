@@ -93,8 +93,10 @@ fi
 log "package cache: http://$gateway:3142 (apt-cacher-ng)"
 
 # --- node image ----------------------------------------------------------
-if docker image inspect "$image" >/dev/null 2>&1; then
+have=$(docker image inspect -f '{{index .Config.Labels "gpuprov.image-recipe"}}' "$image" 2>/dev/null || true)
+if [ -n "$have" ] && [ "$have" = "$(recipe_hash)" ]; then
   log "node image $image present"
 else
+  [ -n "$have" ] && log "node image $image is from an older recipe: rebuilding"
   "$here/build-node-image.sh" "$image"
 fi

@@ -9,3 +9,8 @@ bridge_gateway() {
   fi
   echo "${gw:-172.17.0.1}"
 }
+
+# A hash of the node image's recipe: the image is rebuilt when it changes.
+recipe_hash() {
+  sha256sum "$(dirname "${BASH_SOURCE[0]}")/build-node-image.sh" | cut -c1-16
+}

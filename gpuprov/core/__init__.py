@@ -156,6 +156,7 @@ def up(
             "choose another --name"
         )
     plan = provider.plan(spec, files_for(spec.name, create=False))
+    lock = _resolve_lock(spec, existing)
     if existing is None and plan.existing and spec.provider != "static":
         # Resources carry this name but this state directory never made them
         # (another GPUPROV_HOME, or lost state): never adopt or touch them.
@@ -167,6 +168,12 @@ def up(
     if name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     _show_plan(plan, console)
+    console.say(
+        f"  stack: driver {lock['driver']} ({lock['source']}), CUDA {lock['cuda']}, "
+        f"cuDNN {lock['cudnn']}"
+        + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
+        + f" [lock {lock['hash']}]"
+    )
     if dry_run:
         checks = getattr(provider, "dry_run", None)
         if checks is not None:
@@ -187,7 +194,7 @@ def up(
         created_record = False
         if existing is None:
             try:
-                store.create_cluster(spec.name, spec.provider, spec.as_dict())
+                store.create_cluster(spec.name, spec.provider, spec.as_dict(), lock=lock)
             except KeyError:
                 raise BadInput(
                     f"cluster name '{spec.name}' was just taken by another gpuprov "
@@ -277,6 +284,31 @@ def _rollback(
     kept = [n for n in nodes if n.id not in gone]
     store.replace_nodes(name, kept)
     return kept
+
+
+def _resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None) -> dict[str, Any]:
+    """The version lock for a new cluster (refused with its rule when impossible), or the one
+    an existing cluster already has; a different request for an existing cluster is refused."""
+    from gpuprov import stack
+
+    asked = {k: spec.options[k] for k in ("cuda", "driver", "source") if spec.options.get(k)}
+    if existing is not None and existing.lock:
+        lock = existing.lock
+        moved = {k: v for k, v in asked.items()
+                 if not (v == lock.get(k) or (k == "driver" and v == lock.get("driver_branch")))}
+        if moved:
+            raise BadInput(
+                f"cluster '{spec.name}' is locked to driver {lock['driver']} ({lock['source']}), "
+                f"CUDA {lock['cuda']}; it does not change on `up` ({', '.join(sorted(moved))} asked)"
+            )
+        return lock
+    itype = spec.instance_type if spec.instance_type else None
+    return stack.resolve(
+        itype,
+        cuda=asked.get("cuda", "11.8"),
+        driver=asked.get("driver"),
+        source=asked.get("source") or stack.default_source(spec.provider),
+    ).as_dict()
 
 
 def _show_plan(plan: Plan, console: Console) -> None:
@@ -567,6 +599,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "state": cluster.state,
         "created": cluster.created,
         "spec": cluster.spec,
+        "stack": cluster.lock,
         "nodes": [n.public() for n in nodes],
         "runs": [
             {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +157,22 @@ def test_generated_name_is_printed(capsys, gpuprov_home: Path, tmp_path: Path) -
     assert code == 0, err
     name = json.loads(out)["cluster"]
     assert name.startswith("gpu-") and f"cluster name: {name}" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "rule"),
+    [
+        (["--driver", "515"], r"CUDA 11.8 needs driver >= 520.61.05"),
+        (["--type", "p5.48xlarge", "--cuda", "11.7"], r"sm_90 needs CUDA >= 11.8"),
+        (["--type", "p4d.24xlarge", "--source", "distro"], "needs fabric manager"),
+    ],
+)
+def test_impossible_stack_is_refused_before_anything_is_created(
+        capsys, gpuprov_home: Path, tmp_path: Path, flags, rule) -> None:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("hosts:\n  - name: gpu01\n    address: 192.0.2.1\n    user: ubuntu\n")
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
+                            "--name", "locked", *flags)
+    assert code == 2 and out == ""
+    assert re.search(rule, err.strip().splitlines()[-1]), err
+    assert Store().list_clusters() == []

@@ -30,8 +30,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster(env: dict[str, str]):
     name = f"e2e-{secrets.token_hex(3)}"
+    # The full bootstrap: preflight, driver 535 with DKMS, CUDA 11.8, cuDNN 8.9 (Debian
+    # packages through the package cache, cuDNN from the local artifact mirror).
     proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "-o", "json",
-                   env=env)
+                   env=env, timeout=2400)
     try:
         assert proc.returncode == 0, proc.stderr
         yield name, json.loads(proc.stdout), proc.stderr
@@ -103,6 +105,14 @@ def test_verify_passes_or_skips_with_reason(cluster, env) -> None:
         assert by_name["gpu_fact_matches_pci_bus"]["status"] == "pass"
         smi = by_name["nvidia_smi_sees_gpus"]
         assert smi["status"] == "skip" and "no GPU" in smi["detail"], smi
+        for probe in ("driver_packages_match_the_lock", "gpu_packages_are_held",
+                      "nouveau_blacklisted", "dkms_module_for_every_kernel",
+                      "nvcc_reports_the_locked_cuda", "cuda_prefix_and_environment",
+                      "cudnn_matches_the_lock"):
+            assert by_name[probe]["status"] == "pass", (host, by_name[probe])
+        assert "535.309.01" in by_name["dkms_module_for_every_kernel"]["detail"]
+        fm = by_name["fabric_manager_matches_driver"]
+        assert fm["status"] == "skip" and "no NVSwitch" in fm["detail"], fm
         for p in probes:
             assert p["detail"], (host, p)
     assert result["summary"]["pass"] + result["summary"]["skip"] == sum(
@@ -237,7 +247,7 @@ def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, 
     hosts.write_text("\n".join(lines) + "\n")
     static = f"st-{name}"
     up = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", static,
-                 "--no-bootstrap", "-o", "json", env=env)
+                 "--source", "distro", "--no-bootstrap", "-o", "json", env=env)
     assert up.returncode == 0, up.stderr
     assert [n["name"] for n in json.loads(up.stdout)["nodes"]] == ["rack-1", "rack-2"]
     verify = run_cli("verify", static, "-o", "json", env=env)
