@@ -359,6 +359,44 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 
 @cli.command()
 @click.argument("name")
+@click.option("--driver", metavar="VERSION|BRANCH", help="Move the driver to this branch or release "
+              "(checked by the resolver; fabric manager follows).")
+@click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
+@click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
+@click.option("--all", "all_", is_flag=True, help="Driver (the lock's branch pin), kernel and microcode.")
+@click.option("--batch", type=int, default=1, show_default=True, metavar="N", help="Nodes per batch.")
+@click.option("--check", is_flag=True, help="Print per node what would change; change nothing.")
+@click.option("--drain", metavar="CMD", help="Shell command run here before each node (GPUPROV_NODE set).")
+@click.option("--resume", metavar="CMD", help="Shell command run here after each healthy node.")
+@click.option("--no-reboot", is_flag=True, help="Never reboot; report the reboots needed.")
+@click.option("--mirror-url", metavar="URL", help="The package mirror (clusters with source mirror).")
+@click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
+@output_option
+def patch(name: str, driver: str | None, kernel: bool, microcode: bool, all_: bool, batch: int,
+          check: bool, drain: str | None, resume: str | None, no_reboot: bool, mirror_url: str | None,
+          mirror_key_fingerprint: str | None, output: str) -> int:
+    """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates."""
+    from gpuprov.core import patch as patching
+
+    req = patching.request(all_=all_, driver=driver, kernel=kernel, microcode=microcode, batch=batch,
+                           check=check, reboot=not no_reboot, drain=drain, resume=resume,
+                           mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
+    data = patching.patch(name, req, console=_console())
+    if output == "json":
+        _emit_json(data)
+    else:
+        _table(
+            f"patch {name}{' (check)' if check else ''}: {'ok' if data['ok'] else 'STOPPED'}",
+            ["node", "status", "changed", "rebooted", "detail"],
+            [[h, s["status"], s["changed"], "yes" if s["rebooted"] else "no",
+              s.get("error") or "; ".join(s.get("moved") or s.get("plan") or [])]
+             for h, s in data["hosts"].items()],
+        )
+    return 0 if data["ok"] else 1
+
+
+@cli.command()
+@click.argument("name")
 @click.option(
     "--level",
     type=click.Choice(["quick", "full"]),

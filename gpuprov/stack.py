@@ -90,6 +90,13 @@ class Lock:
     efa_installer: str | None
     packages: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # Added with the rdma and microcode roles; locks stored before them lack these
+    # fields, so plays read them with `| default(...)`.
+    efa_installer_sha256: str = ""
+    aws_ofi_nccl: str | None = None
+    gdrcopy: str = ""
+    gdrcopy_sha256: str = ""
+    microcode: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -232,6 +239,11 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
         efa_installer=facts["efa"]["installer"] if itype.efa else None,
         packages=packages,
         notes=tuple(notes),
+        efa_installer_sha256=facts["efa"].get("installer_sha256", "") if itype.efa else "",
+        aws_ofi_nccl=facts["efa"].get("aws_ofi_nccl") if itype.efa else None,
+        gdrcopy=facts.get("gdrcopy", {}).get("version", ""),
+        gdrcopy_sha256=facts.get("gdrcopy", {}).get("sha256", ""),
+        microcode=dict(facts.get("microcode", {})),
     )
 
 

@@ -1,0 +1,202 @@
+"""`gpuprov patch` end to end on three local nodes, through the real CLI: real
+containers, real SSH, real Ansible, real apt moving real (FIXTURE-payload)
+packages from the signed fixture repository (tests/fixtures/patchrepo.py).
+
+The nodes start as a fleet the previous gpuprov release built: driver 535.288.01
+(its pin), converged with playbooks/driver.yml only (no 2.7 GB installs). The
+tests run in file order: --check changes nothing; a roll stopped by a broken
+node (first node patched, failing node reported, third untouched); the roll
+completed; a no-op patch; the kernel guard refusing a node whose next kernel
+has no NVIDIA module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, require_docker, run_cli
+from tests.fixtures import patchrepo
+
+pytestmark = pytest.mark.e2e
+
+OLD, NEW = patchrepo.DRIVERS
+PACKAGES = "nvidia-driver-535 nvidia-dkms-535 linux-headers-amd64"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    require_docker()
+    home = tmp_path_factory.mktemp("gpuprov-home")
+    return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def repo():
+    from gpuprov.providers.docker import bridge_gateway
+
+    r = patchrepo.start(bridge_gateway())
+    yield r
+    r.close()
+
+
+def old_lock() -> dict:
+    """The lock the previous gpuprov release pinned: driver 535.288.01 from a mirror."""
+    from gpuprov import stack
+
+    lock = stack.resolve(None, source="mirror").as_dict()
+    lock.update(driver=OLD, packages={**lock["packages"], "driver_version": f"{OLD}-*"})
+    lock.pop("microcode")  # stored before the microcode pins existed
+    lock["hash"] = stack.from_dict({k: v for k, v in lock.items() if k != "hash"}).short_hash()
+    return lock
+
+
+@pytest.fixture(scope="module")
+def fleet(env, repo, tmp_path_factory):
+    from gpuprov.state import Store
+
+    name = f"patch-{secrets.token_hex(3)}"
+    run_cli("up", "--provider", "docker", "--count", "3", "--name", name, "--no-bootstrap",
+            "--source", "mirror", env=env, check=True)
+    try:
+        run_cli("inventory", name, env=env, check=True)  # renders the inventory, pins host keys
+        cdir = Path(env["GPUPROV_HOME"]) / "clusters" / name
+        lock = old_lock()
+        Store(Path(env["GPUPROV_HOME"]) / "state.db").set_lock(name, lock)
+        extra = tmp_path_factory.mktemp("vars") / "vars.json"
+        extra.write_text(json.dumps({"gpuprov_stack": lock, "gpuprov_mirror_url": repo.url,
+                                     "gpuprov_mirror_key_fingerprint": repo.fingerprint}))
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.ini"),
+             "-e", f"@{extra}", str(ROOT / "playbooks" / "driver.yml")],
+            capture_output=True, text=True, check=False,
+            env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg")})
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        yield name, [f"{name}-node-{i}" for i in (1, 2, 3)]
+    finally:
+        run_cli("down", name, "--yes", env=env)
+
+
+def sh(node: str, cmd: str) -> str:
+    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(["docker", "exec", cid, "sh", "-c", cmd], capture_output=True, text=True,
+                          check=False).stdout
+
+
+def state(node: str) -> str:
+    """The node's package state: every installed package with its version, and the holds."""
+    return sh(node, "dpkg-query -W -f='${Package} ${Version} ${Status}\\n'; apt-mark showhold")
+
+
+def driver(node: str) -> str:
+    return sh(node, "dpkg-query -W -f='${Version}' nvidia-driver-535")
+
+
+def patch(env, repo, name, *args) -> tuple[subprocess.CompletedProcess[str], dict, float]:
+    start = time.monotonic()
+    proc = run_cli("patch", name, "--mirror-url", repo.url, "--mirror-key-fingerprint", repo.fingerprint,
+                   *args, "-o", "json", env=env, timeout=900)
+    took = time.monotonic() - start
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"no JSON from patch (exit {proc.returncode}):\n{proc.stderr[-4000:]}") from None
+    return proc, data, took
+
+
+def runs(env, name):
+    from gpuprov.state import Store
+
+    return Store(Path(env["GPUPROV_HOME"]) / "state.db").runs(name)
+
+
+def test_check_prints_the_plan_and_changes_nothing(env, repo, fleet):
+    name, nodes = fleet
+    before = {n: state(n) for n in nodes}
+    proc, data, took = patch(env, repo, name, "--driver", "535", "--check")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"\nFIGURE patch --check, 3 nodes: {took:.1f} s")
+    assert data["ok"] and data["cluster"] == name
+    for n in nodes:
+        host = data["hosts"][n]
+        assert host["status"] == "not-started" and host["rebooted"] is False
+        assert f"nvidia-driver-535 {OLD}-1 -> {NEW}-*" in host["plan"], host
+    assert {n: state(n) for n in nodes} == before
+    assert runs(env, name)[0].kind == "patch-check"
+
+
+def test_a_failing_node_stops_the_roll(env, repo, fleet, tmp_path):
+    name, nodes = fleet
+    first, broken, third = nodes
+    # The broken node's package source: apt reaches the fixture repository only
+    # through a proxy that does not answer.
+    host = repo.url.split("/")[2].split(":")[0]
+    sh(broken, f"echo 'Acquire::http::Proxy::{host} \"http://127.0.0.1:9\";' > /etc/apt/apt.conf.d/99broken;"
+               " rm -rf /var/lib/apt/lists/*")
+    third_before = state(third)
+    log = tmp_path / "hooks.log"
+    proc, data, _ = patch(env, repo, name, "--driver", "535", "--batch", "1",
+                          "--drain", f"echo drain $GPUPROV_NODE >> {log}",
+                          "--resume", f"echo resume $GPUPROV_NODE >> {log}")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert not data["ok"]
+    assert data["batches"] == [[first], [broken], [third]]
+    assert data["hosts"][first]["status"] == "patched" and data["hosts"][first]["changed"] > 0
+    assert data["hosts"][broken]["status"] == "failed" and data["hosts"][broken]["error"]
+    assert data["hosts"][third]["status"] == "not-started"
+    assert driver(first) == f"{NEW}-1" and driver(broken) == f"{OLD}-1"
+    assert state(third) == third_before
+    assert {"nvidia-driver-535", "nvidia-dkms-535"} <= set(sh(first, "apt-mark showhold").split())
+    assert log.read_text().split("\n")[:-1] == [f"drain {first}", f"resume {first}", f"drain {broken}"]
+    # Container nodes cannot reboot: said so, not silently skipped.
+    assert "container" in data["hosts"][first].get("reboot_skipped", "") or not data["hosts"][first]["rebooted"]
+    record = runs(env, name)[0]
+    assert record.kind == "patch" and record.ok is False
+    assert record.summary["hosts"][broken]["status"] == "failed"
+    assert json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]["driver"] == OLD
+
+
+def test_the_roll_completes_once_the_node_is_fixed(env, repo, fleet):
+    name, nodes = fleet
+    first, broken, third = nodes
+    sh(broken, "rm /etc/apt/apt.conf.d/99broken")
+    proc, data, _ = patch(env, repo, name, "--driver", "535", "--batch", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert data["ok"] and data["batches"] == [[broken, third]]
+    assert data["hosts"][first]["status"] == "unchanged"
+    assert data["hosts"][broken]["status"] == data["hosts"][third]["status"] == "patched"
+    assert all(driver(n) == f"{NEW}-1" for n in nodes)
+    assert json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]["driver"] == NEW
+
+
+def test_a_noop_patch_changes_nothing(env, repo, fleet):
+    name, nodes = fleet
+    before = {n: state(n) for n in nodes}
+    proc, data, took = patch(env, repo, name, "--driver", "535")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"\nFIGURE no-op patch, 3 nodes: {took:.1f} s")
+    assert data["ok"] and data["batches"] == []
+    assert {h["status"] for h in data["hosts"].values()} == {"unchanged"}
+    assert {n: state(n) for n in nodes} == before
+
+
+def test_kernel_guard_refuses_a_next_kernel_without_module(env, repo, fleet):
+    name, nodes = fleet
+    node = nodes[2]
+    sh(node, "apt-get install -y -q linux-headers-amd64=99.1 >/dev/null 2>&1")
+    assert "99.1" in sh(node, "dpkg-query -W linux-headers-amd64")
+    proc, data, _ = patch(env, repo, name, "--kernel")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert data["batches"] == [[node]]
+    host = data["hosts"][node]
+    assert host["status"] == "failed" and host["rebooted"] is False
+    assert f"kernel guard: no NVIDIA module built for kernel {patchrepo.NEXT_KERNEL}" in host["error"]
+    assert {data["hosts"][n]["status"] for n in nodes[:2]} == {"unchanged"}

@@ -1,0 +1,147 @@
+"""The patch logic that needs no node: validation, the new lock, plans, batches, the
+health gate's comparison, the playbook's report, the microcode revision reader."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from gpuprov import stack
+from gpuprov.core import patch
+from gpuprov.errors import BadInput
+from tests.conftest import ROOT, run_cli
+
+
+def test_nothing_to_patch_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="nothing to patch"):
+        patch.request()
+
+
+def test_batch_below_one_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="--batch must be at least 1"):
+        patch.request(kernel=True, batch=0)
+
+
+def test_empty_hook_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="--drain is empty"):
+        patch.request(kernel=True, drain="  ")
+
+
+def test_all_moves_everything() -> None:
+    req = patch.request(all_=True)
+    assert req.move_driver and req.kernel and req.microcode and req.driver is None
+
+
+def test_cli_refuses_bad_input_with_exit_2(gpuprov_home) -> None:
+    proc = run_cli("patch", "nosuch", "--kernel")
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "gpuprov: unknown cluster 'nosuch'; `gpuprov list` shows the clusters"
+    proc = run_cli("patch", "nosuch")
+    assert proc.returncode == 2 and "nothing to patch" in proc.stderr
+
+
+def test_new_lock_moves_fabric_manager_with_the_driver() -> None:
+    old = stack.resolve("p4d.24xlarge", driver="525", source="nvidia").as_dict()
+    new = patch.new_lock(old, patch.request(driver="535"))
+    assert new["driver"] == new["fabricmanager"] == stack.data()["driver"]["branches"]["535"]
+    assert new["packages"]["fabricmanager_version"] == f"{new['driver']}-*"
+    assert new["cuda"] == old["cuda"] and new["hash"] != old["hash"]
+
+
+def test_new_lock_is_checked_by_the_resolver() -> None:
+    old = stack.resolve("p5.48xlarge", source="nvidia").as_dict()
+    with pytest.raises(BadInput, match=r"too old for CUDA 11\.8"):
+        patch.new_lock(old, patch.request(driver="515"))
+
+
+def test_new_lock_without_driver_keeps_the_driver_and_adds_microcode_pins() -> None:
+    old = stack.resolve(None, source="mirror").as_dict()
+    old.update(driver="535.288.01")
+    old.pop("microcode")
+    new = patch.new_lock(old, patch.request(microcode=True))
+    assert new["driver"] == "535.288.01"
+    assert new["microcode"] == stack.data()["microcode"]
+
+
+def test_plan_lists_what_would_move() -> None:
+    lock = stack.resolve(None, source="mirror").as_dict()
+    report = {"before": {"nvidia-driver-535": "535.288.01-1", "nvidia-dkms-535": f"{lock['driver']}-1",
+                         "intel-microcode": "3.20230808.1~deb12u1"},
+              "kernel_upgradable": ["linux-image-amd64"], "cpu_vendor": "intel"}
+    plan = patch.plan_of(report, lock, patch.request(all_=True))
+    assert plan == [f"nvidia-driver-535 535.288.01-1 -> {lock['driver']}-*",
+                    "linux-image-amd64 -> newest",
+                    f"intel-microcode 3.20230808.1~deb12u1 -> {lock['microcode']['intel']}"]
+    converged = {"before": {"nvidia-driver-535": f"{lock['driver']}-1", "nvidia-dkms-535": f"{lock['driver']}-1"}}
+    assert patch.plan_of(converged, lock, patch.request(driver="535")) == []
+
+
+def test_moved_and_regressions() -> None:
+    assert patch.moved_of({"before": {"a": "1", "b": "1"}, "after": {"a": "2", "c": "1"}}) == [
+        "a 1 -> 2", "c none -> 1", "b 1 -> removed"]
+    before = [{"probe": "x", "status": "fail", "detail": ""}, {"probe": "y", "status": "pass", "detail": ""}]
+    after = [{"probe": "x", "status": "fail", "detail": "still"}, {"probe": "y", "status": "fail", "detail": "new"}]
+    assert patch.regressions(before, after) == ["y: new"]
+
+
+def test_batches() -> None:
+    assert patch.batches_of(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+    assert patch.batches_of([], 1) == []
+
+
+def test_host_reports_read_from_job_events(tmp_path: Path) -> None:
+    events = tmp_path / "job_events"
+    events.mkdir()
+    (events / "1-x.json").write_text(json.dumps({"event": "runner_on_ok", "event_data": {
+        "host": "n1", "task": patch.REPORT_TASK, "res": {"msg": {"rebooted": False}}}}))
+    (events / "2-x.json").write_text(json.dumps({"event": "runner_on_ok", "event_data": {
+        "host": "n1", "task": "other", "res": {"msg": "hi"}}}))
+    assert patch.host_reports(tmp_path) == {"n1": {"rebooted": False}}
+
+
+def test_hook_gets_the_node_and_its_failure_is_reported() -> None:
+    from gpuprov.state import NodeRecord
+
+    node = NodeRecord("n1", "id", "10.0.0.1", 22, "root", "running")
+    hook = 'test "$GPUPROV_NODE:$GPUPROV_HOOK" = n1:drain'
+    assert patch.run_hook(hook, "c", node, "drain") == (True, "drain hook exited 0")
+    ok, detail = patch.run_hook("echo busy >&2; exit 3", "c", node, "drain")
+    assert not ok and detail == "drain hook exited 3: busy"
+
+
+# -- the microcode role's revision reader (roles/microcode/files/gpuprov_microcode.fact) ------------
+def _fact_module():
+    path = ROOT / "roles" / "microcode" / "files" / "gpuprov_microcode.fact"
+    loader = importlib.machinery.SourceFileLoader("gpuprov_microcode_fact", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_microcode_fact_reads_intel_and_amd_revisions(tmp_path: Path, monkeypatch) -> None:
+    fact = _fact_module()
+    # Intel: 06-8f-08 (Sapphire Rapids, signature 0x806f8), two updates in one file.
+    intel = tmp_path / "intel-ucode"
+    intel.mkdir()
+    blob = b""
+    for rev in (0x2B000181, 0x2B000461):
+        blob += struct.pack("<9I", 1, rev, 0, 0x806F8, 0, 1, 0x87, 2000, 2048) + b"\0" * 12 + b"\0" * 2000
+    (intel / "06-8f-08").write_bytes(blob)
+    monkeypatch.setattr(fact, "INTEL_DIR", intel)
+    assert fact.intel_revision({"family": 6, "model": 0x8F, "stepping": 8}) == 0x2B000461
+    assert fact.signature(6, 0x8F, 8) == 0x806F8
+    # AMD: family 19h model 01h stepping 1 (signature 0xa00f11), equivalence id 0xa011.
+    amd = tmp_path / "amd-ucode"
+    amd.mkdir()
+    table = struct.pack("<IIIHH", 0xA00F11, 0, 0, 0xA011, 0) + b"\0" * 16
+    patch_body = struct.pack("<II", 0, 0x0A0011D5) + b"\0" * 16 + struct.pack("<H", 0xA011) + b"\0" * 6
+    data = b"DMA\0" + struct.pack("<II", 0, len(table)) + table + struct.pack("<II", 1, len(patch_body)) + patch_body
+    (amd / "microcode_amd_fam19h.bin").write_bytes(data)
+    monkeypatch.setattr(fact, "AMD_DIR", amd)
+    assert fact.amd_revision({"family": 0x19, "model": 1, "stepping": 1}) == 0x0A0011D5
