@@ -97,6 +97,10 @@ class Lock:
     gdrcopy: str = ""
     gdrcopy_sha256: str = ""
     microcode: dict[str, str] = field(default_factory=dict)
+    # Added with the container roles (container_runtime, base_images): plays read them
+    # with `| default(...)` for locks stored before.
+    container_toolkit: str = ""
+    base_images: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -244,10 +248,13 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
         gdrcopy=facts.get("gdrcopy", {}).get("version", ""),
         gdrcopy_sha256=facts.get("gdrcopy", {}).get("sha256", ""),
         microcode=dict(facts.get("microcode", {})),
+        container_toolkit=facts["container_toolkit"]["version"],
+        base_images=tuple(facts["cuda"][cuda].get("base_images", ())),
     )
 
 
 def from_dict(raw: dict[str, Any]) -> Lock:
     body = {k: v for k, v in raw.items() if k != "hash"}
     body["notes"] = tuple(body.get("notes", ()))
+    body["base_images"] = tuple(body.get("base_images", ()))
     return Lock(**body)

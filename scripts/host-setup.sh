@@ -47,10 +47,20 @@ command -v gpg >/dev/null 2>&1 || missing+=(gnupg)
 # The package cache the local nodes use: the 2.7 GB driver and toolkit are
 # downloaded once per machine, not once per node or scenario.
 [ -x /usr/sbin/apt-cacher-ng ] || missing+=(apt-cacher-ng)
+# The local image registry (scripts/registry.sh): Debian's registry, and skopeo to
+# push to it over plain HTTP without changing this machine's Docker configuration.
+[ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 if [ "${#missing[@]}" -gt 0 ]; then
   # shellcheck disable=SC2207
   uniq=($(printf '%s\n' "${missing[@]}" | sort -u))
   apt_install "${uniq[@]}"
+fi
+
+# The packaged registry service would listen on every interface: gpuprov runs its
+# own, on the bridge gateway only (scripts/registry.sh).
+if [ -d /run/systemd/system ] && systemctl is-enabled docker-registry >/dev/null 2>&1; then
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
 # --- docker engine -------------------------------------------------------

@@ -1,0 +1,165 @@
+"""Probes for containers on the node: Docker, the NVIDIA runtime, daemon.json, base images."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from gpuprov.probes.nodefacts import installed_version
+from gpuprov.probes.test_gpu import _gpus_expected
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+DAEMON_JSON_BEFORE = "/etc/docker/daemon.json.before-gpuprov"
+TOOLKIT_PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                    "libnvidia-container-tools", "libnvidia-container1"]
+# Keys of daemon.json whose values gpuprov sets (a user's value for them may change).
+OWNED = {("runtimes", "nvidia"), ("default-ulimits", "memlock"), ("default-ulimits", "stack"),
+         ("default-runtime",)}
+
+
+def _docker(host, args: str):
+    return host.run(f"docker {args}")
+
+
+def _site_image(lock: dict) -> str:
+    return f"gpuprov/base:cuda{lock['cuda']}-{lock['hash']}"
+
+
+@pytest.mark.containers
+def test_docker_active(host, report):
+    service = host.service("docker")
+    assert service.is_running, "expected the docker service active, it is not"
+    assert service.is_enabled, "expected the docker service enabled at boot, it is not"
+    out = _docker(host, "version --format '{{.Server.Version}}'")
+    assert out.rc == 0, f"expected dockerd to answer, found: {(out.stderr or out.stdout).strip()[:200]}"
+    report(f"dockerd {out.stdout.strip()} active and enabled")
+
+
+@pytest.mark.containers
+def test_docker_lists_the_nvidia_runtime(host, report):
+    out = _docker(host, "info --format '{{json .Runtimes}}'")
+    assert out.rc == 0, f"docker info failed: {out.stderr.strip()[:200]}"
+    runtimes = json.loads(out.stdout)
+    assert "nvidia" in runtimes, f"expected the nvidia runtime in docker info, found {sorted(runtimes)}"
+    default = _docker(host, "info --format '{{.DefaultRuntime}}'").stdout.strip()
+    report(f"runtimes: {', '.join(sorted(runtimes))}; default {default}")
+
+
+@pytest.mark.containers
+def test_container_toolkit_matches_the_lock(host, expect, report):
+    lock = expect.lock()
+    version = lock.get("container_toolkit")
+    if not version:
+        pytest.skip("this cluster's lock predates the container toolkit pin: no version to compare")
+    found = {p: installed_version(host, p) for p in TOOLKIT_PACKAGES}
+    wrong = {p: v for p, v in found.items() if not (v or "").startswith(f"{version}-")}
+    assert not wrong, f"expected {TOOLKIT_PACKAGES} at {version}, found {wrong}"
+    held = set(host.run("apt-mark showhold").stdout.split())
+    loose = sorted(set(TOOLKIT_PACKAGES) - held)
+    assert not loose, f"expected the toolkit held, not held: {loose}"
+    report(f"nvidia-container-toolkit {found['nvidia-container-toolkit']}, held")
+
+
+def _kept(before, now, path=()) -> list[str]:
+    """Where ``now`` lost or changed something ``before`` had (gpuprov-owned keys aside)."""
+    if path in OWNED:
+        return []
+    if isinstance(before, dict):
+        if not isinstance(now, dict):
+            return [f"{'.'.join(path)}: was an object, now {json.dumps(now)}"]
+        lost = []
+        for key, value in before.items():
+            if key not in now and (*path, key) not in OWNED:
+                lost.append(f"{'.'.join((*path, key))}: gone")
+            elif key in now:
+                lost += _kept(value, now[key], (*path, key))
+        return lost
+    if isinstance(before, list) and isinstance(now, list):
+        missing = [item for item in before if item not in now]
+        return [f"{'.'.join(path)}: lost {missing}"] if missing else []
+    return [] if before == now else [f"{'.'.join(path)}: {json.dumps(before)} -> {json.dumps(now)}"]
+
+
+@pytest.mark.containers
+def test_daemon_json_keeps_the_keys_from_before(host, report):
+    before_file = host.file(DAEMON_JSON_BEFORE)
+    assert before_file.exists, (
+        f"expected {DAEMON_JSON_BEFORE} (daemon.json as it was before gpuprov changed it), found none"
+    )
+    before = json.loads(before_file.content_string)
+    now = json.loads(host.file(DAEMON_JSON).content_string)
+    lost = _kept(before, now)
+    assert not lost, f"expected every key daemon.json held before gpuprov kept, found: {'; '.join(lost)}"
+    assert now.get("runtimes", {}).get("nvidia", {}).get("path") == "nvidia-container-runtime", (
+        f"expected runtimes.nvidia in {DAEMON_JSON}, found {now.get('runtimes')}"
+    )
+    report(f"{len(before)} key(s) from before kept ({', '.join(sorted(before)) or 'none'}); nvidia runtime added")
+
+
+@pytest.mark.images
+def test_base_images_present(host, expect, report):
+    lock = expect.lock()
+    images = list(lock.get("base_images") or [])
+    if not images:
+        pytest.skip("this cluster's lock predates the base image list: no images to compare")
+    images.append(_site_image(lock))
+    missing = [i for i in images if _docker(host, f"image inspect --format '{{{{.Id}}}}' {i}").rc != 0]
+    assert not missing, f"expected images {images} on the node, missing: {missing}"
+    report(f"{len(images)} image(s) present: {', '.join(images)}")
+
+
+@pytest.mark.images
+def test_site_image_built_from_the_lock(host, expect, report):
+    lock = expect.lock()
+    image = _site_image(lock)
+    out = _docker(host, f"image inspect --format '{{{{json .Config.Labels}}}}' {image}")
+    assert out.rc == 0, f"expected the site image {image}, found none"
+    labels = json.loads(out.stdout) or {}
+    want = {"gpuprov.lock": lock["hash"], "gpuprov.cuda": lock["cuda"], "gpuprov.cudnn": lock["cudnn"]}
+    wrong = {k: labels.get(k) for k, v in want.items() if labels.get(k) != v}
+    assert not wrong, f"expected {image} labelled {want}, found {wrong}"
+    report(f"{image}: lock {lock['hash']}, CUDA {lock['cuda']}, cuDNN {lock['cudnn']}")
+
+
+@pytest.mark.containers
+@pytest.mark.gpu
+def test_docker_run_gpus_all_sees_the_gpus(host, expect, report):
+    want = _gpus_expected(host, expect)
+    image = _site_image(expect.lock())
+    out = _docker(host, f"run --rm --gpus all {image} nvidia-smi -L")
+    gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    assert out.rc == 0 and len(gpus) == want, (
+        f"expected `docker run --gpus all {image} nvidia-smi -L` to list {want} GPU(s), found "
+        f"{len(gpus)}: {(out.stdout or out.stderr).strip()[:300]}"
+    )
+    report(f"{len(gpus)} GPU(s) seen in {image}")
+
+
+@pytest.mark.images
+@pytest.mark.gpu
+def test_cuda_base_image_reports_the_locked_cuda(host, expect, report):
+    _gpus_expected(host, expect)
+    lock = expect.lock()
+    images = [i for i in lock.get("base_images") or [] if "runtime" in i] or [_site_image(lock)]
+    out = _docker(host, f"run --rm --gpus all {images[0]} cat /usr/local/cuda/version.json")
+    match = re.search(r'"cuda"\s*:\s*\{[^}]*"version"\s*:\s*"(\d+\.\d+)', out.stdout)
+    assert out.rc == 0 and match and match.group(1) == lock["cuda"], (
+        f"expected {images[0]} to report CUDA {lock['cuda']}, found "
+        f"{match.group(1) if match else (out.stdout or out.stderr).strip()[:200]}"
+    )
+    report(f"{images[0]}: CUDA {match.group(1)}")
+
+
+@pytest.mark.containers
+@pytest.mark.gpu
+def test_cdi_spec_matches_the_driver(host, expect, report):
+    _gpus_expected(host, expect)
+    driver = host.file("/sys/module/nvidia/version").content_string.strip()
+    spec = host.file("/etc/cdi/nvidia.yaml")
+    assert spec.exists, "expected the CDI spec /etc/cdi/nvidia.yaml, found none"
+    assert f"libcuda.so.{driver}" in spec.content_string, (
+        f"expected /etc/cdi/nvidia.yaml made for driver {driver}, it names another"
+    )
+    report(f"/etc/cdi/nvidia.yaml for driver {driver}")

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The local image registry and container toolkit repository the local nodes use
+# (FIXTURES: no image registry and no NVIDIA download can be reached here).
+#   - Debian's docker-registry on the docker bridge gateway only, port 5000,
+#     holding a small image of the local Debian root filesystem under the names
+#     of the lock's CUDA images (tests/fixtures/registry.py)
+#   - a signed apt repository with the container toolkit's package names
+#     (FIXTURE payloads: the runtime hands containers to runc) on port 8090
+# Idempotent: builds and pushes only what is missing, starts only what is not
+# running. Prints nothing on stdout.
+#   scripts/registry.sh [start|stop]
+# The environment the local flow needs (GPUPROV_REGISTRY_MIRROR,
+# GPUPROV_CONTAINER_TOOLKIT_REPO, GPUPROV_CONTAINER_TOOLKIT_REPO_FPR) is:
+#   http://GATEWAY:5000, http://GATEWAY:8090/, $dir/toolkit-repo/fingerprint
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+here=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON_BIN:-$here/.venv/bin/python}
+dir=${GPUPROV_REGISTRY_DIR:-/var/cache/gpuprov-registry}
+port=${GPUPROV_REGISTRY_PORT:-5000}
+repo_port=${GPUPROV_TOOLKIT_REPO_PORT:-8090}
+log() { printf '[registry] %s\n' "$*" >&2; }
+running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+if [ "${1:-start}" = stop ]; then
+  for pidfile in "$dir/registry.pid" "$dir/toolkit-repo.pid"; do
+    running "$pidfile" && kill "$(cat "$pidfile")"
+    rm -f "$pidfile"
+  done
+  exit 0
+fi
+
+gateway=$(bridge_gateway)
+mkdir -p "$dir"
+cd "$here"
+if running "$dir/registry.pid"; then
+  log "registry on $gateway:$port (already running)"
+else
+  "$python" -m tests.fixtures.registry serve --bind "$gateway" --port "$port" --dir "$dir" >"$dir/registry.pid"
+  log "registry on $gateway:$port"
+fi
+# shellcheck disable=SC2046
+"$python" -m tests.fixtures.registry seed --registry "$gateway:$port" \
+  $("$python" -c 'from gpuprov import stack; print(" ".join(stack.resolve(None, source="distro").base_images))')
+log "seeded: the lock's CUDA image names (FIXTURE: a Debian image)"
+
+fpr=$("$python" -m tests.fixtures.registry toolkit-repo "$dir/toolkit-repo")
+if running "$dir/toolkit-repo.pid"; then
+  log "toolkit repository on http://$gateway:$repo_port/ (already running), key $fpr"
+else
+  setsid "$python" -m http.server --bind "$gateway" --directory "$dir/toolkit-repo" "$repo_port" \
+    >"$dir/toolkit-repo.log" 2>&1 </dev/null &
+  echo $! >"$dir/toolkit-repo.pid"
+  for _ in $(seq 1 50); do
+    (exec 3<>"/dev/tcp/$gateway/$repo_port") 2>/dev/null && break
+    sleep 0.1
+  done
+  log "toolkit repository on http://$gateway:$repo_port/, key $fpr"
+fi
