@@ -132,6 +132,8 @@ def cli(debug: bool) -> None:
               help="Package source for the NVIDIA stack (default: distro for docker, else nvidia).")
 @click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's).")
 @click.option("--cuda", metavar="X.Y", help="CUDA release (default 11.8).")
+@click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror).")
+@click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint.")
 @click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @output_option
@@ -152,6 +154,8 @@ def up(
     source: str | None,
     driver: str | None,
     cuda: str | None,
+    mirror_url: str | None,
+    mirror_key_fingerprint: str | None,
     dry_run: bool,
     yes: bool,
     output: str,
@@ -188,6 +192,8 @@ def up(
             ("source", source),
             ("driver", driver),
             ("cuda", cuda),
+            ("mirror_url", mirror_url),
+            ("mirror_key_fingerprint", mirror_key_fingerprint),
         )
         if v
     }

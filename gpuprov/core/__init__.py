@@ -90,6 +90,18 @@ def expectations(provider: Provider, nodes: list[NodeRecord],
     return {n.name: {**provider.expectations(n), "stack": lock} for n in nodes}
 
 
+def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any]:
+    """The extra variables every play of a cluster gets: the lock and where packages come from."""
+    options = cluster.spec.get("options") or {}
+    return {
+        "gpuprov_stack": lock,
+        "gpuprov_artifact_mirror": os.environ.get("GPUPROV_ARTIFACT_MIRROR", ""),
+        "gpuprov_registry_mirror": os.environ.get("GPUPROV_REGISTRY_MIRROR", ""),
+        "gpuprov_mirror_url": options.get("mirror_url", ""),
+        "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
+    }
+
+
 def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
     """The cluster's version lock: resolved once, stored, then the same on every run."""
     if cluster.lock:
@@ -302,12 +314,17 @@ def _resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None) -> dict[str
                 f"CUDA {lock['cuda']}; it does not change on `up` ({', '.join(sorted(moved))} asked)"
             )
         return lock
+    source = asked.get("source") or stack.default_source(spec.provider)
+    if source == "mirror" and not (spec.options.get("mirror_url")
+                                   and spec.options.get("mirror_key_fingerprint")):
+        raise BadInput("--source mirror needs --mirror-url and --mirror-key-fingerprint "
+                       "(the mirror's signing key, 40 hex digits)")
     itype = spec.instance_type if spec.instance_type else None
     return stack.resolve(
         itype,
         cuda=asked.get("cuda", "11.8"),
         driver=asked.get("driver"),
-        source=asked.get("source") or stack.default_source(spec.provider),
+        source=source,
     ).as_dict()
 
 
@@ -365,10 +382,7 @@ def _provision(
 
     lock = version_lock(store, cluster)
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files)
-    extravars = {
-        "gpuprov_stack": lock,
-        "gpuprov_artifact_mirror": os.environ.get("GPUPROV_ARTIFACT_MIRROR", ""),
-    }
+    extravars = playbook_vars(cluster, lock)
     # The same variables, for running the playbooks by hand (-e @vars.json).
     (files.dir / "vars.json").write_text(json.dumps(extravars, indent=2) + "\n")
     kind = "provision-check" if check else "provision"

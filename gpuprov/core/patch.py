@@ -183,12 +183,12 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
     cluster = core.load(store, name)
     old = core.version_lock(store, cluster)
     lock = new_lock(old, req)
-    if req.move_driver and lock["source"] == "mirror" and not req.mirror_url:
+    extravars = core.playbook_vars(cluster, lock)
+    if req.move_driver and lock["source"] == "mirror" and not (
+            req.mirror_url or extravars["gpuprov_mirror_url"]):
         raise BadInput("this cluster's packages come from a mirror: give --mirror-url and "
                        "--mirror-key-fingerprint for the driver move")
-    extravars = {
-        "gpuprov_stack": lock,
-        "gpuprov_artifact_mirror": os.environ.get("GPUPROV_ARTIFACT_MIRROR", ""),
+    extravars |= {
         "gpuprov_patch_driver": req.move_driver,
         "gpuprov_patch_kernel": req.kernel,
         "gpuprov_patch_microcode": req.microcode,

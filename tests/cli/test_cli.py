@@ -176,3 +176,11 @@ def test_impossible_stack_is_refused_before_anything_is_created(
     assert code == 2 and out == ""
     assert re.search(rule, err.strip().splitlines()[-1]), err
     assert Store().list_clusters() == []
+
+
+def test_mirror_source_needs_its_url_and_key(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("hosts:\n  - name: gpu01\n    address: 192.0.2.1\n    user: ubuntu\n")
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
+                            "--source", "mirror")
+    _assert_bad_input(code, out, err, "--source mirror needs --mirror-url")

@@ -64,7 +64,8 @@ def fleet(env, repo, tmp_path_factory):
 
     name = f"patch-{secrets.token_hex(3)}"
     run_cli("up", "--provider", "docker", "--count", "3", "--name", name, "--no-bootstrap",
-            "--source", "mirror", env=env, check=True)
+            "--source", "mirror", "--mirror-url", repo.url,
+            "--mirror-key-fingerprint", repo.fingerprint, env=env, check=True)
     try:
         run_cli("inventory", name, env=env, check=True)  # renders the inventory, pins host keys
         cdir = Path(env["GPUPROV_HOME"]) / "clusters" / name
