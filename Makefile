@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
-.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror venv clean
+.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror registry venv clean
 
 # The package cache and artifact mirror of this machine (scripts/env.sh).
 ENV = eval "$$(scripts/env.sh)" &&
@@ -26,8 +26,11 @@ host-setup:
 mirror: $(STAMP) host-setup
 	scripts/artifact-mirror.sh
 
+registry: $(STAMP) host-setup
+	scripts/registry.sh
+
 ## demo: two local nodes, bootstrapped and verified (the main job, no GPU, no cost)
-demo: $(STAMP) host-setup mirror
+demo: $(STAMP) host-setup mirror registry
 	$(ENV) gpuprov up --provider docker --count 2 --name demo --yes
 	$(ENV) gpuprov verify demo
 
@@ -35,7 +38,7 @@ demo-down: $(STAMP)
 	gpuprov down demo --yes
 
 ## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
-test: $(STAMP) host-setup mirror lint
+test: $(STAMP) host-setup mirror registry lint
 	$(ENV) python -m pytest tests -p no:cacheprovider
 
 lint: $(STAMP)
@@ -46,14 +49,14 @@ lint: $(STAMP)
 unit: $(STAMP)
 	python -m pytest tests/unit tests/cli -p no:cacheprovider
 
-molecule: $(STAMP) host-setup mirror
+molecule: $(STAMP) host-setup mirror registry
 	$(ENV) python -m pytest tests/molecule -p no:cacheprovider
 
-e2e: $(STAMP) host-setup mirror
+e2e: $(STAMP) host-setup mirror registry
 	$(ENV) python -m pytest tests/e2e -p no:cacheprovider
 
 ## bench: start-up, converge and no-op re-run figures (not a test)
-bench: $(STAMP) host-setup mirror
+bench: $(STAMP) host-setup mirror registry
 	$(ENV) python benchmarks/run.py
 
 clean:

@@ -97,6 +97,9 @@ def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any
         "gpuprov_stack": lock,
         "gpuprov_artifact_mirror": os.environ.get("GPUPROV_ARTIFACT_MIRROR", ""),
         "gpuprov_registry_mirror": os.environ.get("GPUPROV_REGISTRY_MIRROR", ""),
+        "gpuprov_container_toolkit_repo_url": os.environ.get("GPUPROV_CONTAINER_TOOLKIT_REPO", ""),
+        "gpuprov_container_toolkit_repo_key_fingerprint": os.environ.get(
+            "GPUPROV_CONTAINER_TOOLKIT_REPO_FPR", ""),
         "gpuprov_mirror_url": options.get("mirror_url", ""),
         "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
     }
