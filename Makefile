@@ -38,8 +38,10 @@ demo-down: $(STAMP)
 	gpuprov down demo --yes
 
 ## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
+# Two workers, one test file each at a time: the molecule scenarios run beside
+# the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
 test: $(STAMP) host-setup mirror registry lint
-	$(ENV) python -m pytest tests -p no:cacheprovider
+	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadfile
 
 lint: $(STAMP)
 	ruff check gpuprov tests benchmarks
