@@ -1,0 +1,48 @@
+"""Run a play of roles on a local test node, and commands in it (helpers for tests/roles)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import ROOT
+
+
+def play(env, cdir: Path, tmp_path: Path, roles: list[dict]) -> tuple[int, dict, str]:
+    """Run a play of ``roles`` on the node; return rc, per-host stats, and all failure messages."""
+    book = tmp_path / f"play-{secrets.token_hex(2)}.yml"
+    book.write_text(yaml.safe_dump([{
+        "name": "roles under test", "hosts": "all", "become": True, "gather_facts": True,
+        "roles": roles,
+    }]))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.ini"),
+         str(book)],
+        capture_output=True, text=True, check=False,
+        env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "json",
+             "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
+    )
+    data = json.loads(proc.stdout[proc.stdout.index("{"):])
+    msgs = []
+    for p in data["plays"]:
+        for t in p["tasks"]:
+            for res in t["hosts"].values():
+                if res.get("failed"):
+                    msgs.append(str(res.get("msg", "")))
+                    for item in res.get("results", []):
+                        if isinstance(item, dict) and item.get("failed"):
+                            msgs.append(f"{item.get('item')}: {item.get('msg', '')}")
+    stats = next(iter(data["stats"].values()))
+    return proc.returncode, stats, " | ".join(msgs)
+
+
+def sh(cdir: Path, name: str, cmd: str) -> str:
+    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={name}-node-1"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(["docker", "exec", cid, "sh", "-c", cmd], capture_output=True,
+                          text=True, check=False).stdout
