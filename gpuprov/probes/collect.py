@@ -40,10 +40,20 @@ def _detail(report: pytest.TestReport) -> str:
     return first
 
 
+_IS_XDIST_WORKER = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist workers forward their reports to the controller, which writes. (Not the
+    # PYTEST_XDIST_WORKER variable: gpuprov itself may run inside someone's xdist worker.)
+    global _IS_XDIST_WORKER
+    _IS_XDIST_WORKER = hasattr(config, "workerinput")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("GPUPROV_PROBE_RESULTS")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # xdist workers forward their reports to the controller, which writes
+    if not path or _IS_XDIST_WORKER:
+        return
     if report.when == "call" or (report.when == "setup" and not report.passed):
         status = "pass" if report.passed else "skip" if report.skipped else "fail"
         host = dict(report.user_properties).get("host") or _host_from_id(report.nodeid)

@@ -57,7 +57,8 @@ def run_probes(
         cmd += ["-m", "not full"]
     if workers > 1:
         cmd += ["-n", str(workers)]
-    env = dict(os.environ)
+    # A fresh pytest session: nothing of an enclosing pytest or xdist run leaks into it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(
         {
             "GPUPROV_EXPECTATIONS": str(expect_file),

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -199,8 +200,9 @@ def test_changed_host_key_is_refused(cluster, env, tmp_path) -> None:
             ["ansible", "-i", str(cdir / "inventory.ini"), node, "-m", "ansible.builtin.ping"],
             capture_output=True, text=True, check=False,
             # a fresh connection: a ControlPersist master opened earlier would skip the check
+            # (in a short directory: a control socket path must stay under 108 bytes)
             env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"),
-                 "ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path / "cp")},
+                 "ANSIBLE_SSH_CONTROL_PATH_DIR": tempfile.mkdtemp(prefix="cp", dir="/tmp")},
         )
         assert play.returncode != 0
         assert "Host key verification failed" in play.stdout + play.stderr, play.stdout
@@ -246,8 +248,11 @@ def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, 
                   "    instance_type: docker-node"]
     hosts.write_text("\n".join(lines) + "\n")
     static = f"st-{name}"
+    # The same machines under the same lock (docker-node from Debian): the probes expect
+    # exactly what the docker cluster installed, down to the site image's lock tag.
     up = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", static,
-                 "--source", "distro", "--no-bootstrap", "-o", "json", env=env)
+                 "--type", "docker-node", "--source", "distro", "--no-bootstrap", "-o", "json",
+                 env=env)
     assert up.returncode == 0, up.stderr
     assert [n["name"] for n in json.loads(up.stdout)["nodes"]] == ["rack-1", "rack-2"]
     verify = run_cli("verify", static, "-o", "json", env=env)
