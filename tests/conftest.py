@@ -20,6 +20,14 @@ def gpuprov_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment for an end-to-end module: its own state directory, real engines."""
+    require_docker()
+    home = tmp_path_factory.mktemp("gpuprov-home")
+    return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
+
+
 def require_docker() -> None:
     """The e2e and molecule tests need a Docker engine and the node image.
 

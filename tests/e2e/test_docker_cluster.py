@@ -17,16 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_docker, run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    require_docker()
-    home = tmp_path_factory.mktemp("gpuprov-home")
-    return {**os.environ, "GPUPROV_HOME": str(home)}
 
 
 @pytest.fixture(scope="module")

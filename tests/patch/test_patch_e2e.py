@@ -13,7 +13,6 @@ has no NVIDIA module.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -22,20 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, require_docker, run_cli
+from tests.conftest import ROOT, run_cli
 from tests.fixtures import patchrepo
 
 pytestmark = pytest.mark.e2e
 
 OLD, NEW = patchrepo.DRIVERS
 PACKAGES = "nvidia-driver-535 nvidia-dkms-535 linux-headers-amd64"
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    require_docker()
-    home = tmp_path_factory.mktemp("gpuprov-home")
-    return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
 
 
 @pytest.fixture(scope="module")

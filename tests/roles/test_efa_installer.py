@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import secrets
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_docker, run_cli
+from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import play, sh
 
@@ -46,13 +45,6 @@ def _archive(directory: Path) -> tuple[str, str]:
     name = f"aws-efa-installer-{VERSION}.tar.gz"
     (directory / name).write_bytes(buf.getvalue())
     return name, hashlib.sha256(buf.getvalue()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    require_docker()
-    return {**os.environ, "GPUPROV_HOME": str(tmp_path_factory.mktemp("gpuprov-home")),
-            "ANSIBLE_NOCOLOR": "1"}
 
 
 @pytest.fixture(scope="module")

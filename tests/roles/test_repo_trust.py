@@ -15,18 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_docker, run_cli
+from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import play, sh
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    require_docker()
-    home = tmp_path_factory.mktemp("gpuprov-home")
-    return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
 
 
 @pytest.fixture(scope="module")
