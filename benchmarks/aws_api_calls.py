@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """EC2 API calls of one `gpuprov up --count 4` (p4d.24xlarge), by name and count.
 
-    python benchmarks/aws_api_calls.py [--count 4] [--type p4d.24xlarge]
+    python benchmarks/aws_api_calls.py [--count 4] [--type p4d.24xlarge] [--rerun-ssh-cidr CIDR]
 
 Runs against moto's server (no AWS) behind the test shim (tests/aws/moto_shim.py),
 which adds what moto lacks (placement groups; no public address for
 multi-interface launches, as on EC2) and logs every call. Fresh state dir and
 fresh moto, so the catalog cache is cold: the figures are those of a first
 `up` in a region. `--no-bootstrap`: SSH and playbooks make no API calls.
+`--rerun-ssh-cidr`: then count the calls of a second `up` of the same cluster
+from another SSH range (nothing to launch; the SSH rule is replaced).
+The host key hand-over (after launch, over SSH) makes no API call.
 A figure, not a test.
 """
 
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -28,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=4)
     parser.add_argument("--type", default="p4d.24xlarge")
+    parser.add_argument("--rerun-ssh-cidr", metavar="CIDR", help="also count a re-run from this SSH range")
     args = parser.parse_args()
 
     from moto.server import ThreadedMotoServer
@@ -48,24 +54,36 @@ def main() -> None:
     image = "ami-03cf127a"  # one of moto's bundled images
     argv = ["up", "--name", "bench", "--type", args.type, "--count", str(args.count), "--image", image,
             "--ssh-cidr", "203.0.113.7/32", "--no-bootstrap", "--yes", "-o", "json"]
+    runs = [("first up", argv)]
+    if args.rerun_ssh_cidr:
+        runs.append(("re-run", [a if a != "203.0.113.7/32" else args.rerun_ssh_cidr for a in argv]))
     try:
-        cli(argv)
-    except SystemExit as exc:
-        if exc.code:
-            sys.exit(f"gpuprov up failed ({exc.code})")
+        for label, run in runs:
+            shim.calls.clear()
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # the cluster's JSON: not the figure
+                    cli(run)
+            except SystemExit as exc:
+                if exc.code:
+                    sys.exit(f"gpuprov up failed ({exc.code})")
+            report(label, run, shim)
     finally:
         http.shutdown()
         server.stop()
+
+
+def report(label: str, argv: list[str], shim) -> None:
     by_service = collections.defaultdict(collections.Counter)
     for call in shim.calls:
         by_service[call.service][call.action + (" (DryRun)" if call.dry_run else "")] += 1
-    print(f"\nAPI calls of: gpuprov {' '.join(argv)}", file=sys.stderr)
+    print(f"\nAPI calls of ({label}): gpuprov {' '.join(argv)}", file=sys.stderr)
+    print(f"== {label}")
     for service, counter in sorted(by_service.items()):
         print(f"{service}: {sum(counter.values())} calls")
         for action, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
             print(f"  {n:3d}  {action}")
-    mutating = [c.action for c in shim.calls if c.service == "ec2"]
-    print(f"ec2 total: {len(mutating)}; mutating: {len(shim.mutating())}")
+    ec2 = [c.action for c in shim.calls if c.service == "ec2"]
+    print(f"ec2 total: {len(ec2)}; mutating: {len(shim.mutating())}")
 
 
 if __name__ == "__main__":

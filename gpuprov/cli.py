@@ -98,7 +98,11 @@ def cli(debug: bool) -> None:
 )
 @click.option("--region", help="Cloud region (aws).")
 @click.option("--image", help="Machine image, e.g. an AMI id (aws).")
-@click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32).")
+@click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32; "
+              "at most /16 for IPv4, /48 for IPv6).")
+@click.option("--allow-wide-ssh-cidr", is_flag=True,
+              help="aws: accept an --ssh-cidr wider than /16 (IPv4) or /48 (IPv6); SSH is then open to "
+              "that much of the internet.")
 @click.option("--spot", is_flag=True, help="Use spot capacity (aws).")
 @click.option(
     "--disk-gb",
@@ -145,6 +149,7 @@ def up(
     region: str | None,
     image: str | None,
     ssh_cidr: str | None,
+    allow_wide_ssh_cidr: bool,
     spot: bool,
     disk_gb: int | None,
     capacity_reservation: str | None,
@@ -182,6 +187,8 @@ def up(
     for flag, value in aws_only.items():
         if value is not None and provider != "aws":
             raise BadInput(f"{flag} is for --provider aws")
+    if allow_wide_ssh_cidr and provider != "aws":
+        raise BadInput("--allow-wide-ssh-cidr is for --provider aws")
     if capacity_reservation is not None and not capacity_reservation.startswith("cr-"):
         raise BadInput(f"--capacity-reservation {capacity_reservation}: expected an id like cr-0123456789abcdef0")
     options = {
@@ -194,6 +201,7 @@ def up(
             ("cuda", cuda),
             ("mirror_url", mirror_url),
             ("mirror_key_fingerprint", mirror_key_fingerprint),
+            ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
         )
         if v
     }
@@ -314,7 +322,8 @@ def status(name: str, output: str) -> int:
         _emit_json(data)
         return 0
     _table(
-        f"{name} ({data['provider']}): {data['state']}",
+        f"{name} ({data['provider']}): {data['state']}"
+        + (f" ({data['failed_step']} failed)" if data.get("failed_step") else ""),
         ["node", "id", "address", "ssh", "state", "zone", "type"],
         [
             [n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"], n["instance_type"]]
@@ -452,7 +461,7 @@ def exec_(name: str, command: tuple[str, ...]) -> int:
 @click.argument("name")
 @output_option
 def inventory(name: str, output: str) -> int:
-    """Print the cluster's Ansible inventory (INI; JSON in ansible-inventory's form)."""
+    """Print the cluster's Ansible inventory (YAML; JSON in ansible-inventory's form)."""
     from gpuprov import core
 
     text, data = core.inventory(name)

@@ -40,6 +40,18 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
+def pinned_key(known_hosts: Path, address: str, port: int) -> str | None:
+    """The key pinned for address:port in ``known_hosts`` ("type base64"), or None."""
+    if not known_hosts.exists():
+        return None
+    name = known_hosts_name(address, port)
+    for line in known_hosts.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == name:
+            return f"{parts[1]} {parts[2]}"
+    return None
+
+
 def pin_host_keys(known_hosts: Path, keys: Mapping[tuple[str, int], str]) -> None:
     """Write ``keys`` ({(address, port): "type base64 [comment]"}) into known_hosts.
 
@@ -65,7 +77,7 @@ def pin_host_keys(known_hosts: Path, keys: Mapping[tuple[str, int], str]) -> Non
 def keyscan(address: str, port: int, timeout: int = 10) -> str:
     """The ed25519 host key a server offers (trust on first use, for static hosts)."""
     proc = subprocess.run(
-        ["ssh-keyscan", "-T", str(timeout), "-t", "ed25519", "-p", str(port), address],
+        ["ssh-keyscan", "-T", str(timeout), "-t", "ed25519", "-p", str(port), "--", address],
         capture_output=True,
         text=True,
         check=False,
@@ -119,6 +131,8 @@ def wait_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: flo
                 "BatchMode=yes",
                 "-o",
                 "ConnectTimeout=5",
+                # Options end here: nothing after this is read as one, whatever it holds.
+                "--",
                 f"{node.user}@{node.address}",
                 "true",
             ],

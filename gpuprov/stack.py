@@ -100,7 +100,11 @@ class Lock:
     # Added with the container roles (container_runtime, base_images): plays read them
     # with `| default(...)` for locks stored before.
     container_toolkit: str = ""
+    # Each pinned by digest: "repo:tag@sha256:..." (the tag for people).
     base_images: tuple[str, ...] = ()
+    # The site image's pip requirements, each "NAME==VERSION --hash=sha256:..." (pip
+    # --require-hashes); added with digest pinning, read with `| default([])`.
+    site_pip_requirements: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -250,6 +254,7 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
         microcode=dict(facts.get("microcode", {})),
         container_toolkit=facts["container_toolkit"]["version"],
         base_images=tuple(facts["cuda"][cuda].get("base_images", ())),
+        site_pip_requirements=tuple(facts["cuda"][cuda].get("site_pip_requirements", ())),
     )
 
 
@@ -257,4 +262,5 @@ def from_dict(raw: dict[str, Any]) -> Lock:
     body = {k: v for k, v in raw.items() if k != "hash"}
     body["notes"] = tuple(body.get("notes", ()))
     body["base_images"] = tuple(body.get("base_images", ()))
+    body["site_pip_requirements"] = tuple(body.get("site_pip_requirements", ()))
     return Lock(**body)

@@ -58,6 +58,14 @@ MIGRATIONS: Sequence[str] = (
     );
     CREATE INDEX runs_by_cluster ON runs(cluster, id);
     """,
+    # 2: a cluster's state is the phase it reached (launching, launched, reachable,
+    # bootstrapped, verified); the step that failed last is kept beside it.
+    """
+    ALTER TABLE clusters ADD COLUMN failed_step TEXT;
+    UPDATE clusters SET failed_step = 'bootstrap', state = 'launched' WHERE state = 'failed';
+    UPDATE clusters SET state = 'launched' WHERE state = 'running';
+    UPDATE clusters SET state = 'bootstrapped' WHERE state = 'ready';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -101,6 +109,12 @@ class ClusterRecord:
     spec: dict[str, Any]
     lock: dict[str, Any] | None
     nodes: tuple[NodeRecord, ...] = ()
+    failed_step: str | None = None
+
+    @property
+    def state_text(self) -> str:
+        """The phase reached, and the step that failed after it, for people."""
+        return f"{self.state} ({self.failed_step} failed)" if self.failed_step else self.state
 
 
 @dataclass(frozen=True)
@@ -118,7 +132,16 @@ class RunRecord:
 class Store:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or (paths.home() / "state.db")
-        self._migrate()
+        try:
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            from gpuprov.errors import GpuprovError
+
+            raise GpuprovError(
+                f"state database {self.path} cannot be used ({exc}); if it is damaged, move it "
+                "aside (gpuprov starts a new one; clusters it knew can still be removed by tag "
+                "with `gpuprov down NAME`), or fix its permissions"
+            ) from None
 
     # -- plumbing ---------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -222,8 +245,14 @@ class Store:
             conn.close()
 
     def set_cluster_state(self, name: str, state: str) -> None:
+        """The phase the cluster has reached now; clears the failed step."""
         with self._tx() as conn:
-            conn.execute("UPDATE clusters SET state = ? WHERE name = ?", (state, name))
+            conn.execute("UPDATE clusters SET state = ?, failed_step = NULL WHERE name = ?", (state, name))
+
+    def set_failed_step(self, name: str, step: str | None) -> None:
+        """Record that ``step`` failed; the phase reached stays as it is."""
+        with self._tx() as conn:
+            conn.execute("UPDATE clusters SET failed_step = ? WHERE name = ?", (step, name))
 
     def set_lock(self, name: str, lock: dict[str, Any] | None) -> None:
         with self._tx() as conn:
@@ -306,6 +335,7 @@ def _cluster(row: sqlite3.Row, nodes: Sequence[sqlite3.Row]) -> ClusterRecord:
         state=row["state"],
         spec=json.loads(row["spec"]),
         lock=json.loads(row["lock"]) if row["lock"] else None,
+        failed_step=row["failed_step"],
         nodes=tuple(
             NodeRecord(
                 name=n["name"],

@@ -13,3 +13,7 @@ echo "export GPUPROV_ARTIFACT_MIRROR=${GPUPROV_ARTIFACT_MIRROR:-http://$gateway:
 echo "export GPUPROV_REGISTRY_MIRROR=${GPUPROV_REGISTRY_MIRROR:-http://$gateway:5000}"
 echo "export GPUPROV_CONTAINER_TOOLKIT_REPO=${GPUPROV_CONTAINER_TOOLKIT_REPO:-http://$gateway:8090/}"
 echo "export GPUPROV_CONTAINER_TOOLKIT_REPO_FPR=${GPUPROV_CONTAINER_TOOLKIT_REPO_FPR:-$(cat "${GPUPROV_REGISTRY_DIR:-/var/cache/gpuprov-registry}/toolkit-repo/fingerprint" 2>/dev/null || true)}"
+# The digests the local registry serves under the lock's image names (JSON; a fixture image is not
+# NVIDIA's, so the lock's own digests are not served there).
+digests=$(cat "${GPUPROV_REGISTRY_DIR:-/var/cache/gpuprov-registry}/digests.json" 2>/dev/null || echo '{}')
+printf 'export GPUPROV_REGISTRY_DIGESTS=%q\n' "${GPUPROV_REGISTRY_DIGESTS:-$digests}"

@@ -10,8 +10,11 @@
 # running. Prints nothing on stdout.
 #   scripts/registry.sh [start|stop]
 # The environment the local flow needs (GPUPROV_REGISTRY_MIRROR,
-# GPUPROV_CONTAINER_TOOLKIT_REPO, GPUPROV_CONTAINER_TOOLKIT_REPO_FPR) is:
-#   http://GATEWAY:5000, http://GATEWAY:8090/, $dir/toolkit-repo/fingerprint
+# GPUPROV_CONTAINER_TOOLKIT_REPO, GPUPROV_CONTAINER_TOOLKIT_REPO_FPR,
+# GPUPROV_REGISTRY_DIGESTS) is:
+#   http://GATEWAY:5000, http://GATEWAY:8090/, $dir/toolkit-repo/fingerprint,
+#   the content of $dir/digests.json (the digests this registry serves under the lock's
+#   image names: the fixture is not NVIDIA's image, so the lock's digests are not here)
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -41,9 +44,9 @@ else
   log "registry on $gateway:$port"
 fi
 # shellcheck disable=SC2046
-"$python" -m tests.fixtures.registry seed --registry "$gateway:$port" \
+"$python" -m tests.fixtures.registry seed --registry "$gateway:$port" --digests "$dir/digests.json" \
   $("$python" -c 'from gpuprov import stack; print(" ".join(stack.resolve(None, source="distro").base_images))')
-log "seeded: the lock's CUDA image names (FIXTURE: a Debian image)"
+log "seeded: the lock's CUDA image names (FIXTURE: a Debian image); served digests in $dir/digests.json"
 
 fpr=$("$python" -m tests.fixtures.registry toolkit-repo "$dir/toolkit-repo")
 if running "$dir/toolkit-repo.pid"; then

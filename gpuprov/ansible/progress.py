@@ -22,8 +22,17 @@ class HostState:
     failed: int = 0
     unreachable: int = 0
     skipped: int = 0
+    tasks: int = 0  # tasks that ran on the node, fact gathering not counted
     error: str | None = None
     done: bool = False
+
+
+# Fact gathering runs under any --tags selection: it is not a task of the play.
+FACT_ACTIONS = frozenset({"gather_facts", "setup", "ansible.builtin.gather_facts", "ansible.builtin.setup"})
+
+
+# What OpenSSH says when a host presents a key other than the pinned one.
+HOST_KEY_MISMATCH = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED")
 
 
 def _msg(res: dict[str, Any]) -> str:
@@ -88,6 +97,9 @@ class PlaybookProgress:
         res = data.get("res") or {}
         task = data.get("task") or ""
         role = data.get("role") or ""
+        if kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable") \
+                and data.get("task_action") not in FACT_ACTIONS:
+            h.tasks += 1
         if kind == "runner_on_start":
             if role and role != h.role and not self.interactive:
                 self.console.print(f"  {h.host}: {role}", highlight=False)
@@ -110,8 +122,11 @@ class PlaybookProgress:
         elif kind == "runner_on_unreachable":
             h.unreachable += 1
             h.error = f"unreachable: {_msg(res)}"
+            if any(m in _msg(res) for m in HOST_KEY_MISMATCH):
+                h.error = ("host key does not match the pinned key (known_hosts of the cluster); "
+                           "refused, nothing ran on this node")
             if not self.interactive:
-                self.console.print(f"  {h.host}: UNREACHABLE {_msg(res)}", highlight=False)
+                self.console.print(f"  {h.host}: UNREACHABLE {h.error}", highlight=False)
 
     # -- rendering -----------------------------------------------------------------
     def _table(self):
@@ -131,7 +146,8 @@ class PlaybookProgress:
 
     # -- result ---------------------------------------------------------------------
     def summary(self) -> dict[str, dict[str, int]]:
-        """Per host: ok, changed, failed, unreachable (Ansible's final stats when present)."""
+        """Per host: ok, changed, failed, unreachable (Ansible's final stats when present),
+        and the tasks that ran there (fact gathering not counted)."""
         out: dict[str, dict[str, int]] = {}
         for name, h in self.hosts.items():
             if self.stats is not None:
@@ -140,6 +156,7 @@ class PlaybookProgress:
                     "changed": int(self.stats.get("changed", {}).get(name, 0)),
                     "failed": int(self.stats.get("failures", {}).get(name, 0)),
                     "unreachable": int(self.stats.get("dark", {}).get(name, 0)),
+                    "tasks": h.tasks,
                 }
             else:
                 out[name] = {
@@ -147,6 +164,7 @@ class PlaybookProgress:
                     "changed": h.changed,
                     "failed": h.failed,
                     "unreachable": h.unreachable,
+                    "tasks": h.tasks,
                 }
         return out
 

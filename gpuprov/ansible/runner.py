@@ -1,17 +1,42 @@
-"""Run a playbook with ansible-runner; stream its events into per-node progress."""
+"""Run a playbook with ansible-runner; stream its events into per-node progress.
+
+Trust: the environment ansible-playbook gets is built here from an allow-list,
+not copied from the controller (ansible-runner would copy the whole of it into
+each run's artifacts, and it would set ANSIBLE_HOST_KEY_CHECKING=False, which
+beats ansible.cfg and puts ``-o StrictHostKeyChecking=no`` first on every ssh
+command line). Arguments reach ansible-playbook as a list, never re-split from
+a string a user typed.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gpuprov.errors import GpuprovError
+from gpuprov import paths, validate
+from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles
+
+# What ansible-playbook may inherit from the controller's environment: what a
+# process needs to run (locale, home, temp) and the ssh agent for static hosts
+# whose key lives there. Credentials of any kind are not on it.
+ENV_ALLOW = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES",
+             "TZ", "TMPDIR", "SSH_AUTH_SOCK", "GPUPROV_HOME")
+# Non-secret gpuprov settings the plays read with lookup('env') (playbooks/containers.yml).
+ENV_ALLOW_PREFIX = ("GPUPROV_REGISTRY_MIRROR", "GPUPROV_REGISTRY_DIGESTS", "GPUPROV_CONTAINER_TOOLKIT_REPO")
+# Always set, whatever the controller's environment says.
+ENV_FORCED = {
+    "ANSIBLE_HOST_KEY_CHECKING": "True",
+    "ANSIBLE_NOCOLOR": "1",
+    "ANSIBLE_FORCE_COLOR": "0",
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +56,60 @@ def new_run_dir(files: ClusterFiles, kind: str) -> Path:
     return path
 
 
+@cache
+def known_tags() -> frozenset[str]:
+    """The tags the playbooks and roles define (``never`` and ``always`` are not selectable)."""
+    import yaml
+
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            tags = node.get("tags")
+            if isinstance(tags, str):
+                found.update(t.strip() for t in tags.split(","))
+            elif isinstance(tags, list):
+                found.update(str(t) for t in tags)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    files = [*paths.playbooks_dir().glob("*.yml"), *paths.roles_dir().glob("*/tasks/*.yml"),
+             *paths.roles_dir().glob("*/handlers/*.yml")]
+    for file in files:
+        walk(yaml.safe_load(file.read_text()))
+    return frozenset(t for t in found if validate.TAG.fullmatch(t)) - {"never", "always"}
+
+
+def parse_tags(tags: str | None) -> list[str]:
+    """``--tags a,b`` as a list of tags the playbooks define; BadInput otherwise."""
+    if tags is None:
+        return []
+    names = [t.strip() for t in tags.split(",")]
+    known = known_tags()
+    bad = [t for t in names if t not in known]
+    if bad or not names:
+        raise BadInput(f"--tags {tags!r}: unknown tag(s) {', '.join(repr(t) for t in bad) or '(none)'}; "
+                       f"known: {', '.join(sorted(known))}")
+    return names
+
+
+def runner_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment ansible-playbook runs with."""
+    bindir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if bindir not in path.split(os.pathsep):
+        path = bindir + os.pathsep + path
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(ENV_ALLOW_PREFIX)})
+    env["PATH"] = path
+    env.update(extra)
+    env.update(ENV_FORCED)
+    return env
+
+
 def run_playbook(
     playbook: Path,
     files: ClusterFiles,
@@ -39,46 +118,52 @@ def run_playbook(
     *,
     title: str,
     check: bool = False,
-    tags: str | None = None,
-    limit: str | None = None,
+    tags: Sequence[str] = (),
+    limit: Sequence[str] = (),
     extravars: Mapping[str, Any] | None = None,
+    secrets: Mapping[str, str] | None = None,
     console: Any | None = None,
 ) -> PlaybookResult:
+    """Run ``playbook``; ``secrets`` maps a play variable to a secret value that the
+    play reads as a file (``lookup('file', var)``): the file lives on a memory file
+    system for the length of the run, so the secret is never written to disk or to
+    the run's artifacts."""
     import ansible_runner
 
     from gpuprov.ansible.progress import PlaybookProgress
 
-    # ansible-runner starts `ansible-playbook` from PATH: make it the one that
-    # belongs to this interpreter, even when the venv is not activated.
-    bindir = str(Path(sys.executable).parent)
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-
-    cmdline = []
+    args: list[str] = []
     if check:
-        cmdline += ["--check", "--diff"]
+        args += ["--check", "--diff"]
     if tags:
-        cmdline += ["--tags", tags]
+        args += ["--tags", ",".join(tags)]
     if limit:
-        cmdline += ["--limit", limit]
+        args += ["--limit", ",".join(limit)]
 
+    base_env = {"ANSIBLE_CONFIG": str(files.ansible_cfg)}
     progress = PlaybookProgress(hosts, title, console=console)
-    with progress:
-        result = ansible_runner.run(
+    with progress, SecretFiles(secrets or {}) as secret_files:
+        runner = ansible_runner.interface.init_runner(
             private_data_dir=str(run_dir),
             playbook=str(playbook),
             inventory=str(files.inventory),
-            envvars={
-                "ANSIBLE_CONFIG": str(files.ansible_cfg),
-                "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_FORCE_COLOR": "0",
-            },
-            extravars=dict(extravars or {}),
-            cmdline=" ".join(cmdline) or None,
+            envvars=base_env,
+            extravars={**(extravars or {}), **secret_files},
+            # A list joined with shlex.join comes back from ansible-runner's
+            # shlex.split as exactly the same list: no argument is re-split.
+            cmdline=shlex.join(args) if args else None,
             event_handler=progress.handle,
             quiet=True,
             ident="ansible",
         )
+        # ansible-runner seeded its environment with the controller's whole
+        # environment and turned host key checking off; replace it, before it
+        # is written to the artifacts or given to ansible-playbook.
+        runner_added = {k: v for k, v in runner.config.env.items()
+                        if k.startswith(("ANSIBLE_", "RUNNER_", "AWX_")) and os.environ.get(k) != v}
+        runner.config.env = runner_env({**runner_added, **base_env})
+        runner.run()
+        result = runner
     artifact_dir = run_dir / "artifacts" / "ansible"
     if progress.stats is None and result.status != "successful":
         tail = _stdout_tail(artifact_dir)
@@ -87,15 +172,72 @@ def run_playbook(
             f" (full log: {artifact_dir / 'stdout'})"
         )
     hosts_summary = progress.summary()
-    ok = result.rc == 0 and all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts_summary.values())
+    errors = progress.errors()
+    for host, counts in hosts_summary.items():
+        if counts["tasks"] == 0 and not counts["failed"] and not counts["unreachable"]:
+            # A play that ran nothing on a node proved nothing about it.
+            errors.setdefault(host, "no task ran on this node")
+    ok = result.rc == 0 and all(
+        h["failed"] == 0 and h["unreachable"] == 0 and h["tasks"] > 0 for h in hosts_summary.values()
+    )
     return PlaybookResult(
         ok=ok,
         rc=int(result.rc),
         status=str(result.status),
         hosts=hosts_summary,
-        errors=progress.errors(),
+        errors=errors,
         artifact_dir=artifact_dir,
     )
+
+
+class SecretFiles:
+    """Each secret in a file on a memory file system (XDG_RUNTIME_DIR or /dev/shm: never the
+    disk), in a private directory, for the length of one run. Yields {variable: file path}."""
+
+    def __init__(self, secrets: Mapping[str, str]) -> None:
+        self.secrets = dict(secrets)
+        self.dir: str | None = None
+
+    @staticmethod
+    def memory_dir() -> str:
+        for candidate in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
+            if candidate and os.path.isdir(candidate) and _is_memory_fs(candidate):
+                return candidate
+        raise GpuprovError("no memory file system (XDG_RUNTIME_DIR or /dev/shm) to hand a secret to "
+                           "the play without writing it to disk; give the play a password file instead")
+
+    def __enter__(self) -> dict[str, str]:
+        import tempfile
+
+        if not self.secrets:
+            return {}
+        self.dir = tempfile.mkdtemp(prefix="gpuprov-secret-", dir=self.memory_dir())
+        out = {}
+        for number, (var, value) in enumerate(self.secrets.items()):
+            path = os.path.join(self.dir, f"s{number}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(value)
+            out[var] = path
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        import shutil
+
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _is_memory_fs(path: str) -> bool:
+    """True when ``path`` is on tmpfs or ramfs (read from /proc/mounts: the longest mount prefix)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    best = max((m for m in mounts if real == m[0] or real.startswith(m[0].rstrip("/") + "/")),
+               key=lambda m: len(m[0]), default=None)
+    return best is not None and best[1] in ("tmpfs", "ramfs")
 
 
 def _stdout_tail(artifact_dir: Path) -> str:

@@ -10,20 +10,21 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gpuprov import paths
+from gpuprov import paths, validate
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
+# What a cluster has reached, in order. `status` and `list` show it; `up` run
+# again goes on from it. A failed step is recorded beside it (``failed_step``).
+PHASES = ("launching", "launched", "reachable", "bootstrapped", "verified")
 
 
 class Console:
@@ -40,12 +41,11 @@ class Console:
 
 # -- names, files, locks ------------------------------------------------------------
 def validate_name(name: str) -> str:
-    if not NAME_RE.match(name):
-        raise BadInput(
-            f"invalid cluster name '{name}': use 2-32 characters, lowercase letters, digits "
-            "and '-', starting with a letter"
-        )
-    return name
+    return validate.cluster_name(name)
+
+
+def phase_at_least(cluster: ClusterRecord, phase: str) -> bool:
+    return cluster.state in PHASES and PHASES.index(cluster.state) >= PHASES.index(phase)
 
 
 def generate_name() -> str:
@@ -103,6 +103,17 @@ def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any
         "gpuprov_mirror_url": options.get("mirror_url", ""),
         "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
     }
+
+
+# Secrets a play reads from the controller: (environment variable, play variable that names
+# a file). They reach the play through a file on a memory file system for the length of the
+# run (gpuprov.ansible.runner.SecretFiles), never through its environment, its variables or
+# its artifacts.
+PLAY_SECRETS = (("GPUPROV_REGISTRY_PASSWORD", "base_images_registry_password_file"),)
+
+
+def play_secrets() -> dict[str, str]:
+    return {var: os.environ[env] for env, var in PLAY_SECRETS if os.environ.get(env)}
 
 
 def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
@@ -226,25 +237,29 @@ def up(
             if leftover:
                 # Termination failed: keep what is still there in state, so `down` finds it.
                 store.replace_nodes(spec.name, [*(existing.nodes if existing else ()), *leftover])
-                store.set_cluster_state(spec.name, "failed")
+                store.set_failed_step(spec.name, "launch")
             elif created_record:
                 store.delete_cluster(spec.name)
                 shutil.rmtree(files.dir, ignore_errors=True)
+            else:
+                store.set_failed_step(spec.name, "launch")
             raise
+        added = [n for n in nodes if n.id not in known_ids]
         store.replace_nodes(spec.name, nodes)
-        store.set_cluster_state(spec.name, "running")
+        # A cluster that gained nodes is only as far as its newest node; one that did not
+        # keeps what it reached (re-running `up` goes on from there).
+        _reach(store, spec.name, "launched", reset=bool(added))
         result: dict[str, Any] = {
             "cluster": spec.name,
             "provider": spec.provider,
             "nodes": [n.public() for n in nodes],
             "bootstrap": None,
         }
-        if not bootstrap:
+        if not bootstrap and not provider.pins_without_bootstrap:
             console.say(
                 f"{spec.name}: {len(nodes)} node(s) running (--no-bootstrap: no SSH wait, no playbooks)"
             )
             return result
-        added = [n for n in nodes if n.id not in known_ids]
         try:
             nodes = provider.wait_ready(spec, nodes, files, report)
         except BaseException:
@@ -255,10 +270,23 @@ def up(
             else:
                 if rollback:
                     _rollback(store, spec.name, provider, files, nodes, added, report)
-                store.set_cluster_state(spec.name, "failed")
+                if store.get_cluster(spec.name) is not None:
+                    store.set_failed_step(spec.name, "reach")
             raise
         store.replace_nodes(spec.name, nodes)
+        _reach(store, spec.name, "reachable", reset=bool(added))
+        if not bootstrap:
+            console.say(f"{spec.name}: {len(nodes)} node(s) reachable with pinned host keys "
+                        "(--no-bootstrap: no playbooks)")
+            result["nodes"] = [n.public() for n in nodes]
+            return result
         cluster = load(store, spec.name)
+        if not added and phase_at_least(cluster, "bootstrapped"):
+            console.say(f"{spec.name}: already {cluster.state}; nothing to resume "
+                        f"(`gpuprov provision {spec.name}` converges again)")
+            result["nodes"] = [n.public() for n in nodes]
+            result["bootstrap"] = {"ok": True, "hosts": {}, "resumed_from": cluster.state}
+            return result
         try:
             outcome = _provision(store, cluster, provider, files, nodes, console=console)
         except BaseException:
@@ -271,6 +299,17 @@ def up(
         result["nodes"] = [n.public() for n in nodes]
         result["bootstrap"] = {"ok": outcome["ok"], "hosts": outcome["hosts"]}
         return result
+
+
+def _reach(store: Store, name: str, phase: str, *, reset: bool = False) -> None:
+    """Record that ``name`` reached ``phase``: never moves a cluster back unless ``reset``."""
+    cluster = store.get_cluster(name)
+    if cluster is None:
+        return
+    if reset or not phase_at_least(cluster, phase):
+        store.set_cluster_state(name, phase)
+    elif cluster.failed_step:
+        store.set_failed_step(name, None)
 
 
 def _rollback(
@@ -306,6 +345,7 @@ def _resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None) -> dict[str
     an existing cluster already has; a different request for an existing cluster is refused."""
     from gpuprov import stack
 
+    validate.stack_options(spec.options)
     asked = {k: spec.options[k] for k in ("cuda", "driver", "source") if spec.options.get(k)}
     if existing is not None and existing.lock:
         lock = existing.lock
@@ -361,12 +401,16 @@ def _reporter(console: Console) -> Callable[[str], None]:
 def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None
 ) -> dict[str, Any]:
+    from gpuprov.ansible.runner import parse_tags
+
+    tag_list = parse_tags(tags)
     store = store or Store()
     cluster = load(store, name)
     with cluster_lock(name):
         provider, files, nodes = refresh(store, cluster)
         nodes = reachable_nodes(cluster, nodes)
-        return _provision(store, cluster, provider, files, nodes, console=console, check=check, tags=tags)
+        return _provision(store, cluster, provider, files, nodes, console=console, check=check,
+                          tags=tag_list)
 
 
 def _provision(
@@ -378,7 +422,7 @@ def _provision(
     *,
     console: Console,
     check: bool = False,
-    tags: str | None = None,
+    tags: list[str] | None = None,
 ) -> dict[str, Any]:
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir, run_playbook
@@ -401,16 +445,19 @@ def _provision(
             run_dir,
             title=f"{'check' if check else 'provision'} {cluster.name}",
             check=check,
-            tags=tags,
+            tags=tags or (),
             extravars=extravars,
+            secrets=play_secrets(),
             console=console.rich,
         )
         ok = result.ok
         summary = {"hosts": result.hosts, "errors": result.errors}
     finally:
         store.finish_run(run_id, ok, summary)
-    if not check:
-        store.set_cluster_state(cluster.name, "ready" if ok else "failed")
+    if not check and ok and not tags:
+        store.set_cluster_state(cluster.name, "bootstrapped")
+    elif not check and not ok:
+        store.set_failed_step(cluster.name, "bootstrap")
     for host, error in result.errors.items():
         console.say(f"  {host}: {error}")
     console.say(f"  artifacts: {result.artifact_dir}")
@@ -451,6 +498,10 @@ def verify(
         ok = summary["fail"] == 0 and all(hosts.get(n.name) for n in nodes)
     finally:
         store.finish_run(run_id, ok, summary)
+    if ok and phase_at_least(cluster, "bootstrapped"):
+        store.set_cluster_state(name, "verified")
+    elif not ok:
+        store.set_failed_step(name, "verify")
     return {"cluster": name, "ok": ok, "hosts": hosts, "summary": summary}
 
 
@@ -551,7 +602,7 @@ def list_clusters(
             "provider": c.provider,
             "nodes": len(c.nodes),
             "created": c.created,
-            "state": c.state,
+            "state": c.state_text,
         }
         for c in store.list_clusters()
     ]
@@ -614,6 +665,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "cluster": name,
         "provider": cluster.provider,
         "state": cluster.state,
+        "failed_step": cluster.failed_step,
         "created": cluster.created,
         "spec": cluster.spec,
         "stack": cluster.lock,
@@ -633,7 +685,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
 
 
 def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
-    """The cluster's inventory: INI text (as written to the state dir) and Ansible's JSON form."""
+    """The cluster's inventory: YAML text (as written to the state dir) and Ansible's JSON form."""
     from gpuprov.ansible.inventory import render, to_json
 
     store = store or Store()

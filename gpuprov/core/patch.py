@@ -55,12 +55,22 @@ class Request:
     mirror_key_fingerprint: str | None = None
 
 
+def _settle(hosts: dict[str, dict[str, Any]]) -> None:
+    """After a roll that finished: the nodes with nothing to move are unchanged."""
+    for state in hosts.values():
+        if state.pop("nothing_to_move", False) and state["status"] == "not-started":
+            state["status"] = "unchanged"
+
+
 def request(*, all_: bool = False, **kw: Any) -> Request:
     """A validated request; ``all_`` moves the driver (to the lock's branch pin unless
     ``driver`` says otherwise), the kernel and microcode."""
     if all_:
         kw.update(kernel=True, microcode=True)
     kw["move_driver"] = bool(kw.get("driver")) or all_
+    from gpuprov import validate
+
+    validate.stack_options(kw)
     req = Request(**kw)
     if not (req.move_driver or req.kernel or req.microcode):
         raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel, --microcode or --all")
@@ -231,7 +241,11 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                 elif plan or stats.get("changed"):
                     todo.append(host)
                 else:
-                    hosts[host]["status"] = "unchanged"
+                    # Nothing to move here; it is "unchanged" once the roll has finished
+                    # (or in a check): a roll that stops first never reached it.
+                    hosts[host]["nothing_to_move"] = True
+                    if req.check:
+                        hosts[host]["status"] = "unchanged"
                 say(f"  {host}: " + ("; ".join(plan) if plan else
                                      hosts[host].get("plan_error") or
                                      (f"{stats.get('changed')} change(s)" if stats.get("changed") else
@@ -241,6 +255,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                 result["ok"] = not any("plan_error" in hosts[h] for h in hosts)
                 return result
             if not todo:
+                _settle(hosts)
                 result["ok"] = True
                 _store_lock(store, name, old, lock)
                 return result
@@ -262,7 +277,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                         hosts[host].update(status="failed", error=detail)
                 if ready:
                     played = run_playbook(playbook, files, ready, _sub(run_dir, f"batch-{number}"),
-                                          title=f"patch {name} batch {number}", limit=",".join(ready),
+                                          title=f"patch {name} batch {number}", limit=ready,
                                           extravars=extravars, console=console.rich)
                     reports = host_reports(played.artifact_dir)
                     passed = []
@@ -312,9 +327,12 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                     break
             result["ok"] = not stopped
             if result["ok"]:
+                _settle(hosts)
                 _store_lock(store, name, old, lock)
             return result
         finally:
+            for state in hosts.values():
+                state.pop("nothing_to_move", None)
             store.finish_run(run_id, bool(result["ok"]), {
                 "batches": result["batches"], "hosts": hosts, "lock": result["lock"],
                 "request": {"driver": req.driver if req.move_driver else None, "kernel": req.kernel, "microcode": req.microcode,

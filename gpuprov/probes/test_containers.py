@@ -19,6 +19,10 @@ OWNED = {("runtimes", "nvidia"), ("default-ulimits", "memlock"), ("default-ulimi
          ("default-runtime",)}
 
 
+# What base_images pulled: each lock image with the digest pulled (the role writes it).
+PULLED = "/var/lib/gpuprov/base-images.json"
+
+
 def _docker(host, args: str):
     return host.run(f"docker {args}")
 
@@ -104,10 +108,34 @@ def test_base_images_present(host, expect, report):
     images = list(lock.get("base_images") or [])
     if not images:
         pytest.skip("this cluster's lock predates the base image list: no images to compare")
-    images.append(_site_image(lock))
-    missing = [i for i in images if _docker(host, f"image inspect --format '{{{{.Id}}}}' {i}").rc != 0]
-    assert not missing, f"expected images {images} on the node, missing: {missing}"
-    report(f"{len(images)} image(s) present: {', '.join(images)}")
+    record = host.file(PULLED)
+    pulled = {r["image"]: r for r in json.loads(record.content_string)} if record.exists else {}
+    problems, seen = [], []
+    for image in images:
+        name, _, digest = image.partition("@")
+        if not digest:
+            problems.append(f"{image}: the lock pins no digest")
+            continue
+        got = pulled.get(image)
+        if got is None:
+            problems.append(f"{image}: not pulled by gpuprov ({PULLED} has no record)")
+            continue
+        if got["digest"] != digest and not got.get("override"):
+            problems.append(f"{image}: pulled {got['digest']}, not the lock's digest")
+            continue
+        out = _docker(host, f"image inspect --format '{{{{.Id}}}} {{{{json .RepoDigests}}}}' {got['pull']}")
+        tag = _docker(host, f"image inspect --format '{{{{.Id}}}}' {name}")
+        if out.rc != 0:
+            problems.append(f"{got['pull']}: missing")
+        elif tag.rc != 0 or tag.stdout.split()[:1] != out.stdout.split()[:1]:
+            problems.append(f"{name}: the tag is not the image pulled by digest")
+        else:
+            seen.append(f"{name}@{got['digest'][:19]}" + (" (mirror's digest)" if got.get("override") else ""))
+    site = _site_image(lock)
+    if _docker(host, f"image inspect --format '{{{{.Id}}}}' {site}").rc != 0:
+        problems.append(f"{site}: missing")
+    assert not problems, f"expected the lock's images pulled by digest and the site image: {'; '.join(problems)}"
+    report(f"{len(seen) + 1} image(s) present: {', '.join(seen)}, {site}")
 
 
 @pytest.mark.images
@@ -142,7 +170,7 @@ def test_docker_run_gpus_all_sees_the_gpus(host, expect, report):
 def test_cuda_base_image_reports_the_locked_cuda(host, expect, report):
     _gpus_expected(host, expect)
     lock = expect.lock()
-    images = [i for i in lock.get("base_images") or [] if "runtime" in i] or [_site_image(lock)]
+    images = [i.partition("@")[0] for i in lock.get("base_images") or [] if "runtime" in i] or [_site_image(lock)]
     out = _docker(host, f"run --rm --gpus all {images[0]} cat /usr/local/cuda/version.json")
     match = re.search(r'"cuda"\s*:\s*\{[^}]*"version"\s*:\s*"(\d+\.\d+)', out.stdout)
     assert out.rc == 0 and match and match.group(1) == lock["cuda"], (

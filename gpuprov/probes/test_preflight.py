@@ -14,6 +14,25 @@ pytestmark = pytest.mark.preflight
 SUPPORTED = {("ubuntu", "20.04"), ("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 # Package names unattended-upgrades must leave alone, and one it may touch.
 GPU_PACKAGES = ["nvidia-driver", "libnvidia-compute-535", "cuda-toolkit-11-8", "libcudnn8", "libnccl2"]
+# Packages whose security updates unattended-upgrades must keep applying: prefix patterns
+# such as ^libcu and ^libnv matched these too (libcurl, CUPS, NVMe, ZFS, cupt, texture tools).
+MUST_STAY_UPGRADABLE = [
+    "libcurl4", "libcurl3-gnutls", "libcurl3-nss", "libcups2", "libcupsimage2", "libcupsfilters1",
+    "libcue2", "libcunit1", "libcupt4-2", "libnvme1", "libnvpair3linux", "libnvtt2",
+    "openssl", "libssl3",
+]
+BLACKLIST_KEY = "Unattended-Upgrade::Package-Blacklist"
+
+
+def blacklist_patterns(dump: str) -> list[str]:
+    """The patterns of ``apt-config dump`` output, every fragment merged, in order, once each."""
+    found = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump, re.M)
+    return list(dict.fromkeys(found))
+
+
+def blocked(patterns: list[str], package: str) -> list[str]:
+    """The patterns that keep ``package`` from unattended-upgrades (its own test: re.match)."""
+    return [rx for rx in patterns if re.match(rx, package)]
 
 
 def test_os_supported(host, report):
@@ -33,16 +52,19 @@ def test_dpkg_consistent(host, report):
 
 
 def test_unattended_upgrades_leave_gpu_packages(host, report):
-    dump = host.run("apt-config dump Unattended-Upgrade::Package-Blacklist")
+    dump = host.run(f"apt-config dump {BLACKLIST_KEY}")
     assert dump.rc == 0, f"apt-config failed: {dump.stderr.strip()}"
-    patterns = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump.stdout, re.M)
-    unguarded = [p for p in GPU_PACKAGES if not any(re.match(rx, p) for rx in patterns)]
+    patterns = blacklist_patterns(dump.stdout)
+    unguarded = [p for p in GPU_PACKAGES if not blocked(patterns, p)]
     assert not unguarded, f"expected unattended-upgrades to skip {unguarded}; its blacklist is {patterns}"
-    assert not any(re.match(rx, "openssl") for rx in patterns), (
-        f"blacklist {patterns} also blocks ordinary security updates (openssl)"
+    overreach = {p: blocked(patterns, p) for p in MUST_STAY_UPGRADABLE if blocked(patterns, p)}
+    assert not overreach, (
+        f"expected only GPU packages excluded from unattended-upgrades, but these must stay "
+        f"upgradable and are blocked: {overreach}"
     )
     installed = host.package("unattended-upgrades").is_installed
-    report(f"blacklist {patterns} (unattended-upgrades {'installed' if installed else 'not installed'})")
+    report(f"blacklist {patterns}; {len(MUST_STAY_UPGRADABLE)} other packages stay upgradable "
+           f"(unattended-upgrades {'installed' if installed else 'not installed'})")
 
 
 def test_kernel_headers_for_running_kernel(host, report):

@@ -69,7 +69,7 @@ class ClusterFiles:
 
     @property
     def inventory(self) -> Path:
-        return self.dir / "inventory.ini"
+        return self.dir / "inventory.yml"
 
     @property
     def ansible_cfg(self) -> Path:
@@ -96,6 +96,10 @@ Reporter = Callable[[str], None]
 class Provider(ABC):
     name: str = ""
     billable: bool = False
+    # True where reaching the nodes is cheap and certain (hosts that already exist):
+    # `up --no-bootstrap` then still runs wait_ready, so every host key is pinned and
+    # checked before the cluster is recorded as reachable.
+    pins_without_bootstrap: bool = False
 
     @abstractmethod
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:

@@ -71,7 +71,7 @@ def test_up_launches_exactly_count_in_one_zone_with_everything_tagged(capsys, sh
     # Multi-interface launches get no public address from EC2: an elastic IP each.
     assert shim.actions().count("AllocateAddress") == 4
     state = Store().get_cluster("train")
-    assert state is not None and len(state.nodes) == 4 and state.state == "running"
+    assert state is not None and len(state.nodes) == 4 and state.state == "launched" and state.failed_step is None
 
 
 def test_ssh_is_never_open_to_the_world(capsys, shim: Shim, ami: str) -> None:
@@ -191,7 +191,7 @@ def test_termination_that_keeps_failing_leaves_ids_in_state(capsys, shim: Shim, 
     for i in running:
         assert i["InstanceId"] in line
     cluster = Store().get_cluster("stuck")
-    assert cluster is not None and cluster.state == "failed"
+    assert cluster is not None and cluster.failed_step == "launch"
     assert {n.id for n in cluster.nodes} == {i["InstanceId"] for i in running}
     # once AWS lets go, `down` finds them from state and by tag
     shim.faults.clear()

@@ -48,6 +48,8 @@ def _assert_bad_input(code: int, out: str, err: str, needle: str) -> None:
         (["up", "--type", "p4d.24xl", "--count", "1"], "did you mean p4d.24xlarge"),
         (["up", "--count", "1"], "--type is required for the aws provider"),
         (["up", "--provider", "docker"], "--count is required"),
+        # Finding 12: a limit is checked before anything is made (was: host keys generated forever).
+        (["up", "--provider", "docker", "--count", "1000000000"], "at most 16 local nodes"),
         (["up", "--provider", "docker", "--count", "1", "--name", "Bad_Name"], "invalid cluster name"),
         (["up", "--provider", "docker", "--count", "1", "--type", "p4d.24xlarge"],
          "only the 'docker-node' type"),
@@ -184,3 +186,82 @@ def test_mirror_source_needs_its_url_and_key(capsys, gpuprov_home: Path, tmp_pat
     code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
                             "--source", "mirror")
     _assert_bad_input(code, out, err, "--source mirror needs --mirror-url")
+
+
+# -- trust review findings: each input is judged before anything is created ---------------------
+def _hosts(tmp_path: Path) -> str:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("hosts:\n  - name: gpu01\n    address: 192.0.2.1\n    user: ubuntu\n")
+    return str(hosts)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        # Finding 4: `re.match` with `$` let a trailing newline through.
+        (["--name", "ab\n"], "invalid cluster name 'ab\\n'"),
+        # Finding 9: a newline in the URL would add lines (`Trusted: yes`) to a deb822 source.
+        (["--source", "mirror", "--mirror-url", "http://m.example/nvidia\nTrusted: yes",
+          "--mirror-key-fingerprint", "A" * 40], "a URL has no spaces, tabs or newlines"),
+        (["--source", "mirror", "--mirror-url", "http://m.example/ nvidia",
+          "--mirror-key-fingerprint", "A" * 40], "a URL has no spaces"),
+        (["--source", "mirror", "--mirror-url", "ftp://m.example/nvidia",
+          "--mirror-key-fingerprint", "A" * 40], "expected http:// or https://"),
+        (["--source", "mirror", "--mirror-url", "http://m.example/nvidia",
+          "--mirror-key-fingerprint", "DEADBEEF"], "40 hex digits"),
+        (["--source", "mirror", "--mirror-url", "http://m.example/nvidia",
+          "--mirror-key-fingerprint", "Z" * 40], "40 hex digits"),
+        # Finding 10: was "internal error".
+        (["--driver", "abc"], "--driver 'abc': expected a branch"),
+        (["--cuda", "eleven"], "--cuda 'eleven'"),
+    ],
+)
+def test_untrusted_flags_are_bad_input(capsys, gpuprov_home: Path, tmp_path: Path, flags, needle) -> None:
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", _hosts(tmp_path), *flags)
+    _assert_bad_input(code, out, err, needle)
+    assert Store().list_clusters() == []
+    assert not (gpuprov_home / "clusters").exists() or not any((gpuprov_home / "clusters").iterdir())
+
+
+def test_unknown_tags_are_bad_input(capsys, gpuprov_home: Path) -> None:
+    """Finding 5: `--tags "never --list-hosts"` was shell-split into a second option."""
+    Store().create_cluster("c1", "static", {})
+    for tags in ("never --list-hosts", "never", "driver,nope", ""):
+        code, out, err = invoke(capsys, "provision", "c1", "--tags", tags)
+        _assert_bad_input(code, out, err, "--tags")
+    assert Store().get_cluster("c1").state == "launching"
+
+
+def test_tags_reach_ansible_as_one_argument_each() -> None:
+    import shlex
+
+    from gpuprov.ansible.runner import known_tags, parse_tags
+
+    assert {"preflight", "driver", "cuda", "containers", "rdma", "microcode", "spot"} <= known_tags()
+    assert "never" not in known_tags() and "always" not in known_tags()
+    assert parse_tags("driver, cuda") == ["driver", "cuda"]
+    args = ["--tags", "driver,cuda", "--limit", "a,b"]
+    assert shlex.split(shlex.join(args)) == args
+
+
+def test_corrupt_state_db_is_one_line_exit_1(capsys, gpuprov_home: Path) -> None:
+    gpuprov_home.mkdir(parents=True)
+    (gpuprov_home / "state.db").write_bytes(b"this is not a database" * 100)
+    code, out, err = invoke(capsys, "list")
+    assert code == 1 and out == ""
+    (line,) = err.strip().splitlines()
+    assert f"state database {gpuprov_home / 'state.db'} cannot be used" in line and "move it aside" in line
+
+
+def test_unwritable_state_dir_is_one_line_exit_1(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "file" / "home"))
+    (tmp_path / "file").write_text("a file where a directory should be")
+    code, out, err = invoke(capsys, "list")
+    assert code == 1 and out == ""
+    (line,) = err.strip().splitlines()
+    assert f"state directory {tmp_path / 'file' / 'home'} cannot be created" in line
+
+
+def test_wide_ssh_flag_is_for_aws_only(capsys, gpuprov_home: Path) -> None:
+    code, out, err = invoke(capsys, "up", "--provider", "docker", "--count", "1", "--allow-wide-ssh-cidr")
+    _assert_bad_input(code, out, err, "--allow-wide-ssh-cidr is for --provider aws")

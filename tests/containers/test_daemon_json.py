@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, require_docker, run_cli
+from tests.roles.nodeplay import inventory
 
 _spec = importlib.util.spec_from_file_location(
     "daemon_json", ROOT / "roles/container_runtime/filter_plugins/daemon_json.py")
@@ -115,7 +116,7 @@ def test_broken_daemon_json_stops_the_run_untouched(node, tmp_path) -> None:
     book.write_text(yaml.safe_dump([{"name": "containers", "hosts": "all", "become": True,
                                      "gather_facts": True, "roles": [{"role": "container_runtime"}]}]))
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.ini"), str(book)],
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory(cdir)), str(book)],
         capture_output=True, text=True, check=False,
         env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "json",
              "ANSIBLE_ROLES_PATH": str(ROOT / "roles")})

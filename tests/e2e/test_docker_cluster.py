@@ -81,7 +81,7 @@ def test_host_keys_are_pinned_before_first_contact(cluster, env) -> None:
     for node in data["nodes"]:
         pinned = (cdir / "hostkeys" / f"{node['name']}.pub").read_text().split()[1]
         assert f"[127.0.0.1]:{node['ssh_port']} ssh-ed25519 {pinned}" in known
-    inventory = (cdir / "inventory.ini").read_text()
+    inventory = (cdir / "inventory.yml").read_text()
     assert "StrictHostKeyChecking=yes" in inventory and "StrictHostKeyChecking=no" not in inventory
     assert (cdir / "id_ed25519").stat().st_mode & 0o777 == 0o600
 
@@ -167,10 +167,23 @@ def test_exec_runs_everywhere_with_prefixed_output(cluster, env) -> None:
     assert proc.returncode == 1 and "exit 7" in proc.stderr
 
 
+def _close_masters(name: str) -> None:
+    """Close the cluster's multiplexed SSH connections (opened earlier, after a checked key),
+    so that the next command makes a fresh connection and meets the node's key as it is now."""
+    cp = Path.home() / ".ansible" / "cp" / name
+    for sock in cp.glob("*") if cp.is_dir() else []:
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True,
+                       check=False)
+
+
 def test_changed_host_key_is_refused(cluster, env, tmp_path) -> None:
-    """A node that suddenly presents another host key (an impostor) is refused by every client."""
+    """A node that suddenly presents another host key (an impostor) is refused by every path:
+    exec (paramiko), Ansible (provision, patch, the bootstrap of `up`), the probes (verify),
+    and the SSH wait. Trust review finding 1: ansible-runner's environment had turned host key
+    checking off, and provision ran its tasks on the impostor."""
     name, data, _ = cluster
     node = data["nodes"][0]["name"]
+    other = data["nodes"][1]["name"]
     cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
                          capture_output=True, text=True, check=True).stdout.strip()
     key = "/etc/ssh/ssh_host_ed25519_key"
@@ -186,13 +199,16 @@ def test_changed_host_key_is_refused(cluster, env, tmp_path) -> None:
                        check=True)
 
     install(tmp_path / "impostor")
+    _close_masters(name)
+    # Even an environment that asks for host key checking off gets it on.
+    hostile = {**env, "ANSIBLE_HOST_KEY_CHECKING": "False"}
     try:
         proc = run_cli("exec", name, "--", "true", env=env)
         assert proc.returncode == 1
         assert f"{node}: BadHostKeyException" in proc.stderr, proc.stderr
         cdir = _cluster_dir(env, name)
         play = subprocess.run(
-            [str(Path(sys.executable).parent / "ansible"), "-i", str(cdir / "inventory.ini"), node,
+            [str(Path(sys.executable).parent / "ansible"), "-i", str(cdir / "inventory.yml"), node,
              "-m", "ansible.builtin.ping"],
             capture_output=True, text=True, check=False,
             # a fresh connection: a ControlPersist master opened earlier would skip the check
@@ -202,32 +218,91 @@ def test_changed_host_key_is_refused(cluster, env, tmp_path) -> None:
         )
         assert play.returncode != 0
         assert "Host key verification failed" in play.stdout + play.stderr, play.stdout
+
+        mismatch = "host key does not match the pinned key"
+        proc = run_cli("provision", name, "--tags", "preflight", "-o", "json", env=hostile)
+        assert proc.returncode == 1, proc.stderr
+        assert f"{node}: UNREACHABLE {mismatch}" in proc.stderr, proc.stderr
+        hosts = json.loads(proc.stdout)["hosts"]
+        assert hosts[node]["tasks"] == 0 and hosts[node]["unreachable"] >= 1
+        assert hosts[other]["tasks"] > 0 and hosts[other]["failed"] == 0  # the good node is served
+
+        proc = run_cli("patch", name, "--kernel", "--check", "-o", "json", env=hostile)
+        assert proc.returncode == 1, proc.stderr
+        assert mismatch in json.loads(proc.stdout)["hosts"][node]["plan_error"]
+
+        proc = run_cli("verify", name, "-o", "json", env=hostile)
+        assert proc.returncode == 1, proc.stderr
+        failed = [p for p in json.loads(proc.stdout)["hosts"][node] if p["status"] == "fail"]
+        assert failed and all("Host key verification failed" in p["detail"] for p in failed), failed
+
+        proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, env=hostile)
+        assert proc.returncode == 1, proc.stderr
+        assert f"{node}: host key does not match the pinned key" in proc.stderr, proc.stderr
+        status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+        assert status["failed_step"] == "reach"
     finally:
         install(saved)
     assert run_cli("exec", name, "--", "true", env=env).returncode == 0
 
 
-def test_up_again_is_idempotent(cluster, env) -> None:
+def test_no_secret_of_the_controller_reaches_the_state_dir(cluster, env) -> None:
+    """Trust review finding 7: ansible-runner wrote the controller's whole environment into
+    each run's artifacts. Canary secrets in the environment must appear nowhere in the state dir."""
+    name, _, _ = cluster
+    canaries = {"AWS_SECRET_ACCESS_KEY": f"canary-aws-{secrets.token_hex(8)}",
+                "GPUPROV_REGISTRY_PASSWORD": f"canary-registry-{secrets.token_hex(8)}",
+                "SOME_API_TOKEN": f"canary-token-{secrets.token_hex(8)}"}
+    proc = run_cli("provision", name, "--tags", "preflight", env={**env, **canaries})
+    assert proc.returncode == 0, proc.stderr
+    found = subprocess.run(["grep", "-rl", "-e", "canary-", env["GPUPROV_HOME"]],
+                           capture_output=True, text=True, check=False)
+    assert found.returncode == 1 and found.stdout == "", found.stdout
+    # ... and the run did look at the environment it was given: the runner's own record of it
+    # exists, with host key checking forced on.
+    run = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"][0]
+    command = json.loads((Path(run["artifact_dir"]) / "artifacts" / "ansible" / "command").read_text())
+    assert command["env"]["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+    assert "AWS_SECRET_ACCESS_KEY" not in command["env"]
+
+
+def test_up_again_resumes_where_it_stopped_and_is_idempotent(cluster, env) -> None:
+    """Trust review finding 13: an `up` killed after the nodes answered (SIGKILL: nothing
+    after it ran) leaves the cluster at "reachable", not "running"; `up` again bootstraps
+    from there, and once bootstrapped has nothing to resume."""
     name, data, _ = cluster
+    from gpuprov.state import Store
+
+    store = Store(Path(env["GPUPROV_HOME"]) / "state.db")
+    store.set_cluster_state(name, "reachable")  # where a killed `up` leaves it
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert status["state"] == "reachable"
     proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "-o", "json",
                    env=env)
     assert proc.returncode == 0, proc.stderr
     again = json.loads(proc.stdout)
     assert [n["id"] for n in again["nodes"]] == [n["id"] for n in data["nodes"]]
-    assert all(s["changed"] == 0 for s in again["bootstrap"]["hosts"].values())
+    assert set(again["bootstrap"]["hosts"]) == {n["name"] for n in data["nodes"]}
+    assert all(s["changed"] == 0 and s["tasks"] > 0 for s in again["bootstrap"]["hosts"].values())
+    assert store.get_cluster(name).state == "bootstrapped"
+    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "-o", "json",
+                   env=env)
+    assert proc.returncode == 0 and "already bootstrapped; nothing to resume" in proc.stderr
+    assert json.loads(proc.stdout)["bootstrap"]["resumed_from"] == "bootstrapped"
     proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, env=env)
     assert proc.returncode == 2 and "does not shrink" in proc.stderr
 
 
 def test_status_list_and_inventory(cluster, env) -> None:
     name, _, _ = cluster
+    assert run_cli("verify", name, env=env).returncode == 0
     status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
-    assert status["state"] == "ready" and len(status["nodes"]) == 2
+    assert status["state"] == "verified" and status["failed_step"] is None and len(status["nodes"]) == 2
     assert {r["kind"] for r in status["runs"]} >= {"provision", "verify-quick"}
     for run in status["runs"]:
         assert Path(run["artifact_dir"]).is_dir()
     listed = json.loads(run_cli("list", "-o", "json", env=env, check=True).stdout)
-    assert {"name": name, "provider": "docker", "nodes": 2, "state": "ready"}.items() <= next(
+    assert {"name": name, "provider": "docker", "nodes": 2, "state": "verified"}.items() <= next(
         c for c in listed if c["name"] == name).items()
     inv = json.loads(run_cli("inventory", name, "-o", "json", env=env, check=True).stdout)
     assert sorted(inv["gpuprov_nodes"]["hosts"]) == [f"{name}-node-1", f"{name}-node-2"]
@@ -251,6 +326,24 @@ def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, 
                  env=env)
     assert up.returncode == 0, up.stderr
     assert [n["name"] for n in json.loads(up.stdout)["nodes"]] == ["rack-1", "rack-2"]
+    # --no-bootstrap means no playbooks, not no trust: each host answered with its pinned key.
+    status = json.loads(run_cli("status", static, "-o", "json", env=env, check=True).stdout)
+    assert status["state"] == "reachable"
+    assert {n["state"] for n in status["nodes"]} == {"reachable"}
+    pinned = (_cluster_dir(env, static) / "known_hosts").read_text()
+    assert pinned.count("ssh-ed25519") == 2
+    # A host that presents another key than the one declared is refused, and nothing is kept.
+    impostor = tmp_path / "impostor"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True)
+    wrong_key = " ".join(impostor.with_suffix(".pub").read_text().split()[:2])
+    wrong = tmp_path / "wrong.yml"
+    wrong.write_text("\n".join([*lines[:4], "  - name: rack-1", "    address: 127.0.0.1",
+                                f"    port: {data['nodes'][0]['ssh_port']}",
+                                f"    host_key: {wrong_key}"]) + "\n")
+    refused = run_cli("up", "--provider", "static", "--hosts", str(wrong), "--name", f"wr-{name}",
+                      "--type", "docker-node", "--source", "distro", "--no-bootstrap", env=env)
+    assert refused.returncode == 1 and "rack-1" in refused.stderr, refused.stderr
+    assert run_cli("status", f"wr-{name}", env=env).returncode == 2
     verify = run_cli("verify", static, "-o", "json", env=env)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert set(json.loads(verify.stdout)["hosts"]) == {"rack-1", "rack-2"}

@@ -46,6 +46,17 @@ def test_molecule_scenario(role: str, scenario: str, tmp_path: Path, fixture_rep
     env = dict(os.environ)
     env["GPUPROV_FIXTURE_REPO_URL"] = fixture_repo.good_url
     env["GPUPROV_FIXTURE_REPO_FPR"] = fixture_repo.fingerprint
+    mirror = env.get("GPUPROV_REGISTRY_MIRROR", "")
+    if mirror and not env.get("GPUPROV_REGISTRY_DIGESTS"):
+        # The fixture registry serves its own image under the lock's names: the roles must
+        # pull the digests it serves (read from it here), not NVIDIA's from the lock.
+        import json
+
+        from gpuprov import stack
+        from tests.fixtures import registry
+
+        env["GPUPROV_REGISTRY_DIGESTS"] = json.dumps(registry.digests(
+            mirror.split("://", 1)[-1].rstrip("/"), list(stack.resolve(None, source="distro").base_images)))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["ANSIBLE_NOCOLOR"] = "1"
     env["NO_COLOR"] = "1"

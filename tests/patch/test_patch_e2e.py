@@ -67,7 +67,7 @@ def fleet(env, repo, tmp_path_factory):
         extra.write_text(json.dumps({"gpuprov_stack": lock, "gpuprov_mirror_url": repo.url,
                                      "gpuprov_mirror_key_fingerprint": repo.fingerprint}))
         proc = subprocess.run(
-            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.ini"),
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.yml"),
              "-e", f"@{extra}", str(ROOT / "playbooks" / "driver.yml")],
             capture_output=True, text=True, check=False,
             env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg")})
@@ -192,4 +192,6 @@ def test_kernel_guard_refuses_a_next_kernel_without_module(env, repo, fleet):
     host = data["hosts"][node]
     assert host["status"] == "failed" and host["rebooted"] is False
     assert f"kernel guard: no NVIDIA module built for kernel {patchrepo.NEXT_KERNEL}" in host["error"]
-    assert {data["hosts"][n]["status"] for n in nodes[:2]} == {"unchanged"}
+    # Nothing to move on the other two, but the roll stopped: a node it never reached is
+    # not-started, whatever the plan predicted (trust review finding 13).
+    assert {data["hosts"][n]["status"] for n in nodes[:2]} == {"not-started"}

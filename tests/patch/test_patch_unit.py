@@ -145,3 +145,16 @@ def test_microcode_fact_reads_intel_and_amd_revisions(tmp_path: Path, monkeypatc
     (amd / "microcode_amd_fam19h.bin").write_bytes(data)
     monkeypatch.setattr(fact, "AMD_DIR", amd)
     assert fact.amd_revision({"family": 0x19, "model": 1, "stepping": 1}) == 0x0A0011D5
+
+
+def test_a_node_the_roll_never_reached_is_not_started() -> None:
+    """Trust review finding 13: a node with nothing to move was reported `unchanged` even when
+    the roll stopped before it; it is `unchanged` only once the roll has finished."""
+    hosts = {"a": {"status": "patched"}, "b": {"status": "failed"},
+             "c": {"status": "not-started", "nothing_to_move": True}}
+    stopped = {h: dict(s) for h, s in hosts.items()}
+    for state in stopped.values():  # what a stopped roll leaves (the finally clause)
+        state.pop("nothing_to_move", None)
+    assert stopped["c"] == {"status": "not-started"}
+    patch._settle(hosts)  # a roll that finished
+    assert hosts["c"] == {"status": "unchanged"} and hosts["a"]["status"] == "patched"

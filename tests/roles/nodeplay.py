@@ -13,15 +13,23 @@ import yaml
 from tests.conftest import ROOT
 
 
-def play(env, cdir: Path, tmp_path: Path, roles: list[dict]) -> tuple[int, dict, str]:
-    """Run a play of ``roles`` on the node; return rc, per-host stats, and all failure messages."""
+def inventory(cdir: Path) -> Path:
+    """The cluster's inventory file (inventory.yml; inventory.ini before it)."""
+    return next((p for p in (cdir / "inventory.yml", cdir / "inventory.ini") if p.exists()),
+                cdir / "inventory.yml")
+
+
+def play(env, cdir: Path, tmp_path: Path, roles: list[dict],
+         tasks: list[dict] | None = None) -> tuple[int, dict, str]:
+    """Run a play of ``roles`` (then ``tasks``: e.g. an include_role of one task file) on the
+    node; return rc, per-host stats, and all failure messages (with a failed command's stderr)."""
     book = tmp_path / f"play-{secrets.token_hex(2)}.yml"
     book.write_text(yaml.safe_dump([{
         "name": "roles under test", "hosts": "all", "become": True, "gather_facts": True,
-        "roles": roles,
+        "roles": roles, "tasks": tasks or [],
     }]))
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.ini"),
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory(cdir)),
          str(book)],
         capture_output=True, text=True, check=False,
         env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "json",
@@ -34,9 +42,15 @@ def play(env, cdir: Path, tmp_path: Path, roles: list[dict]) -> tuple[int, dict,
             for res in t["hosts"].values():
                 if res.get("failed"):
                     msgs.append(str(res.get("msg", "")))
+                    for stream in ("stderr", "stdout"):  # over SSH with a tty, a script's stderr is in stdout
+                        if res.get(stream):
+                            msgs.append(str(res[stream]).strip())
                     for item in res.get("results", []):
                         if isinstance(item, dict) and item.get("failed"):
                             msgs.append(f"{item.get('item')}: {item.get('msg', '')}")
+    if not data["stats"]:
+        raise AssertionError(f"ansible-playbook reached no host (rc {proc.returncode}): "
+                             f"{proc.stderr[-2000:]} {' | '.join(msgs)}")
     stats = next(iter(data["stats"].values()))
     return proc.returncode, stats, " | ".join(msgs)
 

@@ -42,10 +42,11 @@ def node(env):
     run_cli("down", name, "--yes", env=env)
 
 
-def driver_roles(url: str, fingerprint: str, version: str) -> list[dict]:
+def driver_roles(url: str, fingerprint: str, version: str, key_url: str = "") -> list[dict]:
     return [
         {"role": "nvidia_driver", "vars": {
             "nvidia_driver_source": "mirror", "nvidia_driver_mirror_url": url,
+            "nvidia_driver_mirror_key_url": key_url or f"{url}repo.key",
             "nvidia_driver_mirror_key_fingerprint": fingerprint,
             "nvidia_driver_version": version,
             "nvidia_driver_packages": ["nvidia-driver-535", "nvidia-dkms-535"],
@@ -134,3 +135,74 @@ def test_cudnn_archive_with_wrong_checksum_is_refused_before_unpacking(env, node
         "cudnn_tarball_sha256": "0" * 64}}])
     assert rc != 0 and re.search(r"checksum.*did not match|did not match", msgs), msgs
     assert not sh(cdir, name, "ls /usr/local/cuda-11.8/include/cudnn_version.h /var/cache/gpuprov/*.tar.xz 2>/dev/null")
+
+
+PRIMARY_KEYS = ("gpg --batch --show-keys --with-colons {} 2>/dev/null | awk -F: "
+                "'$1 == \"pub\" || $1 == \"sub\" {{ t = $1 }} $1 == \"fpr\" && t == \"pub\" {{ print $10; t = \"\" }}'")
+
+
+def primary_keys(cdir, name: str, keyring: str) -> list[str]:
+    return sh(cdir, name, PRIMARY_KEYS.format(keyring)).split()
+
+
+# Finding 6: the key file may carry the pinned key plus another one; only the pinned key
+# may reach the Signed-By keyring (before, the whole file was dearmored into it).
+def test_bundled_key_file_installs_only_the_pinned_key(env, repos, node, tmp_path) -> None:
+    name, cdir = node
+    keyring = "/etc/apt/keyrings/gpuprov-nvidia-mirror.gpg"
+    sh(cdir, name, f"rm -f {keyring}")
+    roles = driver_roles(repos.good_url, repos.fingerprint, "535.309.01", repos.bundled_key_url)[:1]
+    rc, stats, msgs = play(env, cdir, tmp_path, roles)
+    assert rc == 0 and stats["failures"] == 0, msgs
+    assert primary_keys(cdir, name, keyring) == [repos.fingerprint]
+    assert repos.other_fingerprint not in sh(cdir, name, f"gpg --show-keys --with-colons {keyring}")
+    # apt still verifies the repository with that keyring.
+    update = sh(cdir, name, "apt-get update -q -o Dir::Etc::SourceList=/etc/apt/sources.list.d/"
+                            "gpuprov-nvidia-mirror.sources -o Dir::Etc::SourceParts=- 2>&1; echo rc=$?")
+    assert "rc=0" in update and not re.search(r"NO_PUBKEY|GPG error|not signed|^W:|^E:", update, re.M), update
+    assert repos.good_url.rstrip("/") + "  Packages" in sh(cdir, name, "apt-cache policy nvidia-driver-535")
+    # Converged: the keyring is right, nothing changes.
+    rc, stats, msgs = play(env, cdir, tmp_path, roles)
+    assert rc == 0 and stats["changed"] == 0, (stats, msgs)
+
+
+def test_keyring_holding_another_key_is_rewritten(env, repos, node, tmp_path) -> None:
+    name, cdir = node
+    keyring = "/etc/apt/keyrings/gpuprov-nvidia-mirror.gpg"
+    # What the old role left: the whole bundled key file dearmored into the keyring.
+    fetch = f"import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('{repos.bundled_key_url}').read().decode())"
+    sh(cdir, name, f'python3 -c "{fetch}" | gpg --batch --yes --dearmor -o {keyring}')
+    assert sorted(primary_keys(cdir, name, keyring)) == sorted([repos.fingerprint, repos.other_fingerprint])
+    rc, stats, msgs = play(env, cdir, tmp_path, driver_roles(repos.good_url, repos.fingerprint,
+                                                             "535.309.01", repos.bundled_key_url)[:1])
+    assert rc == 0 and stats["changed"] >= 1, (stats, msgs)
+    assert primary_keys(cdir, name, keyring) == [repos.fingerprint]
+
+
+def test_container_toolkit_repository_keyring_holds_only_the_pinned_key(env, repos, node, tmp_path) -> None:
+    name, cdir = node
+    # The fixture serves the toolkit from the driver tests' repository: drop their entry,
+    # two entries for one URL with different Signed-By keyrings are an apt error.
+    sh(cdir, name, "rm -f /etc/apt/sources.list.d/gpuprov-nvidia-mirror.sources")
+    tasks = [{"name": "the toolkit repository", "ansible.builtin.include_role": {
+        "name": "container_runtime", "tasks_from": "repository.yml"},
+        "vars": {"__container_runtime_repo_name": "nvidia-container-toolkit",
+                 "container_runtime_toolkit_repo_url": repos.good_url,
+                 "container_runtime_toolkit_repo_key_url": repos.bundled_key_url,
+                 "container_runtime_toolkit_repo_key_fingerprint": repos.fingerprint}}]
+    rc, stats, msgs = play(env, cdir, tmp_path, [], tasks)
+    assert rc == 0 and stats["failures"] == 0, msgs
+    keyring = "/etc/apt/keyrings/gpuprov-nvidia-container-toolkit.gpg"
+    assert primary_keys(cdir, name, keyring) == [repos.fingerprint]
+    policy = sh(cdir, name, "apt-cache policy nvidia-container-toolkit 2>&1; ls /var/lib/apt/lists; "
+                            "cat /etc/apt/sources.list.d/gpuprov-nvidia-container-toolkit.sources")
+    assert "1.17.8-1" in policy, policy
+    rc, stats, msgs = play(env, cdir, tmp_path, [], tasks)
+    assert rc == 0 and stats["changed"] == 0, (stats, msgs)
+    # A key file without the pinned key is still refused, the keyring left as it was.
+    sh(cdir, name, f"rm -f {keyring}")
+    tasks[0]["vars"]["container_runtime_toolkit_repo_key_url"] = f"{repos.wrong_url}repo.key"
+    tasks[0]["vars"]["container_runtime_toolkit_repo_key_fingerprint"] = repos.other_fingerprint
+    rc, _, msgs = play(env, cdir, tmp_path, [], tasks)
+    assert rc != 0 and "refusing to trust" in msgs, msgs
+    assert not primary_keys(cdir, name, keyring)

@@ -44,4 +44,53 @@ def test_inventory_parses_with_ansible_and_pins_host_keys(tmp_path: Path) -> Non
         real = parsed["_meta"]["hostvars"][host]
         for key in ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_common_args",
                     "ansible_ssh_private_key_file", "gpuprov_expected_gpus"):
-            assert str(real[key]) == str(hv[key]), (host, key, real[key], hv[key])
+            assert str(_plain(real[key])) == str(hv[key]), (host, key, real[key], hv[key])
+
+
+def _plain(value):
+    """ansible-inventory prints an !unsafe string as {"__ansible_unsafe": text}."""
+    return value["__ansible_unsafe"] if isinstance(value, dict) and "__ansible_unsafe" in value else value
+
+
+HOSTILE = [
+    "x ansible_ssh_common_args='-o ProxyCommand=touch /tmp/pwned'",
+    "x\n[gpuprov_nodes:vars]\nansible_ssh_common_args=-o StrictHostKeyChecking=no",
+    "{{ lookup('pipe', 'touch /tmp/pwned') }}",
+    "x: {ansible_host: 10.9.9.9}",
+]
+
+
+def test_no_value_becomes_inventory_syntax_or_a_template(tmp_path: Path) -> None:
+    """Finding: host fields were written unescaped into the INI inventory, so a value
+    could add host variables (ansible_ssh_common_args over the pinned known_hosts) or
+    sections. Every value must come back from real Ansible as exactly the same data,
+    and no key, host or group may appear that gpuprov did not write."""
+    files = ClusterFiles(tmp_path)
+    nodes = [
+        NodeRecord(name="n1", id="1", address="127.0.0.1", ssh_port=2222, user="gpuprov",
+                   state="running", zone="local", instance_type=value)
+        for value in HOSTILE[:1]
+    ] + [
+        NodeRecord(name=f"n{i}", id=str(i), address="127.0.0.1", ssh_port=2222, user="gpuprov",
+                   state="running", zone="local", instance_type=value)
+        for i, value in enumerate(HOSTILE[1:], 2)
+    ]
+    render("c1", "docker", nodes, {}, files)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(files.inventory), "--list"],
+        capture_output=True, text=True, check=True,
+        env={"ANSIBLE_CONFIG": str(files.ansible_cfg), "PATH": "/usr/bin:/bin"},
+    )
+    parsed = json.loads(out.stdout)
+    assert sorted(parsed["gpuprov_nodes"]["hosts"]) == ["n1", "n2", "n3", "n4"]
+    assert set(parsed) == {"_meta", "all", "gpuprov_nodes"}
+    for number, value in enumerate(HOSTILE, 1):
+        hv = parsed["_meta"]["hostvars"][f"n{number}"]
+        assert _plain(hv["gpuprov_instance_type"]) == value
+        if "{{" in value:  # tagged unsafe: Ansible will never evaluate it as a template
+            assert hv["gpuprov_instance_type"] == {"__ansible_unsafe": value}
+        assert "StrictHostKeyChecking=no" not in str(hv["ansible_ssh_common_args"])
+        assert set(hv) == {"ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
+                           "gpuprov_instance_type", "gpuprov_expected_gpus", "ansible_become",
+                           "ansible_python_interpreter", "ansible_ssh_common_args", "gpuprov_cluster",
+                           "gpuprov_provider"}

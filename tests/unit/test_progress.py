@@ -32,8 +32,8 @@ def test_counts_changes_failures_and_final_stats() -> None:
         ]:
             progress.handle(e)
     assert progress.summary() == {
-        "a": {"ok": 5, "changed": 1, "failed": 0, "unreachable": 0},
-        "b": {"ok": 1, "changed": 0, "failed": 1, "unreachable": 0},
+        "a": {"ok": 5, "changed": 1, "failed": 0, "unreachable": 0, "tasks": 2},
+        "b": {"ok": 1, "changed": 0, "failed": 1, "unreachable": 0, "tasks": 1},
     }
     assert progress.errors() == {"b": "gpu_preflight : Install: no headers for 6.1.0-9"}
     text = out.getvalue()
@@ -48,3 +48,13 @@ def test_unreachable_host_is_counted_without_stats() -> None:
                             res={"msg": "ssh: connect to host 10.0.0.1 port 22: timed out"}))
     assert progress.summary()["a"]["unreachable"] == 1
     assert "timed out" in progress.errors()["a"]
+
+
+def test_fact_gathering_alone_is_no_task() -> None:
+    """`--tags never` still gathers facts: that must not count as a run that did something."""
+    progress = PlaybookProgress(["a"], "t", console=Console(file=io.StringIO()))
+    with progress:
+        progress.handle(_ev("runner_on_ok", "a", task="Gathering Facts", task_action="gather_facts",
+                            res={}))
+        progress.handle(_ev("playbook_on_stats", ok={"a": 1}, changed={}, failures={}, dark={}))
+    assert progress.summary()["a"] == {"ok": 1, "changed": 0, "failed": 0, "unreachable": 0, "tasks": 0}

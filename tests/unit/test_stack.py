@@ -80,3 +80,61 @@ def test_cudnn_scenario_pins_the_locks_checksum() -> None:
 
     scenario = Path(__file__).resolve().parents[2] / "roles/cudnn/molecule/default/molecule.yml"
     assert f"cudnn_tarball_sha256: {stack.data()['cudnn']['archive_sha256']}" in scenario.read_text()
+
+
+# Finding 16: images are pinned by digest in the lock and pulled by digest only; the site
+# image's Python packages are installed with --require-hashes.
+def _images_filter():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "roles/base_images/filter_plugins/images.py"
+    spec = importlib.util.spec_from_file_location("base_images_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_base_images_are_pinned_by_digest_with_the_tag_beside_it() -> None:
+    import re
+
+    lock = stack.resolve("docker-node", source="distro")
+    assert lock.base_images
+    for image in lock.base_images:
+        assert re.fullmatch(r"nvidia/cuda:[0-9A-Za-z._-]+@sha256:[0-9a-f]{64}", image), image
+    for req in lock.site_pip_requirements:
+        assert re.fullmatch(r"\S+==\S+( --hash=sha256:[0-9a-f]{64})+", req), req
+    assert stack.from_dict(lock.as_dict()) == lock
+
+
+def test_role_defaults_follow_the_lock() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    role = Path(__file__).resolve().parents[2] / "roles/base_images/defaults/main.yml"
+    defaults = yaml.safe_load(role.read_text())
+    lock = stack.resolve("g5.xlarge")
+    assert defaults["base_images_pull"] == list(lock.base_images)
+    assert defaults["base_images_site_from"] == lock.base_images[0]
+    assert defaults["base_images_site_pip_packages"] == list(lock.site_pip_requirements)
+
+
+def test_images_are_pulled_by_digest_only() -> None:
+    f = _images_filter()
+    d = "sha256:" + "a" * 64
+    [ref] = f.pinned_images([f"nvidia/cuda:11.8.0-x@{d}"])
+    assert ref["pull"] == f"nvidia/cuda@{d}" and ref["name"] == "nvidia/cuda:11.8.0-x"
+    [ref] = f.pinned_images([f"nvidia/cuda:11.8.0-x@{d}"], "http://10.0.0.5:5000/")
+    assert ref["pull"] == f"10.0.0.5:5000/nvidia/cuda@{d}" and not ref["override"]
+    for unpinned in ("nvidia/cuda:11.8.0-x", "nvidia/cuda:11.8.0-x@sha256:abc", "ubuntu"):
+        with pytest.raises(Exception, match="not pinned by digest"):
+            f.pinned_images([unpinned])
+    # A mirror's own digest replaces the lock's only with a mirror, and only for that name.
+    served = "sha256:" + "b" * 64
+    [ref] = f.pinned_images([f"nvidia/cuda:11.8.0-x@{d}"], "10.0.0.5:5000", {"nvidia/cuda:11.8.0-x": served})
+    assert ref["pull"] == f"10.0.0.5:5000/nvidia/cuda@{served}" and ref["override"]
+    [ref] = f.pinned_images([f"nvidia/cuda:11.8.0-x@{d}"], "", {"nvidia/cuda:11.8.0-x": served})
+    assert ref["digest"] == d
+    [ref] = f.pinned_images([f"localhost:5000/x/y@{d}"])
+    assert ref["pull"] == f"localhost:5000/x/y@{d}" and not ref["tagged"]

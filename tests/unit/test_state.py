@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import GpuprovError
-from gpuprov.state import SCHEMA_VERSION, NodeRecord, Store
+from gpuprov.state import MIGRATIONS, SCHEMA_VERSION, NodeRecord, Store
 
 
 def _node(i: int) -> NodeRecord:
@@ -80,3 +80,23 @@ def test_two_processes_do_not_corrupt_the_store(tmp_path: Path) -> None:
     assert cluster is not None and len(cluster.nodes) == 1  # replace_nodes is atomic
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_old_states_migrate_to_phases(tmp_path: Path) -> None:
+    """Schema 1 said running/ready/failed; schema 2 says the phase reached and the failed step."""
+    db = tmp_path / "state.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(MIGRATIONS[0])
+    for name, state in (("a", "running"), ("b", "ready"), ("c", "failed")):
+        conn.execute("INSERT INTO clusters(name, provider, created, state) VALUES (?, 'docker', 'x', ?)",
+                     (name, state))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    store = Store(db)
+    got = {c.name: (c.state, c.failed_step) for c in store.list_clusters()}
+    assert got == {"a": ("launched", None), "b": ("bootstrapped", None), "c": ("launched", "bootstrap")}
+    store.set_failed_step("b", "verify")
+    assert store.get_cluster("b").state_text == "bootstrapped (verify failed)"
+    store.set_cluster_state("b", "verified")
+    assert store.get_cluster("b").failed_step is None

@@ -82,11 +82,30 @@ ansible_ssh_private_key_file={key}
         ("hosts:\n  - address: 1.2.3.4\n", ".yml", "has no name"),
         ("hosts:\n  - name: a\n    user: u\n  - name: a\n    user: u\n", ".yml", "more than once"),
         ("hosts:\n  - name: a\n", ".yml", "no user"),
-        ("hosts:\n  - name: a\n    user: u\n    port: 70000\n", ".yml", "out of range"),
+        ("hosts:\n  - name: a\n    user: u\n    port: 70000\n", ".yml", "not a number from 1 to 65535"),
         ("hosts:\n  - name: a\n    user: u\n    key: /nonexistent/key\n", ".yml", "not found"),
         ("[gpu\nnode1 ansible_user=x\n", ".ini", "unterminated"),
         ("node1 ansible_user\n", ".ini", "expected key=value"),
         ("hosts: []\n", ".yml", "lists no hosts"),
+        # Findings of the trust review: each value reaches ssh and Ansible as data of one shape.
+        ('hosts:\n  - name: a\n    user: "-oProxyCommand=touch /tmp/x"\n', ".yml",
+         "host a: user: invalid user"),
+        ('hosts:\n  - name: a\n    user: u\n    address: "-oProxyCommand=x"\n', ".yml",
+         "host a: address: invalid address"),
+        ('hosts:\n  - name: a\n    user: u\n    address: "10.0.0.1 ansible_ssh_common_args=x"\n', ".yml",
+         "invalid address"),
+        ("hosts:\n  - name: a\n    user: u\n    key: 123\n", ".yml", "host a: key: expected a one-line string"),
+        ("hosts:\n  - name: a\n    user: u\n    port: true\n", ".yml", "host a: port: port must be a whole"),
+        ("hosts:\n  - name: a\n    user: u\n    gpus: -5\n", ".yml", "host a: gpus: expected a whole number"),
+        ("hosts:\n  - name: a\n    user: [u, v]\n", ".yml", "host a: user: invalid user"),
+        ("hosts:\n  - name: a\n    user: u\n    instance_type: \"{{ lookup('pipe','id') }}\"\n", ".yml",
+         "invalid instance type"),
+        ('hosts:\n  - name: "a b"\n    user: u\n', ".yml", "invalid host name"),
+        ("hosts:\n  - name: a\n    user: u\n    host_key: \"ssh-ed25519 AAAA\\nx\"\n", ".yml",
+         "host_key"),
+        ("[gpu]\nnode1 ansible_user=x\nnode1 ansible_host=10.0.0.9\n", ".ini", "listed more than once"),
+        ("[gpu]\nnode1 ansible_user=x ansible_host=10.0.0.9\nnode2 ansible_user=x ansible_host=10.0.0.9\n",
+         ".ini", "10.0.0.9:22 is listed for more than one host"),
     ],
 )
 def test_bad_hosts_files_are_bad_input(tmp_path: Path, text: str, suffix: str, message: str) -> None:
@@ -99,3 +118,12 @@ def test_bad_hosts_files_are_bad_input(tmp_path: Path, text: str, suffix: str, m
 def test_missing_hosts_file(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="not found"):
         parse_hosts_file(str(tmp_path / "nope.yml"))
+
+
+@pytest.mark.parametrize("data", ["hosts:\n  - name: a\n".encode("utf-16"), b"\x00\x01\x02binary",
+                                  b"hosts:\n  - name: \xff\n"])
+def test_binary_or_utf16_hosts_file_is_bad_input(tmp_path: Path, data: bytes) -> None:
+    f = tmp_path / "hosts.yml"
+    f.write_bytes(data)
+    with pytest.raises(BadInput, match=r"is not (a text file|UTF-8 text)"):
+        parse_hosts_file(str(f))

@@ -18,8 +18,10 @@ One ``up``:
 - anything failing after instances exist (or Ctrl-C) terminates what this
   run launched and waits until it is gone.
 
-Host keys are generated here and handed over in cloud-init user-data, so
-SSH checks them strictly from the first connection.
+Host keys: user-data carries one bootstrap host key per launch, pinned before
+the first connection (so SSH checks it strictly from the start); over that
+first connection each node makes its own host key and drops the bootstrap one
+(``hostkeys.py``), so no key any sshd uses is readable from user-data or IMDS.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from gpuprov import catalog, ssh
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
-from gpuprov.providers.aws import api, userdata
+from gpuprov.providers.aws import api, hostkeys, userdata
 from gpuprov.state import NodeRecord
 
 TAG = "gpuprov:cluster"
@@ -55,6 +57,19 @@ UBUNTU_SSM = "/aws/service/canonical/ubuntu/server/22.04/stable/current/{arch}/h
 CANONICAL_OWNER = "099720109477"
 UBUNTU_NAME = "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-{arch}-server-*"
 IP_ECHO_URL = "https://checkip.amazonaws.com"
+# The largest --count of one `up` (checked in plan, before any AWS call).
+# - All or nothing: one RunInstances with MinCount = MaxCount in one zone (and one
+#   cluster placement group for EFA types); EC2 rarely has more GPU instances of one
+#   type free in one zone at once, so a larger request fails on capacity anyway.
+# - 256 x 8 GPUs = 2048 GPUs: beyond that, a scheduler-managed fleet (ParallelCluster,
+#   EKS) is the tool, not one SSH-driven `up`.
+# - What one `up` does per node from one machine: an SSH session and a host key
+#   hand-over per node in parallel, an Ansible bootstrap, an elastic IP each for EFA
+#   types (default quota: 5 per region).
+# - It stops a typo (`--count 1000000000`) before any work, quota readable or not
+#   (the vCPU quota is checked too, but Service Quotas may not answer).
+MAX_COUNT = 256
+SSH_MIN_PREFIX = {4: 16, 6: 48}  # wider SSH ranges only with allow_wide_ssh_cidr
 # Placeholders for DryRun checks of calls that act on resources not made yet.
 _DUMMY = {"instance": "i-0000000000000000f", "sg": "sg-0000000000000000f", "eip": "eipalloc-0000000000000000f"}
 _DUMMY_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBvUWBaXnRzrFJ6sIa2Dk2yRo4eMUzFybrsZ8GMKkHs0 dry-run"
@@ -81,6 +96,7 @@ class Prepared:
     root_device: str
     ssh_cidr: str
     quota: tuple[str, str, float | None]
+    user_data_size: int = 0
     existing: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -120,13 +136,21 @@ class AwsProvider(Provider):
     def prepare(self, spec: ClusterSpec) -> Prepared:
         if self._prepared is not None and self._prepared.spec == spec:
             return self._prepared
+        # Everything that can be judged without AWS first: no AWS call for bad input.
+        allow_wide = bool(spec.options.get("allow_wide_ssh_cidr"))
         if spec.ssh_cidr:
-            check_cidr(spec.ssh_cidr)
+            check_cidr(spec.ssh_cidr, allow_wide=allow_wide)
         disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
         if not 8 <= disk <= 16384:
             raise BadInput(f"--disk-gb must be between 8 and 16384, not {disk}")
         if not spec.instance_type:
             raise BadInput("--type is required for the aws provider (`gpuprov types` lists them)")
+        if spec.count > MAX_COUNT:
+            raise BadInput(
+                f"--count {spec.count} is more than gpuprov launches in one cluster ({MAX_COUNT}: "
+                "one all-or-nothing RunInstances in one zone); use several clusters"
+            )
+        user_data_size = userdata.check_size(spec.name, NODE_USER)
         aws = api.connect(spec.region)
         itype = self._facts(aws, spec.instance_type)
         zones = self._zones(aws, itype.name)
@@ -146,7 +170,7 @@ class AwsProvider(Provider):
         notes.append(f"image {image_id}; root volume {disk} GiB gp3, encrypted")
         if spec.spot:
             notes.append("spot capacity: cheaper, can be interrupted with a 2-minute notice")
-        cidr = spec.ssh_cidr or detect_cidr()
+        cidr = check_cidr(spec.ssh_cidr or detect_cidr(), allow_wide=allow_wide)
         notes.append(f"SSH allowed from {cidr} only")
         self._prepared = Prepared(
             spec=spec,
@@ -157,6 +181,7 @@ class AwsProvider(Provider):
             root_device=root_device,
             ssh_cidr=cidr,
             quota=quota,
+            user_data_size=user_data_size,
             existing=existing,
             notes=notes,
         )
@@ -199,6 +224,8 @@ class AwsProvider(Provider):
         try:
             answer = aws.client("service-quotas").get_service_quota(ServiceCode="ec2", QuotaCode=code)
             value = float(answer["Quota"]["Value"])
+        except api.Unreachable:
+            raise
         except Exception as exc:  # noqa: BLE001  (any failure: warn and go on, as documented)
             reason = api.error_code(exc) or type(exc).__name__
             notes.append(
@@ -230,6 +257,8 @@ class AwsProvider(Provider):
         try:
             value = aws.client("ssm").get_parameter(Name=UBUNTU_SSM.format(arch=arch))["Parameter"]["Value"]
             found = aws.ec2.describe_images(ImageIds=[value])["Images"]
+        except api.Unreachable:
+            raise
         except Exception:  # noqa: BLE001  (the public parameter may be absent: fall back)
             found = []
         if not found:
@@ -254,7 +283,10 @@ class AwsProvider(Provider):
 
     # -- dry run ---------------------------------------------------------------------------
     def dry_run(self, spec: ClusterSpec, report: Reporter) -> None:
-        """Ask EC2 (DryRun=True) whether every mutating call up and down make is allowed."""
+        """Ask EC2 (DryRun=True) whether every mutating call up and down make is allowed.
+
+        Tags are given at creation (TagSpecifications), so there is no standalone
+        CreateTags to ask about: the policy allows CreateTags only within a create call."""
         prep = self.prepare(spec)
         ec2 = prep.aws.ec2
         subnet = default_subnets(prep.aws).get(prep.zones[0], "")
@@ -268,10 +300,10 @@ class AwsProvider(Provider):
               "TagSpecifications": tags("security-group")}),
             ("AuthorizeSecurityGroupIngress", ec2.authorize_security_group_ingress,
              {"GroupId": _DUMMY["sg"], "IpPermissions": ingress_rules(_DUMMY["sg"], prep.ssh_cidr)}),
+            ("RevokeSecurityGroupIngress", ec2.revoke_security_group_ingress,
+             {"GroupId": _DUMMY["sg"], "IpPermissions": ingress_rules(_DUMMY["sg"], prep.ssh_cidr)[:1]}),
             ("RunInstances", ec2.run_instances,
              run_params(prep, spec, subnet, _DUMMY["sg"], prep.zones[0], None, "dryrun", b"", 1, 1)),
-            ("CreateTags", ec2.create_tags,
-             {"Resources": [_DUMMY["instance"]], "Tags": [{"Key": TAG, "Value": spec.name}]}),
             ("AllocateAddress", ec2.allocate_address,
              {"Domain": "vpc", "TagSpecifications": tags("elastic-ip")}),
             ("AssociateAddress", ec2.associate_address,
@@ -315,6 +347,7 @@ class AwsProvider(Provider):
         shortfall = spec.count - len(existing)
         if shortfall <= 0:
             report(f"all {len(existing)} instance(s) exist (found by tag {TAG}={spec.name})")
+            update_ssh_rule(aws, spec.name, prep.ssh_cidr, report)
             return self._ready_nodes(aws, spec.name, files, report)
         if existing:
             report(f"{len(existing)} instance(s) exist (by tag): launching the {shortfall} missing")
@@ -327,9 +360,9 @@ class AwsProvider(Provider):
             vpc, subnets = default_vpc(aws), default_subnets(aws)
             sg = ensure_security_group(aws, spec.name, vpc, prep.ssh_cidr, report)
             first = 1 + max((index_of(i) for i in existing), default=0)
-            keys = userdata.make_host_keys(files, spec.name, batch, shortfall)
+            bootstrap = userdata.make_bootstrap_key(files, spec.name, batch)
             data = userdata.encode(
-                userdata.render(spec.name, batch, NODE_USER, files.key.with_suffix(".pub").read_text(), keys)
+                userdata.render(spec.name, batch, NODE_USER, files.key.with_suffix(".pub").read_text(), bootstrap)
             )
             launched = self._run_with_failover(
                 prep, spec, subnets, sg, key_name, batch, first, data, shortfall, fresh, report
@@ -440,6 +473,8 @@ class AwsProvider(Provider):
     def wait_ready(
         self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter
     ) -> list[NodeRecord]:
+        """SSH with the pinned bootstrap key, then each node's own host key handed over
+        (``hostkeys.hand_over``: idempotent, a node that has its own key is only checked)."""
         pin(nodes, files)
         timeout = _env_seconds("GPUPROV_AWS_SSH_TIMEOUT", 600)
         deadline = time.monotonic() + timeout
@@ -448,8 +483,15 @@ class AwsProvider(Provider):
         def one(node: NodeRecord) -> None:
             try:
                 wait_port(node.address, node.ssh_port, deadline)
-                ssh.wait_ssh(node, files.key, files.known_hosts, timeout=max(5.0, deadline - time.monotonic()))
-                report(f"{node.name}: SSH ready at {node.address} (host key pinned before first contact)")
+                new = hostkeys.hand_over(
+                    node, files.key, files.known_hosts, bootstrap_key(node, files),
+                    hostkeys.own_key_file(files, node), timeout=max(5.0, deadline - time.monotonic()),
+                )
+                if new:
+                    report(f"{node.name}: SSH ready at {node.address}; host key handed over: the node's own "
+                           f"key {ssh.fingerprint(new)} pinned, the bootstrap key removed from its sshd")
+                else:
+                    report(f"{node.name}: SSH ready at {node.address} (its own host key, pinned)")
             except GpuprovError as exc:
                 errors[node.name] = str(exc)
 
@@ -529,13 +571,22 @@ class AwsProvider(Provider):
 
 
 # -- helpers: resources -------------------------------------------------------------------------
-def check_cidr(cidr: str) -> str:
+def check_cidr(cidr: str, *, allow_wide: bool = False) -> str:
+    """The normalized range SSH is allowed from; BadInput for what is not one, for the
+    whole internet (always), and for ranges wider than an IPv4 /16 or an IPv6 /48
+    (unless ``allow_wide``: the --allow-wide-ssh-cidr flag)."""
     try:
         net = ipaddress.ip_network(cidr, strict=False)
     except ValueError:
         raise BadInput(f"--ssh-cidr {cidr} is not an address range (example: 203.0.113.7/32)") from None
     if net.prefixlen == 0:
         raise BadInput(f"--ssh-cidr {cidr} would open SSH to the whole internet; give your own address/32")
+    widest = SSH_MIN_PREFIX[net.version]
+    if net.prefixlen < widest and not allow_wide:
+        raise BadInput(
+            f"--ssh-cidr {cidr} opens SSH to {net.num_addresses:,} addresses (wider than /{widest}); "
+            "give your own address/32, or pass --allow-wide-ssh-cidr if you mean it"
+        )
     return str(net)
 
 
@@ -616,10 +667,23 @@ def region_of(known: list[NodeRecord], files: ClusterFiles) -> str | None:
         return None
 
 
+def bootstrap_key(node: NodeRecord, files: ClusterFiles) -> str:
+    path = userdata.first_contact_key(files, node.extra.get("batch", ""), node.extra.get("launch_index", 0))
+    if not path.exists():
+        raise GpuprovError(
+            f"{node.name} ({node.id}): no recorded host key; it was not launched from this "
+            "state directory, so gpuprov will not trust it (run `gpuprov down` and `up` again)"
+        )
+    return path.read_text().strip()
+
+
 def pin(nodes: list[NodeRecord], files: ClusterFiles, strict: bool = True) -> None:
+    """Pin each node's own host key when handed over, else its launch's bootstrap key."""
     keys = {}
     for node in nodes:
-        path = userdata.host_key_file(files, node.extra.get("batch", ""), node.extra.get("launch_index", 0))
+        path = hostkeys.own_key_file(files, node)
+        if not path.exists():
+            path = userdata.first_contact_key(files, node.extra.get("batch", ""), node.extra.get("launch_index", 0))
         if not path.exists():
             if strict:
                 raise GpuprovError(
@@ -629,7 +693,8 @@ def pin(nodes: list[NodeRecord], files: ClusterFiles, strict: bool = True) -> No
             continue
         keys[(node.address, node.ssh_port)] = path.read_text().strip()
     if keys:
-        ssh.pin_host_keys(files.known_hosts, keys)
+        with hostkeys.PIN_LOCK:
+            ssh.pin_host_keys(files.known_hosts, keys)
 
 
 def ensure_key_pair(aws: api.Aws, name: str, files: ClusterFiles, *, replace_ok: bool, report: Reporter) -> str:
@@ -665,7 +730,8 @@ def default_subnets(aws: api.Aws) -> dict[str, str]:
 
 
 def ingress_rules(group_id: str, cidr: str) -> list[dict[str, Any]]:
-    net = ipaddress.ip_network(check_cidr(cidr), strict=False)
+    """The group's rules for ``cidr`` (judged by check_cidr in plan, with the options of the run)."""
+    net = ipaddress.ip_network(cidr, strict=False)
     ranges: dict[str, Any] = (
         {"IpRanges": [{"CidrIp": str(net), "Description": "gpuprov: SSH from the operator"}]}
         if net.version == 4
@@ -696,13 +762,57 @@ def ensure_security_group(aws: api.Aws, name: str, vpc: str, cidr: str, report: 
     group = aws.ec2.describe_security_groups(
         Filters=[{"Name": "group-name", "Values": [group_name]}, {"Name": "vpc-id", "Values": [vpc]}]
     )["SecurityGroups"][0]
-    for rule in ingress_rules(group["GroupId"], cidr):
+    set_ingress(aws, group, cidr, report)
+    return str(group["GroupId"])
+
+
+def update_ssh_rule(aws: api.Aws, name: str, cidr: str, report: Reporter) -> None:
+    """On a re-run of `up` for a complete cluster: its security group's SSH range is this run's."""
+    tag = [{"Name": f"tag:{TAG}", "Values": [name]}]
+    for group in aws.ec2.describe_security_groups(Filters=tag)["SecurityGroups"]:
+        set_ingress(aws, group, cidr, report)
+
+
+def set_ingress(aws: api.Aws, group: dict[str, Any], cidr: str, report: Reporter) -> None:
+    """The group's rules become exactly gpuprov's: SSH from ``cidr`` only (any other SSH range
+    a previous `up` allowed is revoked, not kept beside it), all traffic between members."""
+    from botocore.exceptions import ClientError
+
+    group_id = group["GroupId"]
+    ssh_rule, members_rule = ingress_rules(group_id, cidr)
+    want = {r["CidrIp"] for r in ssh_rule.get("IpRanges", [])} | {r["CidrIpv6"] for r in ssh_rule.get("Ipv6Ranges", [])}
+    have = group.get("IpPermissions") or []
+    ssh_rules = [r for r in have if r.get("IpProtocol") == "tcp" and r.get("FromPort") == 22 and r.get("ToPort") == 22]
+    stale: list[dict[str, Any]] = []
+    for rule in ssh_rules:
+        old4 = [r for r in rule.get("IpRanges") or [] if r.get("CidrIp") not in want]
+        old6 = [r for r in rule.get("Ipv6Ranges") or [] if r.get("CidrIpv6") not in want]
+        if old4 or old6:
+            stale.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+                          **({"IpRanges": [{"CidrIp": r["CidrIp"]} for r in old4]} if old4 else {}),
+                          **({"Ipv6Ranges": [{"CidrIpv6": r["CidrIpv6"]} for r in old6]} if old6 else {})})
+    if stale:
+        aws.ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=stale)
+        gone = [r.get("CidrIp") or r.get("CidrIpv6") for s in stale for r in [*s.get("IpRanges", []),
+                                                                              *s.get("Ipv6Ranges", [])]]
+        report(f"security group {group_id}: SSH from {', '.join(gone)} revoked")
+    allowed = {x.get("CidrIp") for r in ssh_rules for x in r.get("IpRanges") or []}
+    allowed |= {x.get("CidrIpv6") for r in ssh_rules for x in r.get("Ipv6Ranges") or []}
+    present = {
+        "ssh": want <= allowed,
+        "members": any(r.get("IpProtocol") == "-1" and group_id in {p.get("GroupId") for p in r.get("UserIdGroupPairs") or []}
+                       for r in have),
+    }
+    for key, rule in (("ssh", ssh_rule), ("members", members_rule)):
+        if present[key]:
+            continue
         try:
-            aws.ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[rule])
+            aws.ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[rule])
         except ClientError as exc:
             if api.error_code(exc) != "InvalidPermission.Duplicate":
                 raise
-    return str(group["GroupId"])
+        if key == "ssh":
+            report(f"security group {group_id}: SSH from {cidr}")
 
 
 def uses_placement_group(itype: InstanceType, count: int) -> bool:
@@ -792,8 +902,11 @@ def run_params(
         ],
         "NetworkInterfaces": network_interfaces(prep.itype, subnet, sg),
         "Placement": placement,
+        # Everything RunInstances creates carries the cluster tag: the IAM policy requires it
+        # (aws:RequestTag) for instances, volumes, interfaces and spot requests.
         "TagSpecifications": tag_specs(
             spec.name, "instance", "volume", "network-interface",
+            *(("spot-instances-request",) if spec.spot else ()),
             extra={BATCH_TAG: batch, FIRST_TAG: str(first), "Name": f"gpuprov-{spec.name}"},
         ),
     }

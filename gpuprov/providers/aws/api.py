@@ -1,9 +1,16 @@
 """boto3 plumbing for the aws provider: session, clients, errors, retries.
 
 boto3 and botocore are imported here, lazily, and nowhere else in gpuprov.
-The endpoint, credentials and region come from boto3's standard chain
-(``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_REGION``...): nothing here
-names an endpoint.
+The endpoint and credentials come from boto3's standard chain
+(``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...): nothing here names an endpoint.
+The region: ``--region``, else what botocore reads (``AWS_DEFAULT_REGION``,
+else the profile's ``region`` in the config file), with ``AWS_REGION`` read
+by gpuprov itself before the config file, because botocore ignores it (see
+``resolve_region``).
+
+An endpoint that cannot be reached (no network, a wrong ``AWS_ENDPOINT_URL``)
+is one line naming the endpoint, from every client this module makes: see
+``Unreachable``.
 """
 
 from __future__ import annotations
@@ -45,6 +52,44 @@ def is_client_error(exc: BaseException) -> bool:
     return isinstance(exc, ClientError)
 
 
+class Unreachable(GpuprovError):
+    """The AWS endpoint did not answer at all (connection refused, DNS, timeout), after
+    botocore's retries. Raised from inside every client call (paginators included)."""
+
+
+def _unreachable_hook(service: str, endpoint: str) -> Any:
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ReadTimeoutError
+
+    def handler(exception: BaseException | None = None, **_: Any) -> None:
+        if isinstance(exception, (BotoConnectionError, ReadTimeoutError)):
+            reason = str(exception).splitlines()[0] if str(exception) else type(exception).__name__
+            raise Unreachable(
+                f"cannot reach the AWS {service} endpoint {endpoint} ({type(exception).__name__}: {reason}); "
+                "check the network, AWS_ENDPOINT_URL and --region"
+            )
+
+    return handler
+
+
+# botocore 1.44 (configprovider.py, BOTOCORE_DEFAUT_SESSION_VARIABLES) reads the region
+# from AWS_DEFAULT_REGION, then the profile's `region` in the config file. It does not
+# read AWS_REGION (only its "smart defaults" look at it, inside AWS_EXECUTION_ENV), which
+# the AWS CLI v2 and the other SDKs do read; gpuprov reads it itself.
+REGION_VARIABLES = ("AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def resolve_region(region: str | None, session: Any) -> tuple[str | None, str]:
+    """(region, where it came from): --region, AWS_DEFAULT_REGION, AWS_REGION, the profile."""
+    if region:
+        return region, "--region"
+    for variable in REGION_VARIABLES:
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return value, variable
+    return session.region_name or None, "the AWS config file"
+
+
 def configured() -> bool:
     """Cheap hint that the user has AWS set up here (no network, no metadata service)."""
     if any(os.environ.get(v) for v in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_ENDPOINT_URL")):
@@ -67,7 +112,7 @@ class Aws:
 
         cache = self.__dict__.setdefault("_clients", {})
         if service not in cache:
-            cache[service] = self.session.client(
+            client = self.session.client(
                 service,
                 region_name=self.region,
                 config=Config(
@@ -77,6 +122,8 @@ class Aws:
                     user_agent_extra="gpuprov",
                 ),
             )
+            client.meta.events.register("after-call-error", _unreachable_hook(service, client.meta.endpoint_url))
+            cache[service] = client
         return cache[service]
 
     @property
@@ -90,10 +137,13 @@ def connect(region: str | None, *, need_credentials: bool = True, attempts: int 
     import boto3
 
     session = boto3.session.Session()
-    name = region or session.region_name
+    name, source = resolve_region(region, session)
     if not name:
-        raise BadInput("no AWS region: pass --region or set AWS_REGION (or a region in ~/.aws/config)")
-    check_region(session, name)
+        raise BadInput(
+            "no AWS region: pass --region, or set AWS_DEFAULT_REGION (or AWS_REGION), "
+            "or a region in the profile of ~/.aws/config"
+        )
+    check_region(session, name, source)
     if need_credentials and session.get_credentials() is None:
         raise BadInput(
             "no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
@@ -102,14 +152,15 @@ def connect(region: str | None, *, need_credentials: bool = True, attempts: int 
     return Aws(region=name, session=session, attempts=attempts)
 
 
-def check_region(session: Any, name: str) -> None:
+def check_region(session: Any, name: str, source: str = "--region") -> None:
     known: set[str] = set()
     for partition in session.get_available_partitions():
         known.update(session.get_available_regions("ec2", partition_name=partition))
     if known and name not in known:
         close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise BadInput(f"unknown AWS region '{name}'{hint}")
+        origin = "" if source == "--region" else f" (from {source})"
+        raise BadInput(f"unknown AWS region '{name}'{origin}{hint}")
 
 
 def call(fn: Any, what: str, **kwargs: Any) -> Any:
@@ -118,6 +169,8 @@ def call(fn: Any, what: str, **kwargs: Any) -> Any:
 
     try:
         return fn(**kwargs)
+    except Unreachable:
+        raise
     except ClientError as exc:
         raise GpuprovError(f"{what} failed: {error_code(exc)}: {error_message(exc)}") from exc
     except BotoCoreError as exc:
@@ -133,6 +186,8 @@ def dry_run(fn: Any, **kwargs: Any) -> tuple[bool | None, str]:
 
     try:
         fn(DryRun=True, **kwargs)
+    except Unreachable:
+        raise
     except ClientError as exc:
         code = error_code(exc)
         if code == "DryRunOperation":

@@ -74,6 +74,11 @@ def docker(
     return proc
 
 
+# Local nodes are for trying things: a handful on one machine (each full-stack node holds
+# about 3 GB and a systemd tree); more is a mistake to stop before any is made.
+MAX_NODES = 16
+
+
 class DockerProvider(Provider):
     name = "docker"
     billable = False
@@ -112,6 +117,11 @@ class DockerProvider(Provider):
         if spec.instance_type not in (None, "docker-node"):
             raise BadInput(
                 f"the docker provider runs only the 'docker-node' type, not '{spec.instance_type}'"
+            )
+        if spec.count > MAX_NODES:
+            raise BadInput(
+                f"--count {spec.count}: the docker provider runs at most {MAX_NODES} local nodes "
+                "(each is a systemd container with the whole GPU stack, ~3 GB of disk)"
             )
         self.check_engine()
         self.check_image()

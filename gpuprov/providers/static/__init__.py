@@ -23,16 +23,16 @@ import re
 import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuprov import ssh
+from gpuprov import ssh, validate
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
 from gpuprov.state import NodeRecord
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+HOST_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/]+={0,3}")
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,22 @@ def parse_hosts_file(path: str | None) -> tuple[list[StaticHost], Path | None]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise BadInput(f"hosts file {path} not found")
-    text = file.read_text()
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise BadInput(f"hosts file {path} cannot be read ({exc.strerror})") from None
+    if b"\0" in raw:
+        raise BadInput(f"hosts file {path} is not a text file (NUL bytes; UTF-16 or binary?): "
+                       "save it as UTF-8 YAML or INI")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"hosts file {path} is not UTF-8 text (byte {exc.start})") from None
     try:
         if file.suffix in (".yml", ".yaml") or text.lstrip().startswith(("hosts:", "all:", "---")):
-            hosts, known = _parse_yaml(text, file)
+            hosts, known = _parse_yaml(text, Path(path))
         else:
-            hosts, known = _parse_ini(text), None
+            hosts, known = _parse_ini(text, Path(path)), None
     except BadInput:
         raise
     except Exception as exc:  # noqa: BLE001  (any parser error is bad input)
@@ -70,46 +80,53 @@ def parse_hosts_file(path: str | None) -> tuple[list[StaticHost], Path | None]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise BadInput(f"hosts file {path} lists {', '.join(dupes)} more than once")
+    ends = [(h.address, h.port) for h in hosts]
+    same = sorted({f"{a}:{p}" for a, p in ends if ends.count((a, p)) > 1})
+    if same:
+        raise BadInput(f"hosts file {path}: {', '.join(same)} is listed for more than one host")
     for h in hosts:
-        if not _NAME.match(h.name):
-            raise BadInput(f"hosts file {path}: invalid host name '{h.name}'")
         if h.key and not Path(h.key).expanduser().is_file():
             raise BadInput(f"hosts file {path}: key {h.key} for {h.name} not found")
     return hosts, known
 
 
-def _host(name: str, data: dict[str, Any], defaults: dict[str, Any], where: Path) -> StaticHost:
-    def pick(*keys: str) -> Any:
-        for k in keys:
-            if data.get(k) not in (None, ""):
-                return data[k]
-        for k in keys:
-            if defaults.get(k) not in (None, ""):
-                return defaults[k]
-        return None
+def _host(name: Any, data: dict[str, Any], defaults: dict[str, Any], where: Path) -> StaticHost:
+    """One host, every field checked: each value reaches ssh and Ansible as data of one
+    known shape, never as an option, inventory syntax or a template."""
+    if not isinstance(data, dict):
+        raise BadInput(f"hosts file {where}: host {name!r} must be a mapping of fields, not {data!r}")
+    name = validate.host_name(name, f"hosts file {where}")
 
-    address = pick("address", "ansible_host") or name
-    user = pick("user", "ansible_user")
-    if not user:
-        raise BadInput(f"hosts file {where}: no user for {name} (set user: or ansible_user)")
-    try:
-        port = int(pick("port", "ansible_port") or 22)
-        gpus = pick("gpus", "gpuprov_gpus")
-        gpus = None if gpus is None else int(gpus)
-    except (TypeError, ValueError) as exc:
-        raise BadInput(f"hosts file {where}: bad number for {name}: {exc}") from None
-    if not 0 < port < 65536:
-        raise BadInput(f"hosts file {where}: port {port} of {name} is out of range")
-    return StaticHost(
-        name=str(name),
-        address=str(address),
-        user=str(user),
-        port=port,
-        key=pick("key", "ansible_ssh_private_key_file", "ansible_private_key_file"),
-        instance_type=pick("instance_type", "gpuprov_instance_type"),
-        gpus=gpus,
-        host_key=pick("host_key"),
-    )
+    def pick(*keys: str) -> tuple[str, Any]:
+        for source in (data, defaults):
+            for k in keys:
+                if source.get(k) not in (None, ""):
+                    return k, source[k]
+        return keys[0], None
+
+    at = f"hosts file {where}: host {name}"
+    field, address = pick("address", "ansible_host")
+    address = validate.address(address if address is not None else name, f"{at}: {field}")
+    field, user = pick("user", "ansible_user")
+    if user is None:
+        raise BadInput(f"{at}: no user (set user: or ansible_user)")
+    user = validate.user_name(user, f"{at}: {field}")
+    field, port = pick("port", "ansible_port")
+    port = 22 if port is None else validate.port(port, f"{at}: {field}")
+    field, gpus = pick("gpus", "gpuprov_gpus")
+    gpus = None if gpus is None else validate.count(gpus, f"{at}: {field}")
+    field, key = pick("key", "ansible_ssh_private_key_file", "ansible_private_key_file")
+    key = None if key is None else validate.text(key, f"{at}: {field}")
+    field, itype = pick("instance_type", "gpuprov_instance_type")
+    itype = None if itype is None else validate.instance_type(itype, f"{at}: {field}")
+    field, host_key = pick("host_key")
+    if host_key is not None:
+        host_key = " ".join(validate.text(host_key, f"{at}: host_key").split()[:2])
+        if not HOST_KEY.fullmatch(host_key):
+            raise BadInput(f"{at}: host_key must be 'TYPE BASE64' as in known_hosts "
+                           f"(ssh-keyscan prints it), not {host_key!r}")
+    return StaticHost(name=name, address=address, user=user, port=port, key=key,
+                      instance_type=itype, gpus=gpus, host_key=host_key)
 
 
 def _parse_yaml(text: str, where: Path) -> tuple[list[StaticHost], Path | None]:
@@ -119,6 +136,8 @@ def _parse_yaml(text: str, where: Path) -> tuple[list[StaticHost], Path | None]:
     if not isinstance(data, dict):
         raise BadInput(f"hosts file {where} is malformed: expected a mapping at the top")
     known = data.get("known_hosts")
+    if known is not None:
+        validate.text(known, f"hosts file {where}: known_hosts")
     known_path = Path(known).expanduser() if known else None
     if known_path is not None and not known_path.is_file():
         raise BadInput(f"hosts file {where}: known_hosts {known} not found")
@@ -145,7 +164,7 @@ def _parse_yaml(text: str, where: Path) -> tuple[list[StaticHost], Path | None]:
     raise BadInput(f"hosts file {where} is malformed: expected a 'hosts:' list or an 'all:' group")
 
 
-def _parse_ini(text: str) -> list[StaticHost]:
+def _parse_ini(text: str, where: Path) -> list[StaticHost]:
     hosts: dict[str, dict[str, Any]] = {}
     group_vars: dict[str, Any] = {}
     section = ""
@@ -155,14 +174,14 @@ def _parse_ini(text: str) -> list[StaticHost]:
             continue
         if line.startswith("["):
             if not line.endswith("]"):
-                raise BadInput(f"line {lineno}: unterminated section header")
+                raise BadInput(f"hosts file {where}: line {lineno}: unterminated section header")
             section = line[1:-1]
             continue
         parts = shlex.split(line)
         if section.endswith(":vars"):
             key, sep, value = line.partition("=")
             if not sep:
-                raise BadInput(f"line {lineno}: expected key=value in [{section}]")
+                raise BadInput(f"hosts file {where}: line {lineno}: expected key=value in [{section}]")
             group_vars[key.strip()] = value.strip()
             continue
         if section.endswith(":children"):
@@ -172,15 +191,22 @@ def _parse_ini(text: str) -> list[StaticHost]:
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep:
-                raise BadInput(f"line {lineno}: expected key=value, found '{pair}'")
+                raise BadInput(f"hosts file {where}: line {lineno}: expected key=value, found '{pair}'")
             hv[key] = value
-        hosts.setdefault(name, {}).update(hv)
-    return [_host(n, hv, group_vars, Path("<ini>")) for n, hv in hosts.items()]
+        if name in hosts:
+            # Ansible merges repeated lines; for gpuprov two lines are two hosts, and one name twice
+            # is a mistake to show, not to merge silently.
+            raise BadInput(f"hosts file {where}: line {lineno}: host {name} is listed more than once")
+        hosts[name] = hv
+    return [_host(n, hv, group_vars, where) for n, hv in hosts.items()]
 
 
 class StaticProvider(Provider):
     name = "static"
     billable = False
+    # Existing hosts are cheap and certain to reach: `up --no-bootstrap` still pins every
+    # host key and checks it answers (no playbooks does not mean no trust).
+    pins_without_bootstrap = True
 
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
         hosts, _ = parse_hosts_file(spec.hosts_file)
@@ -206,7 +232,9 @@ class StaticProvider(Provider):
                 address=h.address,
                 ssh_port=h.port,
                 user=h.user,
-                state="reachable",
+                # Listed, not yet proven: wait_ready makes it "reachable" once the host
+                # answered with its pinned key (``up --no-bootstrap`` included).
+                state="listed",
                 zone="static",
                 instance_type=h.instance_type or spec.instance_type or "",
                 extra={
@@ -224,7 +252,10 @@ class StaticProvider(Provider):
     ) -> list[NodeRecord]:
         keys: dict[tuple[str, int], str] = {}
         for n in nodes:
-            key = n.extra.get("host_key") or _from_known_hosts(n)
+            # A key the user declared wins; then the one this cluster already pinned (a
+            # re-run never trusts a new key on first sight again); only then first use.
+            key = (n.extra.get("host_key") or _from_known_hosts(n)
+                   or ssh.pinned_key(files.known_hosts, n.address, n.ssh_port))
             if key is None:
                 key = ssh.keyscan(n.address, n.ssh_port)
                 report(
@@ -247,7 +278,7 @@ class StaticProvider(Provider):
             raise GpuprovError("; ".join(problems))
         for n in nodes:
             report(f"{n.name}: reachable at {n.user}@{n.address}:{n.ssh_port}")
-        return nodes
+        return [replace(n, state="reachable") for n in nodes]
 
     def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
         return list(known)

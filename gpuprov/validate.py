@@ -1,0 +1,145 @@
+"""Checks for every string that comes from a user or a file before it reaches ssh, Ansible or apt.
+
+Each function returns the value it was given (normalised where said) or raises
+``BadInput`` with one line that names the value and what is allowed. Matching is
+always whole-string (``re.fullmatch``): ``$`` would let a trailing newline through.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from gpuprov.errors import BadInput
+
+CLUSTER_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}[a-z0-9]")
+# Inventory host names: what Ansible accepts as a host pattern, nothing that could be syntax.
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# POSIX portable user names (IEEE Std 1003.1, 3.437), not starting with '-'; at most 32 (useradd).
+USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+# A DNS name: labels of letters, digits and '-', not starting or ending with '-' (RFC 1123).
+DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+INSTANCE_TYPE = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
+FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+DRIVER = re.compile(r"[0-9]{3}(?:\.[0-9]{1,3}){0,2}")
+CUDA = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
+TAG = re.compile(r"[a-z][a-z0-9_]{0,40}")
+
+
+def cluster_name(name: str) -> str:
+    if not isinstance(name, str) or not CLUSTER_NAME.fullmatch(name):
+        raise BadInput(
+            f"invalid cluster name {name!r}: use 2-32 characters, lowercase letters, digits "
+            "and '-', starting with a letter"
+        )
+    return name
+
+
+def host_name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not HOST_NAME.fullmatch(value):
+        raise BadInput(f"{where}: invalid host name {value!r} (letters, digits, '.', '_', '-')")
+    return value
+
+
+def user_name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not USER_NAME.fullmatch(value):
+        raise BadInput(
+            f"{where}: invalid user {value!r} (a POSIX user name: letters, digits, '_', '.', '-', "
+            "not starting with '-')"
+        )
+    return value
+
+
+def address(value: Any, where: str) -> str:
+    """An IPv4 or IPv6 address, or a DNS name; nothing else (no options, no spaces, no ports)."""
+    if not isinstance(value, str) or not value:
+        raise BadInput(f"{where}: invalid address {value!r} (an IP address or a DNS name)")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    labels = name.split(".")
+    if len(name) > 253 or not all(DNS_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
+        raise BadInput(f"{where}: invalid address {value!r} (an IP address or a DNS name)")
+    return value
+
+
+def port(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadInput(f"{where}: port must be a whole number, not {value!r}")
+    text = str(value).strip()
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise BadInput(f"{where}: port {value!r} is not a number from 1 to 65535")
+    return int(text)
+
+
+def count(value: Any, where: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadInput(f"{where}: expected a whole number, not {value!r}")
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < minimum:
+        raise BadInput(f"{where}: expected a whole number of at least {minimum}, not {value!r}")
+    return int(text)
+
+
+def text(value: Any, where: str) -> str:
+    """A plain one-line string (numbers, lists and maps are refused: they are not what was meant)."""
+    if not isinstance(value, str) or not value or any(c in value for c in "\n\r\0"):
+        raise BadInput(f"{where}: expected a one-line string, not {value!r}")
+    return value
+
+
+def instance_type(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not INSTANCE_TYPE.fullmatch(value):
+        raise BadInput(f"{where}: invalid instance type {value!r}")
+    return value
+
+
+def mirror_url(value: str) -> str:
+    """An http(s) URL with a host and nothing that could end a deb822 field or add one."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str) or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise BadInput(f"--mirror-url {value!r}: a URL has no spaces, tabs or newlines")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadInput(f"--mirror-url {value!r}: expected http:// or https:// and a host")
+    if parts.username or parts.password:
+        raise BadInput("--mirror-url: credentials in the URL would be written to the nodes' apt "
+                       "sources; give the mirror access another way (apt auth.conf)")
+    if parts.query or parts.fragment:
+        raise BadInput(f"--mirror-url {value!r}: a repository URL has no query or fragment")
+    return value
+
+
+def key_fingerprint(value: str, flag: str = "--mirror-key-fingerprint") -> str:
+    """An OpenPGP v4 fingerprint: 40 hex digits (spaces allowed between groups); upper-cased."""
+    compact = value.replace(" ", "").upper() if isinstance(value, str) else ""
+    if not FINGERPRINT.fullmatch(compact):
+        raise BadInput(f"{flag} {value!r}: expected the key's full fingerprint, 40 hex digits")
+    return compact
+
+
+def driver(value: str) -> str:
+    if not DRIVER.fullmatch(value):
+        raise BadInput(f"--driver {value!r}: expected a branch (580) or a release (580.95.05)")
+    return value
+
+
+def cuda(value: str) -> str:
+    if not CUDA.fullmatch(value):
+        raise BadInput(f"--cuda {value!r}: expected a release like 11.8")
+    return value
+
+
+def stack_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Check the version-lock flags in ``options`` (driver, cuda, mirror URL and key), in
+    place; the fingerprint is normalised. Returns ``options``."""
+    checks = {"driver": driver, "cuda": cuda, "mirror_url": mirror_url,
+              "mirror_key_fingerprint": key_fingerprint}
+    for key, check in checks.items():
+        if options.get(key):
+            options[key] = check(options[key])
+    return options

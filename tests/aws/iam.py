@@ -1,0 +1,188 @@
+"""Test helper: docs/aws-iam-policy.json evaluated against the EC2 calls gpuprov made.
+
+Not AWS's evaluator: a small one for the policy's own shape (Allow statements;
+Action and Resource globs; StringEquals, StringLike, Bool and Null conditions;
+anything else fails loudly). Each call the shim logged becomes the
+authorizations EC2 makes for it: one per resource the action touches, with the
+request context IAM sees (aws:RequestTag from TagSpecifications,
+ec2:MetadataHttpTokens, ec2:Encrypted, and the implicit ec2:CreateTags with
+ec2:CreateAction for tags given at creation). Resources gpuprov acts on but did
+not create in the same call carry aws:ResourceTag/gpuprov:cluster: gpuprov
+finds them by that tag or made them with it (which these same authorizations
+require of every create call).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.aws.moto_shim import MUTATING_PREFIXES, Call
+
+ACCOUNT = "123456789012"
+TAG = "gpuprov:cluster"
+RESOURCE_TAG = f"aws:ResourceTag/{TAG}"
+REQUEST_TAG = f"aws:RequestTag/{TAG}"
+
+
+@dataclass
+class Authorization:
+    action: str
+    resource: str
+    context: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.action} on {self.resource} with {self.context}"
+
+
+def arn(kind: str, ident: str, region: str = "us-east-1") -> str:
+    if kind == "image":
+        return f"arn:aws:ec2:{region}::image/{ident}"
+    return f"arn:aws:ec2:{region}:{ACCOUNT}:{kind}/{ident}"
+
+
+def _indexed(params: dict[str, str], pattern: str) -> list[str]:
+    rx = re.compile(pattern)
+    return [v for k, v in sorted(params.items()) if rx.fullmatch(k)]
+
+
+def request_tags(params: dict[str, str]) -> dict[str, dict[str, str]]:
+    """{resource type: {tag key: value}} from TagSpecification.N.*"""
+    out: dict[str, dict[str, str]] = {}
+    for key, kind in params.items():
+        found = re.fullmatch(r"TagSpecification\.(\d+)\.ResourceType", key)
+        if not found:
+            continue
+        n = found.group(1)
+        tags = out.setdefault(kind, {})
+        for tkey, tval in params.items():
+            m = re.fullmatch(rf"TagSpecification\.{n}\.Tag\.(\d+)\.Key", tkey)
+            if m:
+                tags[tval] = params.get(f"TagSpecification.{n}.Tag.{m.group(1)}.Value", "")
+    return out
+
+
+def _tag_context(tags: dict[str, str]) -> dict[str, str]:
+    return {f"aws:RequestTag/{k}": v for k, v in tags.items()}
+
+
+def authorizations(call: Call, cluster: str) -> list[Authorization]:
+    """What EC2 authorizes for one logged call."""
+    p, action = call.params, f"ec2:{call.action}"
+    owned = {RESOURCE_TAG: cluster}  # see the module docstring
+    tags = request_tags(p)
+    out: list[Authorization] = []
+
+    def created(kind: str, ident: str, extra: dict[str, str] | None = None) -> None:
+        ctx = {**_tag_context(tags.get(kind, {})), **(extra or {})}
+        out.append(Authorization(action, arn(kind, ident), ctx))
+        if kind in tags:  # tags given at creation: an implicit CreateTags
+            out.append(Authorization("ec2:CreateTags", arn(kind, ident),
+                                     {**_tag_context(tags[kind]), "ec2:CreateAction": call.action}))
+
+    def used(kind: str, ident: str, tagged: bool = True) -> None:
+        out.append(Authorization(action, arn(kind, ident), dict(owned) if tagged else {}))
+
+    name = call.action
+    if name == "RunInstances":
+        created("instance", "*", {"ec2:MetadataHttpTokens": p.get("MetadataOptions.HttpTokens", "optional")})
+        encrypted = _indexed(p, r"BlockDeviceMapping\.\d+\.Ebs\.Encrypted") or ["false"]
+        created("volume", "*", {"ec2:Encrypted": "true" if all(v == "true" for v in encrypted) else "false"})
+        created("network-interface", "*")
+        if p.get("InstanceMarketOptions.MarketType") == "spot":
+            created("spot-instances-request", "*")
+        used("image", p["ImageId"], tagged=False)
+        for subnet in _indexed(p, r"NetworkInterface\.\d+\.SubnetId") or _indexed(p, r"SubnetId"):
+            used("subnet", subnet, tagged=False)
+        for group in set(_indexed(p, r"NetworkInterface\.\d+\.SecurityGroupId\.\d+") + _indexed(p, r"SecurityGroupId\.\d+")):
+            used("security-group", group)
+        if p.get("KeyName"):
+            used("key-pair", p["KeyName"])
+        if p.get("Placement.GroupName"):
+            used("placement-group", p["Placement.GroupName"])
+        reservation = p.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId")
+        if reservation:
+            used("capacity-reservation", reservation, tagged=False)
+    elif name == "ImportKeyPair":
+        created("key-pair", p["KeyName"])
+    elif name == "CreateSecurityGroup":
+        created("security-group", "*")
+        used("vpc", p.get("VpcId", "vpc-default"), tagged=False)
+    elif name == "CreatePlacementGroup":
+        created("placement-group", p["GroupName"])
+    elif name == "AllocateAddress":
+        created("elastic-ip", "*")
+    elif name == "CreateTags":  # standalone: no ec2:CreateAction in its context
+        for ident in _indexed(p, r"ResourceId\.\d+"):
+            ctx = {f"aws:RequestTag/{k}": v for k, v in zip(_indexed(p, r"Tag\.\d+\.Key"),
+                                                             _indexed(p, r"Tag\.\d+\.Value"), strict=False)}
+            out.append(Authorization(action, arn("instance", ident), {**owned, **ctx}))
+    elif name == "TerminateInstances":
+        for ident in _indexed(p, r"InstanceId\.\d+"):
+            used("instance", ident)
+    elif name in ("AuthorizeSecurityGroupIngress", "RevokeSecurityGroupIngress", "DeleteSecurityGroup"):
+        used("security-group", p["GroupId"])
+    elif name in ("DeleteKeyPair",):
+        used("key-pair", p["KeyName"])
+    elif name == "DeletePlacementGroup":
+        used("placement-group", p["GroupName"])
+    elif name == "AssociateAddress":
+        used("elastic-ip", p["AllocationId"])
+        if p.get("NetworkInterfaceId"):
+            used("network-interface", p["NetworkInterfaceId"])
+        if p.get("InstanceId"):
+            used("instance", p["InstanceId"])
+    elif name == "DisassociateAddress":
+        used("elastic-ip", p.get("AssociationId", "*"))
+    elif name == "ReleaseAddress":
+        used("elastic-ip", p["AllocationId"])
+    else:
+        raise AssertionError(f"iam.py does not know what EC2 authorizes for {name}; teach it")
+    return out
+
+
+def mutating(calls: list[Call]) -> list[Call]:
+    """Every mutating EC2 call, DryRun ones included (they ask for the same permission)."""
+    return [c for c in calls if c.service == "ec2" and c.action.startswith(MUTATING_PREFIXES)]
+
+
+def _as_list(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _condition_holds(condition: dict[str, dict[str, Any]], ctx: dict[str, str]) -> bool:
+    for operator, tests in condition.items():
+        for key, wanted in tests.items():
+            values = _as_list(wanted)
+            have = ctx.get(key)
+            if operator == "Null":
+                if (values[0] == "true") != (have is None):
+                    return False
+            elif operator == "StringEquals":
+                if have is None or have not in values:
+                    return False
+            elif operator == "StringLike":
+                if have is None or not any(fnmatch.fnmatchcase(have, v) for v in values):
+                    return False
+            elif operator == "Bool":
+                if have is None or have.lower() != values[0].lower():
+                    return False
+            else:
+                raise AssertionError(f"iam.py cannot evaluate the condition operator {operator}")
+    return True
+
+
+def allowed_by(policy: dict[str, Any], auth: Authorization) -> list[str]:
+    """The Sids of the statements that allow ``auth`` (none: refused)."""
+    sids = []
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow", "iam.py evaluates Allow statements only"
+        if not any(fnmatch.fnmatchcase(auth.action, a) for a in _as_list(statement["Action"])):
+            continue
+        if not any(fnmatch.fnmatchcase(auth.resource, r) for r in _as_list(statement["Resource"])):
+            continue
+        if _condition_holds(statement.get("Condition", {}), auth.context):
+            sids.append(statement.get("Sid", "?"))
+    return sids
