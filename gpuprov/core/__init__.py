@@ -8,7 +8,6 @@ plain data in the JSON shapes of DESIGN.md.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import secrets
 import shutil
@@ -88,32 +87,6 @@ def expectations(provider: Provider, nodes: list[NodeRecord],
                  lock: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """What the probes should find on each node: the provider's view plus the version lock."""
     return {n.name: {**provider.expectations(n), "stack": lock} for n in nodes}
-
-
-def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any]:
-    """The extra variables every play of a cluster gets: the lock and where packages come from."""
-    options = cluster.spec.get("options") or {}
-    return {
-        "gpuprov_stack": lock,
-        "gpuprov_artifact_mirror": os.environ.get("GPUPROV_ARTIFACT_MIRROR", ""),
-        "gpuprov_registry_mirror": os.environ.get("GPUPROV_REGISTRY_MIRROR", ""),
-        "gpuprov_container_toolkit_repo_url": os.environ.get("GPUPROV_CONTAINER_TOOLKIT_REPO", ""),
-        "gpuprov_container_toolkit_repo_key_fingerprint": os.environ.get(
-            "GPUPROV_CONTAINER_TOOLKIT_REPO_FPR", ""),
-        "gpuprov_mirror_url": options.get("mirror_url", ""),
-        "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
-    }
-
-
-# Secrets a play reads from the controller: (environment variable, play variable that names
-# a file). They reach the play through a file on a memory file system for the length of the
-# run (gpuprov.ansible.runner.SecretFiles), never through its environment, its variables or
-# its artifacts.
-PLAY_SECRETS = (("GPUPROV_REGISTRY_PASSWORD", "base_images_registry_password_file"),)
-
-
-def play_secrets() -> dict[str, str]:
-    return {var: os.environ[env] for env, var in PLAY_SECRETS if os.environ.get(env)}
 
 
 def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
@@ -397,114 +370,6 @@ def _reporter(console: Console) -> Callable[[str], None]:
     return lambda message: console.say(f"  {message}")
 
 
-# -- provision --------------------------------------------------------------------------
-def provision(
-    name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None
-) -> dict[str, Any]:
-    from gpuprov.ansible.runner import parse_tags
-
-    tag_list = parse_tags(tags)
-    store = store or Store()
-    cluster = load(store, name)
-    with cluster_lock(name):
-        provider, files, nodes = refresh(store, cluster)
-        nodes = reachable_nodes(cluster, nodes)
-        return _provision(store, cluster, provider, files, nodes, console=console, check=check,
-                          tags=tag_list)
-
-
-def _provision(
-    store: Store,
-    cluster: ClusterRecord,
-    provider: Provider,
-    files: ClusterFiles,
-    nodes: list[NodeRecord],
-    *,
-    console: Console,
-    check: bool = False,
-    tags: list[str] | None = None,
-) -> dict[str, Any]:
-    from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir, run_playbook
-
-    lock = version_lock(store, cluster)
-    render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files)
-    extravars = playbook_vars(cluster, lock)
-    # The same variables, for running the playbooks by hand (-e @vars.json).
-    (files.dir / "vars.json").write_text(json.dumps(extravars, indent=2) + "\n")
-    kind = "provision-check" if check else "provision"
-    run_dir = new_run_dir(files, kind)
-    run_id = store.start_run(cluster.name, kind, str(run_dir))
-    ok = False
-    summary: dict[str, Any] = {}
-    try:
-        result = run_playbook(
-            paths.playbooks_dir() / "site.yml",
-            files,
-            [n.name for n in nodes],
-            run_dir,
-            title=f"{'check' if check else 'provision'} {cluster.name}",
-            check=check,
-            tags=tags or (),
-            extravars=extravars,
-            secrets=play_secrets(),
-            console=console.rich,
-        )
-        ok = result.ok
-        summary = {"hosts": result.hosts, "errors": result.errors}
-    finally:
-        store.finish_run(run_id, ok, summary)
-    if not check and ok and not tags:
-        store.set_cluster_state(cluster.name, "bootstrapped")
-    elif not check and not ok:
-        store.set_failed_step(cluster.name, "bootstrap")
-    for host, error in result.errors.items():
-        console.say(f"  {host}: {error}")
-    console.say(f"  artifacts: {result.artifact_dir}")
-    return {"cluster": cluster.name, "ok": ok, "hosts": result.hosts}
-
-
-# -- verify --------------------------------------------------------------------------------
-def verify(
-    name: str, *, console: Console, store: Store | None = None, level: str = "quick"
-) -> dict[str, Any]:
-    from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir
-    from gpuprov.probes.run import run_probes
-
-    store = store or Store()
-    cluster = load(store, name)
-    provider, files, nodes = refresh(store, cluster)
-    nodes = reachable_nodes(cluster, nodes)
-    expect = expectations(provider, nodes, version_lock(store, cluster))
-    render(cluster.name, cluster.provider, nodes, expect, files)
-    run_dir = new_run_dir(files, f"verify-{level}")
-    run_id = store.start_run(cluster.name, f"verify-{level}", str(run_dir))
-    ok = False
-    summary = {"pass": 0, "fail": 0, "skip": 0}
-    try:
-        hosts = run_probes(
-            files.inventory,
-            files.ansible_cfg,
-            [n.name for n in nodes],
-            expect,
-            run_dir,
-            level=level,
-            console=console.rich,
-        )
-        for results in hosts.values():
-            for r in results:
-                summary[r["status"]] += 1
-        ok = summary["fail"] == 0 and all(hosts.get(n.name) for n in nodes)
-    finally:
-        store.finish_run(run_id, ok, summary)
-    if ok and phase_at_least(cluster, "bootstrapped"):
-        store.set_cluster_state(name, "verified")
-    elif not ok:
-        store.set_failed_step(name, "verify")
-    return {"cluster": name, "ok": ok, "hosts": hosts, "summary": summary}
-
-
 # -- down -------------------------------------------------------------------------------------
 def down(
     name: str,
@@ -693,3 +558,11 @@ def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any
     provider, files, nodes = refresh(store, cluster)
     context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes), files)
     return files.inventory.read_text(), to_json(context)
+
+
+# Converging and probing live beside this module; imported last, as they use the helpers above.
+from gpuprov.core.converge import _provision, provision, verify  # noqa: E402
+from gpuprov.core.settings import play_secrets, playbook_vars  # noqa: E402
+
+__all__ = ["Console", "down", "inventory", "list_clusters", "play_secrets", "playbook_vars",
+           "provision", "status", "up", "verify"]
