@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
-.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror registry venv clean
+.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror registry settings venv clean
 
 # The package cache and artifact mirror of this machine (scripts/env.sh).
 ENV = eval "$$(scripts/env.sh)" &&
@@ -29,8 +29,13 @@ mirror: $(STAMP) host-setup
 registry: $(STAMP) host-setup
 	scripts/registry.sh
 
+# The machine's package cache, artifact mirror and registry as gpuprov's settings file (user
+# config dir): a new cluster records them at `up`, from any shell, with nothing exported.
+settings: $(STAMP) host-setup mirror registry
+	$(ENV) python -c "from gpuprov.core.settings import write_file; print(f'settings: {write_file()}')"
+
 ## demo: two local nodes, bootstrapped and verified (the main job, no GPU, no cost)
-demo: $(STAMP) host-setup mirror registry
+demo: $(STAMP) host-setup mirror registry settings
 	$(ENV) gpuprov up --provider docker --count 2 --name demo --yes
 	$(ENV) gpuprov verify demo
 
@@ -40,7 +45,7 @@ demo-down: $(STAMP)
 ## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
 # Two workers, one test file each at a time: the molecule scenarios run beside
 # the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
-test: $(STAMP) host-setup mirror registry lint
+test: $(STAMP) host-setup mirror registry settings lint
 	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadfile
 
 lint: $(STAMP)
@@ -54,11 +59,11 @@ unit: $(STAMP)
 molecule: $(STAMP) host-setup mirror registry
 	$(ENV) python -m pytest tests/molecule -p no:cacheprovider
 
-e2e: $(STAMP) host-setup mirror registry
+e2e: $(STAMP) host-setup mirror registry settings
 	$(ENV) python -m pytest tests/e2e -p no:cacheprovider
 
 ## bench: start-up, converge and no-op re-run figures (not a test)
-bench: $(STAMP) host-setup mirror registry
+bench: $(STAMP) host-setup mirror registry settings
 	$(ENV) python benchmarks/run.py
 
 clean:

@@ -172,7 +172,10 @@ def up(
     if name is not None:
         core.validate_name(name)
     if instance_type:
-        catalog.get(instance_type, region=region if provider == "aws" else None)
+        kind = catalog.get(instance_type, region=region if provider == "aws" else None)
+        if provider == "aws" and kind.provider != "aws":
+            raise BadInput(f"{instance_type} is an {kind.provider} machine, not an EC2 instance type: "
+                           "declare it in a hosts file for --provider static")
     elif provider == "aws":
         raise BadInput("--type is required for the aws provider (`gpuprov types` lists them)")
     elif provider == "docker":
@@ -337,6 +340,7 @@ def status(name: str, output: str) -> int:
             f"CUDA {lock['cuda']}, cuDNN {lock['cudnn']}"
             + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
         )
+    _settings_table(data.get("settings"))
     _table(
         "recent runs",
         ["id", "kind", "started", "ok", "artifacts"],
@@ -455,6 +459,45 @@ def exec_(name: str, command: tuple[str, ...]) -> int:
 
     results = remote.run(name, list(command), console=_console())
     return 0 if all(r.exit_code == 0 for r in results) else 1
+
+
+def _settings_table(recorded: dict[str, Any] | None) -> None:
+    if recorded is None:
+        click.echo("settings: not recorded yet (the next `up` records them)")
+        return
+    _table("settings (recorded with the cluster)", ["setting", "value", "from"],
+           [[k, v["value"], v["from"]] for k, v in recorded.items()] or [["(none)", "", ""]])
+
+
+@cli.command(name="settings")
+@click.argument("name")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Change one setting (KEY= removes it); repeatable.")
+@click.option("--record", is_flag=True,
+              help="Take every setting from the environment and the settings file as they are now.")
+@output_option
+def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: str) -> int:
+    """Show or change where a cluster's nodes get packages, artifacts and images.
+
+    Recorded at `up` (the environment, else the settings file in the user config dir) and
+    reused by every later command; the next `provision` or `patch` applies a change.
+    """
+    from gpuprov import core
+
+    changes = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BadInput(f"--set {item!r}: expected KEY=VALUE")
+        changes[key] = value
+    data = core.change_settings(name, changes, record=record)
+    if output == "json":
+        _emit_json(data)
+    else:
+        _settings_table(data["settings"])
+        if data["changed"]:
+            click.echo(f"changed: {', '.join(data['changed'])}; `gpuprov provision {name}` applies them")
+    return 0
 
 
 @cli.command()

@@ -143,18 +143,39 @@ def default_source(provider: str) -> str:
 def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = None,
             source: str = "nvidia") -> Lock:
     """The lock for ``instance_type`` (None: hosts of unknown type, no GPU rules apply)."""
-    facts = data()
     itype = catalog.get(instance_type) if instance_type else catalog.get("docker-node")
+    return resolve_types([itype], cuda=cuda, driver=driver, source=source,
+                         label=instance_type or "unknown")
+
+
+def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver: str | None = None,
+                  source: str = "nvidia", label: str | None = None) -> Lock:
+    """One lock for every host of a cluster, each described by ``types`` (declared or read
+    off its PCI bus): the driver serves every GPU model, CUDA every architecture, fabric
+    manager comes with any NVSwitch host and the EFA installer with any EFA host (the plays
+    install each only on the hosts that have the hardware)."""
+    facts = data()
     if source not in SOURCES:
         raise BadInput(f"unknown package source '{source}'; choose one of: {', '.join(SOURCES)}")
+    kinds = list({t.name: t for t in types}.values()) or [catalog.get("docker-node")]
+    names = ", ".join(t.name for t in kinds)
+    label = label or names
+    gpus = sorted({t.gpu_model for t in kinds if t.gpu_model})
+    archs = sorted({t.arch for t in kinds if t.arch})
+    nvswitch = any(t.nvswitch for t in kinds)
+    efa = any(t.efa for t in kinds)
     notes: list[str] = []
+    if len(kinds) > 1:
+        notes.append(f"one lock for hosts of {len(kinds)} kinds: {names}")
 
-    # 1. CUDA against the GPU architecture.
-    if itype.arch is not None:
+    # 1. CUDA against every GPU architecture.
+    for itype in kinds:
+        if itype.arch is None:
+            continue
         need = ARCH_MIN_CUDA[itype.arch]
         if _v(cuda) < _v(need):
             raise BadInput(
-                f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}) on {instance_type}: "
+                f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}) on {itype.name}: "
                 f"{itype.arch} needs CUDA >= {need} (CUDA 11.8 release notes: Hopper/Ada support)"
             )
     if cuda not in facts["cuda"]:
@@ -176,18 +197,20 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
             f"driver {requested} is too old for CUDA {cuda}: CUDA {cuda} needs driver >= "
             f"{need_cuda} (CUDA Toolkit release notes, Table 3)"
         )
-    if itype.gpu_model and _v(exact) < _v(GPU_MIN_DRIVER[itype.gpu_model]):
+    for gpu in sorted(gpus, key=lambda g: _v(GPU_MIN_DRIVER[g]), reverse=True)[:1]:
+        # The GPU that needs the newest driver decides for every host.
+        if _v(exact) >= _v(GPU_MIN_DRIVER[gpu]):
+            continue
         if driver is None:
             # The default branch is too old for this GPU: take the oldest pinned branch that works.
             fits = [b for b in sorted(branches, key=int)
-                    if _v(branches[b]) >= _v(GPU_MIN_DRIVER[itype.gpu_model])]
+                    if _v(branches[b]) >= _v(GPU_MIN_DRIVER[gpu])]
             branch, exact = fits[0], branches[fits[0]]
-            notes.append(f"{itype.gpu_model} needs driver >= {GPU_MIN_DRIVER[itype.gpu_model]}: "
-                         f"branch {branch}")
+            notes.append(f"{gpu} needs driver >= {GPU_MIN_DRIVER[gpu]}: branch {branch}")
         else:
             raise BadInput(
-                f"driver {requested} does not support {itype.gpu_model}: it needs driver >= "
-                f"{GPU_MIN_DRIVER[itype.gpu_model]} (NVIDIA data center driver release notes)"
+                f"driver {requested} does not support {gpu}: it needs driver >= "
+                f"{GPU_MIN_DRIVER[gpu]} (NVIDIA data center driver release notes)"
             )
     if branch not in branches:
         raise BadInput(f"gpuprov pins no release of driver branch {branch} "
@@ -207,11 +230,12 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
     # 3. Fabric manager: on NVSwitch systems, exactly the driver's version
     # (NVIDIA Fabric Manager user guide: "the versions must match", else
     # CUDA_ERROR_SYSTEM_NOT_READY, error 802).
-    fabricmanager = exact if itype.nvswitch else None
-    if itype.nvswitch and not src["fabricmanager_package"]:
-        raise BadInput(f"{instance_type} has NVSwitch and needs fabric manager, which package "
+    fabricmanager = exact if nvswitch else None
+    if nvswitch and not src["fabricmanager_package"]:
+        switched = ", ".join(t.name for t in kinds if t.nvswitch)
+        raise BadInput(f"{switched} has NVSwitch and needs fabric manager, which package "
                        f"source '{source}' does not carry; use --source nvidia or mirror")
-    if itype.nvswitch:
+    if nvswitch:
         notes.append(f"NVSwitch: fabric manager pinned to driver {exact}")
 
     cudnn = facts["cudnn"]
@@ -230,10 +254,10 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
         notes.append("Debian's archive keeps only its newest 535 release: the lock fails loudly "
                      "if that moves, instead of drifting")
     return Lock(
-        instance_type=instance_type or "unknown",
-        gpu=itype.gpu_model,
-        arch=itype.arch,
-        nvswitch=itype.nvswitch,
+        instance_type=label,
+        gpu=", ".join(gpus) or None,
+        arch=", ".join(archs) or None,
+        nvswitch=nvswitch,
         source=source,
         driver_branch=branch,
         driver=exact,
@@ -244,11 +268,11 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
         cudnn_archive=cudnn["archive"],
         cudnn_archive_sha256=cudnn["archive_sha256"],
         nccl=facts["nccl"]["version"],
-        efa_installer=facts["efa"]["installer"] if itype.efa else None,
+        efa_installer=facts["efa"]["installer"] if efa else None,
         packages=packages,
         notes=tuple(notes),
-        efa_installer_sha256=facts["efa"].get("installer_sha256", "") if itype.efa else "",
-        aws_ofi_nccl=facts["efa"].get("aws_ofi_nccl") if itype.efa else None,
+        efa_installer_sha256=facts["efa"].get("installer_sha256", "") if efa else "",
+        aws_ofi_nccl=facts["efa"].get("aws_ofi_nccl") if efa else None,
         gdrcopy=facts.get("gdrcopy", {}).get("version", ""),
         gdrcopy_sha256=facts.get("gdrcopy", {}).get("sha256", ""),
         microcode=dict(facts.get("microcode", {})),

@@ -254,6 +254,10 @@ class Store:
         with self._tx() as conn:
             conn.execute("UPDATE clusters SET failed_step = ? WHERE name = ?", (step, name))
 
+    def set_spec(self, name: str, spec: dict[str, Any]) -> None:
+        with self._tx() as conn:
+            conn.execute("UPDATE clusters SET spec = ? WHERE name = ?", (json.dumps(spec), name))
+
     def set_lock(self, name: str, lock: dict[str, Any] | None) -> None:
         with self._tx() as conn:
             conn.execute(

@@ -97,20 +97,20 @@ def instance_type(value: Any, where: str) -> str:
     return value
 
 
-def mirror_url(value: str) -> str:
+def mirror_url(value: str, flag: str = "--mirror-url") -> str:
     """An http(s) URL with a host and nothing that could end a deb822 field or add one."""
     from urllib.parse import urlsplit
 
     if not isinstance(value, str) or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
-        raise BadInput(f"--mirror-url {value!r}: a URL has no spaces, tabs or newlines")
+        raise BadInput(f"{flag} {value!r}: a URL has no spaces, tabs or newlines")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadInput(f"--mirror-url {value!r}: expected http:// or https:// and a host")
+        raise BadInput(f"{flag} {value!r}: expected http:// or https:// and a host")
     if parts.username or parts.password:
-        raise BadInput("--mirror-url: credentials in the URL would be written to the nodes' apt "
+        raise BadInput(f"{flag}: credentials in the URL would be written to the nodes' apt "
                        "sources; give the mirror access another way (apt auth.conf)")
     if parts.query or parts.fragment:
-        raise BadInput(f"--mirror-url {value!r}: a repository URL has no query or fragment")
+        raise BadInput(f"{flag} {value!r}: a repository URL has no query or fragment")
     return value
 
 

@@ -17,6 +17,8 @@ GPUPROV = [sys.executable, "-m", "gpuprov"]
 def gpuprov_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "gpuprov-home"
     monkeypatch.setenv("GPUPROV_HOME", str(home))
+    # This machine's own settings file (make settings) stays out of library tests.
+    monkeypatch.setenv("GPUPROV_CONFIG", str(tmp_path / "no-settings.toml"))
     return home
 
 

@@ -68,6 +68,10 @@ def render(
                 "key_file": node_key(n, files.key),
                 "instance_type": n.instance_type,
                 "expected_gpus": expectations.get(n.name, {}).get("gpus"),
+                # What this host has, so the plays install fabric manager or the EFA
+                # installer only where the hardware is (one lock serves mixed clusters).
+                "expected_nvswitch": bool(expectations.get(n.name, {}).get("nvswitch")),
+                "expected_efa": bool(expectations.get(n.name, {}).get("efa")),
             }
             for n in nodes
         ],
@@ -114,6 +118,8 @@ def host_vars(node: Mapping[str, Any]) -> dict[str, Any]:
         **({"ansible_ssh_private_key_file": str(node["key_file"])} if node["key_file"] else {}),
         "gpuprov_instance_type": node["instance_type"] or "unknown",
         "gpuprov_expected_gpus": "" if node["expected_gpus"] is None else int(node["expected_gpus"]),
+        "gpuprov_expected_nvswitch": bool(node.get("expected_nvswitch", False)),
+        "gpuprov_expected_efa": bool(node.get("expected_efa", False)),
     }
 
 

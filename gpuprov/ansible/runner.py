@@ -29,8 +29,8 @@ from gpuprov.providers import ClusterFiles
 # whose key lives there. Credentials of any kind are not on it.
 ENV_ALLOW = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES",
              "TZ", "TMPDIR", "SSH_AUTH_SOCK", "GPUPROV_HOME")
-# Non-secret gpuprov settings the plays read with lookup('env') (playbooks/containers.yml).
-ENV_ALLOW_PREFIX = ("GPUPROV_REGISTRY_MIRROR", "GPUPROV_REGISTRY_DIGESTS", "GPUPROV_CONTAINER_TOOLKIT_REPO")
+# gpuprov's own settings (mirrors, repositories) are not on it either: they reach the plays
+# as the cluster's recorded values (gpuprov.core.settings), never from the caller's shell.
 # Always set, whatever the controller's environment says.
 ENV_FORCED = {
     "ANSIBLE_HOST_KEY_CHECKING": "True",
@@ -103,7 +103,6 @@ def runner_env(extra: Mapping[str, str]) -> dict[str, str]:
     if bindir not in path.split(os.pathsep):
         path = bindir + os.pathsep + path
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
-    env.update({k: v for k, v in os.environ.items() if k.startswith(ENV_ALLOW_PREFIX)})
     env["PATH"] = path
     env.update(extra)
     env.update(ENV_FORCED)

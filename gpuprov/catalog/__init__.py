@@ -19,7 +19,7 @@ import difflib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,19 @@ ARCH_BY_GPU = {
     "L40S": "sm_89",
     "H100": "sm_90",
     "H200": "sm_90",
+}
+# GPU models by PCI device id (vendor 10de), for hosts that declare nothing: what the
+# PCI bus says. Source: the PCI ID Repository (pci-ids.ucw.cz, vendor 10de), and for
+# 2330 and 2335 the real H100 and H200 machines recorded in tests/fixtures/recordings/.
+GPU_BY_PCI_DEVICE = {
+    "0x1db1": "V100", "0x1db4": "V100", "0x1db5": "V100", "0x1db6": "V100",
+    "0x1eb8": "T4",
+    "0x20b0": "A100", "0x20b2": "A100", "0x20b5": "A100", "0x20f1": "A100",
+    "0x2237": "A10G",
+    "0x27b8": "L4",
+    "0x26b9": "L40S",
+    "0x2330": "H100", "0x2331": "H100", "0x2321": "H100",
+    "0x2335": "H200",
 }
 # Families whose GPUs sit on NVSwitch: fabric manager must run, matching the driver.
 NVSWITCH_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en"})
@@ -75,6 +88,8 @@ class InstanceType:
     virtualization: str
     quota_code: str | None = None
     price: dict[str, float] = field(default_factory=dict)
+    # InfiniBand/RoCE compute fabric (on-prem DGX/HGX): GPUDirect RDMA through nvidia-peermem.
+    infiniband: bool = False
 
     def price_per_hour(self, region: str | None) -> float | None:
         if region is None:
@@ -147,6 +162,58 @@ def by_gpu(model: str | None, region: str | None = None) -> list[InstanceType]:
         return types
     want = model.lower()
     return [t for t in types if t.gpu_model and t.gpu_model.lower() == want]
+
+
+def from_hardware(hardware: dict[str, Any] | None, declared: InstanceType | None = None,
+                  gpus: int | None = None) -> InstanceType:
+    """What a host is, from what it declared (a type, or a GPU count) and what its PCI bus
+    showed (``hardware``: {"gpu_device_ids": [...], "nvswitches": N}, see
+    ``parse_pci``). The bus wins where it can only be right: NVSwitch functions on it mean
+    fabric manager whatever was declared, and its GPUs name the model a bare count lacks."""
+    read = hardware is not None
+    hardware = hardware or {}
+    ids = list(hardware.get("gpu_device_ids") or [])
+    models = sorted({GPU_BY_PCI_DEVICE.get(i, "") for i in ids} - {""})
+    seen_model = models[0] if len(models) == 1 else None
+    switches = int(hardware.get("nvswitches") or 0)
+    if declared is not None:
+        if not switches or declared.nvswitch:
+            return declared
+        return replace(declared, nvswitch=True)
+    count = gpus if gpus is not None else len(ids)
+    model = seen_model if count else None
+    label = (f"{count}x{model or 'GPU'}" if count else "no-gpu") + ("-nvswitch" if switches else "")
+    return InstanceType(
+        name=f"detected:{label}" if read else f"declared:{label}" if gpus is not None else "undeclared", provider="onprem", gpu_model=model, gpu_count=count,
+        gpu_memory_gib=0, arch=ARCH_BY_GPU.get(model or ""), vcpus=None, memory_gib=None,
+        efa=False, efa_max_interfaces=0, network_cards=1, nvswitch=bool(switches),
+        virtualization="unknown",
+    )
+
+
+# One line per NVIDIA PCI function, as a node prints it for gpuprov (the format of the
+# recordings' pci.txt): "/sys/bus/pci/devices/ADDR vendor=0x10de device=0x2330 class=0x030200".
+PCI_READ = (
+    'for d in /sys/bus/pci/devices/*; do v=$(cat "$d/vendor" 2>/dev/null); '
+    '[ "$v" = 0x10de ] && echo "$d vendor=$v device=$(cat "$d/device") class=$(cat "$d/class")"; '
+    "done; true"
+)
+
+
+def parse_pci(text: str) -> dict[str, Any]:
+    """NVIDIA GPUs (display/3D controllers) and NVSwitches (bridge class 0680) in PCI_READ's
+    output; any other line is ignored."""
+    import re
+
+    gpus: list[str] = []
+    switches = 0
+    for m in re.finditer(r"vendor=0x10de device=(0x[0-9a-f]{4}) class=(0x[0-9a-f]{6})", text):
+        device, cls = m.groups()
+        if cls.startswith(("0x0300", "0x0302")):
+            gpus.append(device)
+        elif cls.startswith("0x0680"):
+            switches += 1
+    return {"gpu_device_ids": gpus, "nvswitches": switches}
 
 
 def family(name: str) -> str:

@@ -7,6 +7,7 @@ plain data in the JSON shapes of DESIGN.md.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import secrets
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from gpuprov import paths, validate
+from gpuprov.core import settings as cluster_settings
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
@@ -154,8 +156,16 @@ def up(
             f"cluster name '{spec.name}' is already used by a {existing.provider} cluster; "
             "choose another --name"
         )
+    # Where packages, artifacts and images come from: recorded with a new cluster, then the
+    # same for every later command (an environment that says otherwise is refused).
+    if existing is None:
+        recorded = cluster_settings.for_new_cluster()
+    else:
+        cluster_settings.values(existing)
+        recorded = cluster_settings.recorded(existing) or cluster_settings.for_new_cluster()
+    spec = dataclasses.replace(spec, options={**spec.options, "settings": recorded})
     plan = provider.plan(spec, files_for(spec.name, create=False))
-    lock = _resolve_lock(spec, existing)
+    lock = _resolve_lock(spec, existing, provider)
     if existing is None and plan.existing and spec.provider != "static":
         # Resources carry this name but this state directory never made them
         # (another GPUPROV_HOME, or lost state): never adopt or touch them.
@@ -219,6 +229,9 @@ def up(
             raise
         added = [n for n in nodes if n.id not in known_ids]
         store.replace_nodes(spec.name, nodes)
+        if existing is not None and cluster_settings.recorded(existing) is None:
+            store.set_spec(spec.name, {**existing.spec, "options": {
+                **(existing.spec.get("options") or {}), "settings": recorded}})
         # A cluster that gained nodes is only as far as its newest node; one that did not
         # keeps what it reached (re-running `up` goes on from there).
         _reach(store, spec.name, "launched", reset=bool(added))
@@ -247,6 +260,19 @@ def up(
                     store.set_failed_step(spec.name, "reach")
             raise
         store.replace_nodes(spec.name, nodes)
+        if created_record and provider.pins_without_bootstrap:
+            # Hosts that already exist: their PCI buses now say what they are (NVSwitch
+            # functions mean fabric manager, whatever was declared).
+            try:
+                seen = _resolve_lock(spec, None, provider, nodes)
+            except BadInput:
+                _rollback(store, spec.name, provider, files, nodes, added, report, whole=True)
+                raise
+            if seen["hash"] != lock["hash"]:
+                console.say(f"  stack from the hosts' PCI buses: {seen['instance_type']}: driver "
+                            f"{seen['driver']}, fabric manager {seen['fabricmanager'] or 'none'} "
+                            f"[lock {seen['hash']}]")
+                store.set_lock(spec.name, seen)
         _reach(store, spec.name, "reachable", reset=bool(added))
         if not bootstrap:
             console.say(f"{spec.name}: {len(nodes)} node(s) reachable with pinned host keys "
@@ -313,7 +339,9 @@ def _rollback(
     return kept
 
 
-def _resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None) -> dict[str, Any]:
+def _resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
+                  provider: Provider | None = None,
+                  nodes: list[NodeRecord] | None = None) -> dict[str, Any]:
     """The version lock for a new cluster (refused with its rule when impossible), or the one
     an existing cluster already has; a different request for an existing cluster is refused."""
     from gpuprov import stack
@@ -335,12 +363,16 @@ def _resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None) -> dict[str
                                    and spec.options.get("mirror_key_fingerprint")):
         raise BadInput("--source mirror needs --mirror-url and --mirror-key-fingerprint "
                        "(the mirror's signing key, 40 hex digits)")
-    itype = spec.instance_type if spec.instance_type else None
-    return stack.resolve(
-        itype,
+    # What the hosts are: the requested type, or (static hosts) each host's declared type or
+    # GPU count and, once reached, what its PCI bus showed.
+    kinds = (provider or get_provider(spec.provider)).host_types(spec, nodes)
+    return stack.resolve_types(
+        kinds or [],
         cuda=asked.get("cuda", "11.8"),
         driver=asked.get("driver"),
         source=source,
+        label=spec.instance_type if kinds and len({k.name for k in kinds}) == 1 and spec.instance_type
+        else None,
     ).as_dict()
 
 
@@ -534,6 +566,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "created": cluster.created,
         "spec": cluster.spec,
         "stack": cluster.lock,
+        "settings": cluster_settings.recorded(cluster),
         "nodes": [n.public() for n in nodes],
         "runs": [
             {
@@ -547,6 +580,32 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
             for r in runs
         ],
     }
+
+
+def change_settings(name: str, changes: dict[str, str] | None = None, *, record: bool = False,
+             store: Store | None = None) -> dict[str, Any]:
+    """The cluster's settings; ``changes`` ({key: value}, "" removes one) or ``record`` (take
+    what the environment and the settings file say now) change them, under the cluster lock.
+    The next `provision` or `patch` converges the nodes to them."""
+    store = store or Store()
+    cluster = load(store, name)
+    changes = {k: cluster_settings.check(k, v, "--set") for k, v in (changes or {}).items()}
+    if not changes and not record:
+        return {"cluster": name, "settings": cluster_settings.recorded(cluster), "changed": []}
+    with cluster_lock(name):
+        cluster = load(store, name)
+        before = cluster_settings.recorded(cluster) or {}
+        after = cluster_settings.for_new_cluster() if record else dict(before)
+        for key, value in changes.items():
+            after.pop(key, None)
+            if value:
+                after[key] = {"value": value, "from": "gpuprov settings --set"}
+        after = dict(sorted(after.items()))
+        options = {**(cluster.spec.get("options") or {}), "settings": after}
+        store.set_spec(name, {**cluster.spec, "options": options})
+    changed = sorted(k for k in set(before) | set(after)
+                     if (before.get(k) or {}).get("value") != (after.get(k) or {}).get("value"))
+    return {"cluster": name, "settings": after, "changed": changed}
 
 
 def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
@@ -564,5 +623,16 @@ def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any
 from gpuprov.core.converge import _provision, provision, verify  # noqa: E402
 from gpuprov.core.settings import play_secrets, playbook_vars  # noqa: E402
 
-__all__ = ["Console", "down", "inventory", "list_clusters", "play_secrets", "playbook_vars",
-           "provision", "status", "up", "verify"]
+__all__ = [
+    "Console",
+    "change_settings",
+    "down",
+    "inventory",
+    "list_clusters",
+    "play_secrets",
+    "playbook_vars",
+    "provision",
+    "status",
+    "up",
+    "verify",
+]

@@ -1,24 +1,133 @@
 """What every play of a cluster is given besides the lock: where packages, artifacts and
-images come from, and the secrets a play reads from the controller."""
+images come from (the cluster's settings), and the secrets a play reads from the controller.
+
+Settings shape what a node carries, so they live with the cluster: resolved once at `up`
+(the environment at that moment, else the settings file in the user config dir, which
+the local set-up writes), stored in the cluster's spec, and reused by every later command
+whoever runs it and from whatever shell. A later command run with a different value in its
+environment is refused with the way to change it (`gpuprov settings NAME --set KEY=VALUE`).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import tomllib
+from pathlib import Path
 from typing import Any
 
+from gpuprov import validate
+from gpuprov.errors import BadInput
 from gpuprov.state import ClusterRecord
+
+# key: (environment variable, what it is)
+SETTINGS: dict[str, tuple[str, str]] = {
+    "apt_proxy": ("GPUPROV_APT_PROXY", "package cache the nodes' apt goes through (local nodes)"),
+    "artifact_mirror": ("GPUPROV_ARTIFACT_MIRROR", "artifact mirror (cuDNN archive, installers)"),
+    "registry_mirror": ("GPUPROV_REGISTRY_MIRROR", "container registry mirror for image pulls"),
+    "registry_digests": ("GPUPROV_REGISTRY_DIGESTS",
+                         "JSON: digests the registry mirror serves under the lock's image names"),
+    "container_toolkit_repo": ("GPUPROV_CONTAINER_TOOLKIT_REPO",
+                               "NVIDIA container toolkit apt repository"),
+    "container_toolkit_repo_fpr": ("GPUPROV_CONTAINER_TOOLKIT_REPO_FPR",
+                                   "that repository's signing key fingerprint"),
+}
+
+
+def config_path() -> Path:
+    """The settings file: ``GPUPROV_CONFIG``, else settings.toml in the user config dir."""
+    env = os.environ.get("GPUPROV_CONFIG")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_config_path
+
+    return user_config_path("gpuprov", appauthor=False) / "settings.toml"
+
+
+def check(key: str, value: Any, where: str) -> str:
+    """One setting's value, validated: each reaches apt sources, daemon.json or a play."""
+    if key not in SETTINGS:
+        raise BadInput(f"{where}: unknown setting '{key}' (known: {', '.join(SETTINGS)})")
+    if not isinstance(value, str):
+        raise BadInput(f"{where}: setting {key} must be a string, not {value!r}")
+    if value == "":
+        return value
+    if key == "container_toolkit_repo_fpr":
+        return validate.key_fingerprint(value, f"{where}: {key}")
+    if key == "registry_digests":
+        try:
+            data = json.loads(value)
+        except ValueError:
+            raise BadInput(f"{where}: {key} must be a JSON object of image -> digest") from None
+        if not isinstance(data, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and v.startswith("sha256:")
+                for k, v in data.items()):
+            raise BadInput(f"{where}: {key} must map image names to sha256: digests")
+        return json.dumps(data, sort_keys=True)
+    return validate.mirror_url(value, f"{where}: {key}")
+
+
+def _file() -> tuple[dict[str, str], Path]:
+    path = config_path()
+    if not path.is_file():
+        return {}, path
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise BadInput(f"settings file {path} is not valid TOML ({exc})") from None
+    return {k: check(k, v, f"settings file {path}") for k, v in raw.items()}, path
+
+
+def _environment() -> dict[str, str]:
+    return {key: check(key, os.environ[env], env) for key, (env, _) in SETTINGS.items()
+            if os.environ.get(env)}
+
+
+def for_new_cluster() -> dict[str, dict[str, str]]:
+    """The settings a new cluster records: {key: {"value", "from"}} for every key that has one
+    (the environment wins over the settings file)."""
+    found, path = _file()
+    out = {k: {"value": v, "from": str(path)} for k, v in found.items() if v}
+    out.update({k: {"value": v, "from": f"environment ({SETTINGS[k][0]})"}
+                for k, v in _environment().items() if v})
+    return dict(sorted(out.items()))
+
+
+def recorded(cluster: ClusterRecord) -> dict[str, dict[str, str]] | None:
+    options = cluster.spec.get("options") or {}
+    return options.get("settings")
+
+
+def values(cluster: ClusterRecord) -> dict[str, str]:
+    """The cluster's settings ({key: value}); refuses an environment that says otherwise."""
+    stored = recorded(cluster)
+    if stored is None:
+        # A cluster from before settings were recorded: what the sources say now (recorded by
+        # its next `up`, or by `gpuprov settings NAME --record`).
+        stored = for_new_cluster()
+    have = {k: v["value"] for k, v in stored.items()}
+    for key, value in _environment().items():
+        if value != have.get(key, ""):
+            env = SETTINGS[key][0]
+            raise BadInput(
+                f"{env}={value or '(empty)'} differs from cluster '{cluster.name}''s {key} "
+                f"{have.get(key) or '(none)'} (recorded at up); unset {env}, or change the cluster "
+                f"with `gpuprov settings {cluster.name} --set {key}=VALUE`"
+            )
+    return have
 
 
 def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any]:
     """The extra variables every play of a cluster gets: the lock and where packages come from."""
     options = cluster.spec.get("options") or {}
+    have = values(cluster)
     return {
         "gpuprov_stack": lock,
-        "gpuprov_artifact_mirror": os.environ.get("GPUPROV_ARTIFACT_MIRROR", ""),
-        "gpuprov_registry_mirror": os.environ.get("GPUPROV_REGISTRY_MIRROR", ""),
-        "gpuprov_container_toolkit_repo_url": os.environ.get("GPUPROV_CONTAINER_TOOLKIT_REPO", ""),
-        "gpuprov_container_toolkit_repo_key_fingerprint": os.environ.get(
-            "GPUPROV_CONTAINER_TOOLKIT_REPO_FPR", ""),
+        "gpuprov_artifact_mirror": have.get("artifact_mirror", ""),
+        "gpuprov_registry_mirror": have.get("registry_mirror", ""),
+        "gpuprov_registry_digests": json.loads(have.get("registry_digests") or "{}"),
+        "gpuprov_container_toolkit_repo_url": have.get("container_toolkit_repo", ""),
+        "gpuprov_container_toolkit_repo_key_fingerprint": have.get("container_toolkit_repo_fpr", ""),
         "gpuprov_mirror_url": options.get("mirror_url", ""),
         "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
     }
@@ -33,3 +142,22 @@ PLAY_SECRETS = (("GPUPROV_REGISTRY_PASSWORD", "base_images_registry_password_fil
 
 def play_secrets() -> dict[str, str]:
     return {var: os.environ[env] for env, var in PLAY_SECRETS if os.environ.get(env)}
+
+
+def write_file(path: Path | None = None) -> Path:
+    """Write the settings the environment gives now into the settings file (what the local
+    set-up does once, `make settings`, so that a plain shell finds the machine's package
+    cache, mirror and registry)."""
+    path = path or config_path()
+    found = _environment()
+    lines = ["# gpuprov settings: the defaults a new cluster records at `gpuprov up`",
+             "# (the environment wins; `gpuprov settings NAME` shows what a cluster recorded).",
+             "# Written by the local set-up (make settings)."]
+    for key, value in sorted(found.items()):
+        lines.append(f"# {SETTINGS[key][1]}")
+        lines.append(f"{key} = {json.dumps(value)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+    return path

@@ -123,6 +123,14 @@ class Provider(ABC):
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
         """Remove or forget the cluster's nodes; returns how many were removed."""
 
+    def host_types(self, spec: ClusterSpec, nodes: list[NodeRecord] | None = None) -> list[Any]:
+        """What the cluster's hosts are (catalog.InstanceType each), for its version lock:
+        before launch from the request (``nodes`` None), after wait_ready from the nodes.
+        A provider whose nodes are all of the requested type says just that."""
+        from gpuprov import catalog
+
+        return [catalog.get(spec.instance_type)] if spec.instance_type else []
+
     def expectations(self, node: NodeRecord) -> dict[str, Any]:
         """What the probes should expect of this node (GPU count, virtualization)."""
         from gpuprov import catalog
@@ -134,6 +142,8 @@ class Provider(ABC):
         return {
             "provider": self.name,
             "instance_type": node.instance_type or None,
+            "efa": itype.efa if itype else False,
+            "infiniband": itype.infiniband if itype else False,
             "gpus": gpus,
             "gpu_model": node.extra.get("gpu_model") or (itype.gpu_model if itype else None),
             "nvswitch": itype.nvswitch if itype else None,

@@ -118,8 +118,11 @@ def test_types_json_and_list_json(capsys, gpuprov_home: Path) -> None:
     code, out, _ = invoke(capsys, "types", "--gpu", "A100", "-o", "json")
     assert code == 0
     rows = json.loads(out)
-    assert {r["instance_type"] for r in rows} == {"p4d.24xlarge", "p4de.24xlarge"}
+    assert {r["instance_type"] for r in rows} == {"p4d.24xlarge", "p4de.24xlarge", "dgx-a100",
+                                                  "hgx-a100-8gpu"}
     assert all(r["gpus"] == 8 and r["nvswitch"] for r in rows)
+    onprem = {r["instance_type"]: r for r in rows if r["provider"] == "onprem"}
+    assert all(not r["efa"] for r in onprem.values()) and set(onprem) == {"dgx-a100", "hgx-a100-8gpu"}
     code, out, _ = invoke(capsys, "list", "-o", "json")
     assert code == 0 and json.loads(out) == []
 

@@ -24,4 +24,4 @@ def test_unknown_type_suggests_close_names() -> None:
 
 def test_filter_by_gpu_is_case_insensitive() -> None:
     names = {t.name for t in catalog.by_gpu("h100")}
-    assert names == {"p5.48xlarge"}
+    assert names == {"p5.48xlarge", "dgx-h100", "hgx-h100-8gpu"}

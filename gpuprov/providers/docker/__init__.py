@@ -143,6 +143,8 @@ class DockerProvider(Provider):
         ssh.ensure_keypair(files.key, f"gpuprov-{spec.name}")
         pubkey = files.key.with_suffix(".pub").read_text()
         existing = {c["Names"]: c for c in self._containers(spec.name)}
+        settings = spec.options.get("settings") or {}
+        apt_proxy = (settings.get("apt_proxy") or {}).get("value", "")
         created: list[str] = []
         host_keys: dict[str, str] = {}
         try:
@@ -155,7 +157,7 @@ class DockerProvider(Provider):
                         docker("start", cname)
                     continue
                 report(f"{node}: creating container from {self.image}")
-                host_keys[cname] = self._create(spec.name, node, cname, pubkey, files)
+                host_keys[cname] = self._create(spec.name, node, cname, pubkey, files, apt_proxy)
                 created.append(cname)
             for cname in created:
                 docker("start", cname)
@@ -172,7 +174,8 @@ class DockerProvider(Provider):
             raise
         return nodes
 
-    def _create(self, cluster: str, node: str, cname: str, pubkey: str, files: ClusterFiles) -> str:
+    def _create(self, cluster: str, node: str, cname: str, pubkey: str, files: ClusterFiles,
+                apt_proxy: str = "") -> str:
         volume = f"{cname}-docker"
         docker("volume", "create", "--label", f"{LABEL}={cluster}", volume)
         docker(
@@ -203,7 +206,7 @@ class DockerProvider(Provider):
                 ("etc/ssh/ssh_host_ed25519_key", private, 0o600, 0, 0),
                 ("etc/ssh/ssh_host_ed25519_key.pub", (public + "\n").encode(), 0o644, 0, 0),
                 (f"home/{NODE_USER}/.ssh/authorized_keys", pubkey.encode(), 0o600, uid, gid),
-                *_apt_proxy_file(),
+                *_apt_proxy_file(apt_proxy),
             ]
         )
         docker("cp", "-a", "-", f"{cname}:/", input=payload)
@@ -314,13 +317,13 @@ def _user_ids(container: str, user: str) -> tuple[int, int]:
     raise GpuprovError(f"node image has no '{user}' user; rebuild it with scripts/build-node-image.sh")
 
 
-def _apt_proxy_file() -> list[tuple[str, bytes, int, int, int]]:
-    """Point the node's apt at the machine's package cache when GPUPROV_APT_PROXY names one.
+def _apt_proxy_file(proxy: str) -> list[tuple[str, bytes, int, int, int]]:
+    """Point the node's apt at the package cache the cluster's settings name (apt_proxy).
 
     Hosts on the bridge gateway itself (the artifact mirror, test repositories)
     are reached directly.
     """
-    proxy = os.environ.get("GPUPROV_APT_PROXY", "").strip()
+    proxy = proxy.strip()
     if not proxy:
         return []
     gateway = proxy.split("//", 1)[-1].split(":", 1)[0]

@@ -276,9 +276,49 @@ class StaticProvider(Provider):
             problems = [p for p in pool.map(check, nodes) if p]
         if problems:
             raise GpuprovError("; ".join(problems))
-        for n in nodes:
-            report(f"{n.name}: reachable at {n.user}@{n.address}:{n.ssh_port}")
-        return [replace(n, state="reachable") for n in nodes]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
+            hardware = list(pool.map(lambda n: _read_pci(n, files), nodes))
+        ready = []
+        for n, hw in zip(nodes, hardware, strict=True):
+            node = replace(n, state="reachable", extra={**n.extra, "hardware": hw})
+            kind = self.host_type(node)
+            report(f"{n.name}: reachable at {n.user}@{n.address}:{n.ssh_port}; PCI bus: "
+                   f"{len(hw['gpu_device_ids'])} NVIDIA GPU(s), {hw['nvswitches']} NVSwitch(es)"
+                   f" -> {kind.name}")
+            ready.append(node)
+        return ready
+
+    def host_type(self, node: NodeRecord) -> Any:
+        """What one host is: its declared type (hosts file, else --type), or its declared GPU
+        count, completed by what its PCI bus showed (catalog.from_hardware)."""
+        from gpuprov import catalog
+
+        declared = catalog.get(node.instance_type) if node.instance_type else None
+        return catalog.from_hardware(node.extra.get("hardware"), declared,
+                                     gpus=node.extra.get("gpus"))
+
+    def host_types(self, spec: ClusterSpec, nodes: list[NodeRecord] | None = None) -> list[Any]:
+        if nodes is None:
+            # Before any host is reached: what the hosts file (or --type) declares.
+            nodes = [NodeRecord(name=h.name, id=h.name, address=h.address, ssh_port=h.port,
+                                user=h.user, state="listed",
+                                instance_type=h.instance_type or spec.instance_type or "",
+                                extra={"gpus": h.gpus})
+                     for h in parse_hosts_file(spec.hosts_file)[0]]
+        return [self.host_type(n) for n in nodes]
+
+    def expectations(self, node: NodeRecord) -> dict[str, Any]:
+        kind = self.host_type(node)
+        return {
+            **super().expectations(node),
+            # Unknown (None) until the host declared a type or count, or its bus was read.
+            "gpus": node.extra["gpus"] if node.extra.get("gpus") is not None
+            else kind.gpu_count if (node.instance_type or "hardware" in node.extra) else None,
+            "gpu_model": kind.gpu_model,
+            "nvswitch": kind.nvswitch,
+            "efa": kind.efa,
+            "infiniband": kind.infiniband,
+        }
 
     def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
         return list(known)
@@ -287,6 +327,23 @@ class StaticProvider(Provider):
         for n in known:
             report(f"{n.name}: forgotten (the machine is not touched)")
         return len(known)
+
+
+def _read_pci(node: NodeRecord, files: ClusterFiles) -> dict[str, Any]:
+    """The NVIDIA functions on the host's PCI bus (catalog.parse_pci), read over SSH with the
+    pinned key; a fixed command, nothing from the hosts file reaches it but the login."""
+    from gpuprov import catalog
+
+    proc = subprocess.run(
+        ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+         "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}",
+         catalog.PCI_READ],
+        capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=60,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise GpuprovError(f"{node.name}: could not read its PCI bus over SSH ({last})")
+    return catalog.parse_pci(proc.stdout)
 
 
 def _from_known_hosts(node: NodeRecord) -> str | None:
