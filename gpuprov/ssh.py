@@ -161,3 +161,66 @@ def _run(cmd: list[str]) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise GpuprovError(f"{cmd[0]} failed: {proc.stderr.strip()}")
+
+
+# -- one reachability check per node, before a command works on it ----------------------------
+HOST_KEY_MISMATCH = "host key does not match the pinned key"
+_MISMATCH_MARKERS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED")
+
+
+def ssh_error_line(stderr: str, returncode: int | None = None) -> str:
+    """One line for an SSH failure: a host key mismatch said plainly, else OpenSSH's last
+    meaningful line of stderr (its warnings and blank lines left out)."""
+    if any(m in stderr for m in _MISMATCH_MARKERS):
+        return f"{HOST_KEY_MISMATCH} (Host key verification failed); refused, nothing ran on this node"
+    lines = [line.strip() for line in stderr.replace("\r", "\n").splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("Warning:", "@@@"))]
+    if lines:
+        return lines[-1]
+    return "ssh failed" + (f" (exit {returncode})" if returncode is not None else "")
+
+
+def check_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: int = 5) -> str | None:
+    """One SSH connection to ``node`` with its pinned host key: None when it runs a command,
+    else why not, in one line."""
+    cmd = [
+        "ssh",
+        "-p",
+        str(node.ssh_port),
+        *ssh_options(known_hosts, key),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={timeout}",
+        # A fresh connection: a multiplexed master opened earlier would skip the key check.
+        "-o",
+        "ControlMaster=no",
+        "-o",
+        "ControlPath=none",
+        # Options end here: nothing after this is read as one, whatever it holds.
+        "--",
+        f"{node.user}@{node.address}",
+        "true",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                              stdin=subprocess.DEVNULL, timeout=timeout * 3 + 5)
+    except subprocess.TimeoutExpired:
+        return f"no answer from {node.address}:{node.ssh_port} within {timeout * 3 + 5}s"
+    if proc.returncode == 0:
+        return None
+    return ssh_error_line(proc.stderr, proc.returncode)
+
+
+def unreachable_nodes(nodes: list[NodeRecord], default_key: Path, known_hosts: Path,
+                      timeout: int = 5) -> dict[str, str]:
+    """Check every node once, in parallel: {node name: why it is unreachable} for the
+    nodes that are not (an empty mapping when all answer)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not nodes:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(nodes), 32)) as pool:
+        answers = list(pool.map(
+            lambda n: check_ssh(n, node_key(n, default_key), known_hosts, timeout), nodes))
+    return {n.name: why for n, why in zip(nodes, answers, strict=True) if why is not None}

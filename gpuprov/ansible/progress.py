@@ -49,6 +49,23 @@ def _msg(res: dict[str, Any]) -> str:
     return "failed"
 
 
+# Where Ansible's unreachable message stops talking and quotes OpenSSH.
+_SSH_QUOTE = ("Failed to connect to the host via ssh:", "can be reached over ssh:")
+
+
+def unreachable_reason(res: dict[str, Any]) -> str:
+    """Why Ansible could not reach a host, in one line: OpenSSH's own last line, without
+    Ansible's wrapping; a host key mismatch said plainly."""
+    from gpuprov.ssh import ssh_error_line
+
+    raw = str(res.get("msg") or res.get("stderr") or "")
+    for marker in _SSH_QUOTE:
+        if marker in raw:
+            raw = raw.split(marker, 1)[1]
+            break
+    return ssh_error_line(raw) if raw.strip() else "unreachable (no reason given)"
+
+
 class PlaybookProgress:
     def __init__(self, hosts: Iterable[str], title: str, console: Any | None = None) -> None:
         from rich.console import Console
@@ -121,12 +138,12 @@ class PlaybookProgress:
                 self.console.print(f"  {h.host}: FAILED   {h.error}", highlight=False)
         elif kind == "runner_on_unreachable":
             h.unreachable += 1
-            h.error = f"unreachable: {_msg(res)}"
-            if any(m in _msg(res) for m in HOST_KEY_MISMATCH):
-                h.error = ("host key does not match the pinned key (known_hosts of the cluster); "
-                           "refused, nothing ran on this node")
-            if not self.interactive:
-                self.console.print(f"  {h.host}: UNREACHABLE {h.error}", highlight=False)
+            why = unreachable_reason(res)
+            h.error = f"unreachable: {why}"
+            # One line per node: Ansible drops an unreachable host from the rest of the run,
+            # but a task that ignores unreachable hosts may report it again.
+            if not self.interactive and h.unreachable == 1:
+                self.console.print(f"  {h.host}: UNREACHABLE {why}", highlight=False)
 
     # -- rendering -----------------------------------------------------------------
     def _table(self):

@@ -21,6 +21,32 @@ from gpuprov.core.settings import play_secrets, playbook_vars
 from gpuprov.providers import ClusterFiles, Provider
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
+# The one row an unreachable node gets in `verify`, instead of a failure per probe.
+REACHABLE_PROBE = "reachable"
+
+
+def check_reachable(
+    files: ClusterFiles, nodes: list[NodeRecord], console: Console
+) -> tuple[list[NodeRecord], dict[str, str]]:
+    """One SSH check per node (in parallel, pinned host keys): the nodes that answer, and
+    {node: why not} for the others, each reported here in one line."""
+    from gpuprov.ssh import unreachable_nodes
+
+    down = unreachable_nodes(nodes, files.key, files.known_hosts)
+    for node in nodes:
+        if node.name in down:
+            console.say(f"  {node.name}: UNREACHABLE {down[node.name]}")
+    return [n for n in nodes if n.name not in down], down
+
+
+def unreachable_stats() -> dict[str, int]:
+    """A provision host entry for a node that was not reached: nothing ran there."""
+    return {"ok": 0, "changed": 0, "failed": 0, "unreachable": 1, "tasks": 0}
+
+
+def unreachable_row(why: str) -> dict[str, str]:
+    return {"probe": REACHABLE_PROBE, "status": "fail", "detail": f"unreachable: {why}"}
+
 
 # -- provision --------------------------------------------------------------------------
 def provision(
@@ -62,31 +88,47 @@ def _provision(
     run_id = store.start_run(cluster.name, kind, str(run_dir))
     ok = False
     summary: dict[str, Any] = {}
+    hosts: dict[str, dict[str, int]] = {}
+    errors: dict[str, str] = {}
+    result = None
     try:
-        result = run_playbook(
-            paths.playbooks_dir() / "site.yml",
-            files,
-            [n.name for n in nodes],
-            run_dir,
-            title=f"{'check' if check else 'provision'} {cluster.name}",
-            check=check,
-            tags=tags or (),
-            extravars=extravars,
-            secrets=play_secrets(),
-            console=console.rich,
-        )
-        ok = result.ok
-        summary = {"hosts": result.hosts, "errors": result.errors}
+        # Each node is checked once; an unreachable one is reported once and left out of the
+        # play (--limit), and the others are still served.
+        reachable, down = check_reachable(files, nodes, console)
+        errors = {host: f"unreachable: {why}" for host, why in down.items()}
+        if reachable:
+            result = run_playbook(
+                paths.playbooks_dir() / "site.yml",
+                files,
+                [n.name for n in reachable],
+                run_dir,
+                title=f"{'check' if check else 'provision'} {cluster.name}",
+                check=check,
+                tags=tags or (),
+                limit=[n.name for n in reachable] if down else (),
+                extravars=extravars,
+                secrets=play_secrets(),
+                console=console.rich,
+            )
+            errors |= result.errors
+        played = result.hosts if result is not None else {}
+        hosts = {n.name: unreachable_stats() if n.name in down else played.get(n.name, unreachable_stats())
+                 for n in nodes}
+        ok = not down and result is not None and result.ok
+        summary = {"hosts": hosts, "errors": errors}
     finally:
         store.finish_run(run_id, ok, summary)
     if not check and ok and not tags:
         store.set_cluster_state(cluster.name, "bootstrapped")
     elif not check and not ok:
         store.set_failed_step(cluster.name, "bootstrap")
-    for host, error in result.errors.items():
-        console.say(f"  {host}: {error}")
-    console.say(f"  artifacts: {result.artifact_dir}")
-    return {"cluster": cluster.name, "ok": ok, "hosts": result.hosts}
+    if result is not None and console.rich.is_terminal:
+        # The live table shows counts only: say what went wrong, once per node. (Elsewhere the
+        # progress has already printed each failure as its own line.)
+        for host, error in result.errors.items():
+            console.say(f"  {host}: {error}")
+    console.say(f"  artifacts: {result.artifact_dir if result is not None else run_dir}")
+    return {"cluster": cluster.name, "ok": ok, "hosts": hosts}
 
 
 # -- verify --------------------------------------------------------------------------------
@@ -107,16 +149,25 @@ def verify(
     run_id = store.start_run(cluster.name, f"verify-{level}", str(run_dir))
     ok = False
     summary = {"pass": 0, "fail": 0, "skip": 0}
+    hosts: dict[str, list[dict[str, str]]] = {}
     try:
-        hosts = run_probes(
-            files.inventory,
-            files.ansible_cfg,
-            [n.name for n in nodes],
-            expect,
-            run_dir,
-            level=level,
-            console=console.rich,
-        )
+        # Each node is checked once: an unreachable one is one failed row with the SSH
+        # error, not a failure per probe; the probes run on the nodes that answer.
+        reachable, down = check_reachable(files, nodes, console)
+        probed = {}
+        if reachable:
+            probed = run_probes(
+                files.inventory,
+                files.ansible_cfg,
+                [n.name for n in reachable],
+                expect,
+                run_dir,
+                level=level,
+                console=console.rich,
+            )
+        hosts = {n.name: [unreachable_row(down[n.name])] if n.name in down else probed.get(n.name, [])
+                 for n in nodes}
+        hosts |= {h: rows for h, rows in probed.items() if h not in hosts}
         for results in hosts.values():
             for r in results:
                 summary[r["status"]] += 1

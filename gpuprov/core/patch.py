@@ -15,6 +15,12 @@ The roll, in order:
    fail where they passed before the patch, stops the roll: nodes already done
    stay done, the failing node is reported (and stays drained), nodes not yet
    started are not touched.
+
+Every node is checked over SSH once, before the plan: a node that does not answer
+is reported once (status ``not-started``, its ``error`` the SSH error), is never
+planned, drained or patched, and the roll goes on with the others; the result is
+not ok and the stored lock does not move.
+
 5. The cluster's stored lock moves to the new one only when every node has it.
    Each roll leaves a run record (kind ``patch`` / ``patch-check``) in state.
 """
@@ -186,6 +192,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
     from gpuprov import core
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir, run_playbook
+    from gpuprov.core.converge import check_reachable
     from gpuprov.probes.run import run_probes
 
     store = store or Store()
@@ -213,7 +220,6 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
     with core.cluster_lock(name):
         provider, files, nodes = core.refresh(store, cluster)
         nodes = core.reachable_nodes(cluster, nodes)
-        by_name = {n.name: n for n in nodes}
         new_expect = core.expectations(provider, nodes, lock)
         render(cluster.name, cluster.provider, nodes, new_expect, files)
         kind = "patch-check" if req.check else "patch"
@@ -225,17 +231,32 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                                   "lock": {"from": old.get("hash"), "to": lock["hash"]}}
         try:
             say(f"{name}: patch {_what(req, lock)} (lock {old.get('hash')} -> {lock['hash']})")
-            # 1. Plan: check mode on every node at once.
+            # 0. Each node once over SSH: one that does not answer is reported here, once, and
+            # is never planned, drained or patched; the others are served.
+            reachable, down = check_reachable(files, nodes, console)
+            for host, why in down.items():
+                mark_unreachable(hosts[host], why)
+            by_name = {n.name: n for n in reachable}
+            if not by_name:
+                return result
+            # 1. Plan: check mode on every reachable node at once.
             planned = run_playbook(playbook, files, list(by_name), _sub(run_dir, "plan"),
                                    title=f"plan {name}", check=True, extravars=extravars,
-                                   console=console.rich)
+                                   limit=list(by_name) if down else (), console=console.rich)
             reports = host_reports(planned.artifact_dir)
             todo = []
             for host in by_name:
                 stats = planned.hosts.get(host, {})
                 plan = plan_of(reports.get(host, {}), lock, req)
                 hosts[host]["plan"] = plan
-                if host in planned.errors or stats.get("failed") or stats.get("unreachable"):
+                if stats.get("unreachable"):
+                    # Lost between the check and the plan: left out like the others (the
+                    # progress has said so, in its one line).
+                    mark_unreachable(hosts[host], planned.errors.get(host, "unreachable").removeprefix(
+                        "unreachable: "))
+                    down[host] = hosts[host]["error"]
+                    continue
+                if host in planned.errors or stats.get("failed"):
                     hosts[host]["plan_error"] = planned.errors.get(host, "check run failed")
                     todo.append(host)
                 elif plan or stats.get("changed"):
@@ -256,8 +277,9 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                 return result
             if not todo:
                 _settle(hosts)
-                result["ok"] = True
-                _store_lock(store, name, old, lock)
+                result["ok"] = not down
+                if result["ok"]:
+                    _store_lock(store, name, old, lock)
                 return result
             # 2. Baseline: what the probes say before anything moves (the current lock).
             old_expect = core.expectations(provider, nodes, old)
@@ -325,9 +347,11 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                     if rest:
                         say(f"{name}: roll stopped; not started: {', '.join(rest)}")
                     break
-            result["ok"] = not stopped
-            if result["ok"]:
+            if not stopped:
                 _settle(hosts)
+            # The lock moves only when every node has it: not with a node left unreachable.
+            result["ok"] = not stopped and not down
+            if result["ok"]:
                 _store_lock(store, name, old, lock)
             return result
         finally:
@@ -338,6 +362,13 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                 "request": {"driver": req.driver if req.move_driver else None, "kernel": req.kernel, "microcode": req.microcode,
                             "batch": req.batch, "check": req.check}})
             say(f"  artifacts: {run_dir}")
+
+
+def mark_unreachable(state: dict[str, Any], why: str) -> None:
+    """A node the roll could not reach: never started (nothing ran there, it was not
+    drained); the reason is its error, and its plan could not be made."""
+    detail = f"unreachable: {why}"
+    state.update(status="not-started", error=detail, plan=[], plan_error=detail)
 
 
 def _store_lock(store: Store, name: str, old: dict[str, Any], lock: dict[str, Any]) -> None:

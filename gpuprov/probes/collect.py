@@ -7,6 +7,7 @@ controller, so lines are written by one process only.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -25,6 +26,35 @@ def _host_from_id(nodeid: str) -> str:
     return match.group(1) if match else "?"
 
 
+# testinfra raises RuntimeError(CommandResult(...)) when a command it needed failed; its
+# repr holds the backend object, the command and raw bytes. What matters is the exit
+# status and the last line of stderr (255: ssh itself failed).
+_COMMAND_RESULT = re.compile(r"CommandResult\(.*?exit_status=(-?\d+)", re.S)
+_STDERR = re.compile(r"_stderr=(b?(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))", re.S)
+
+
+def command_failure(text: str) -> str | None:
+    """One line for a testinfra CommandResult repr in ``text``, or None when there is none."""
+    match = _COMMAND_RESULT.search(text)
+    if match is None:
+        return None
+    status = int(match.group(1))
+    stderr = ""
+    found = _STDERR.search(text, match.end())
+    if found is not None:
+        try:
+            raw = ast.literal_eval(found.group(1))
+        except (ValueError, SyntaxError):
+            raw = found.group(1)
+        stderr = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    from gpuprov.ssh import ssh_error_line
+
+    if status == 255:
+        return f"ssh failed (exit 255): {ssh_error_line(stderr, status)}"
+    lines = [line.strip() for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
+    return f"command failed (exit {status})" + (f": {lines[-1]}" if lines else "")
+
+
 def _detail(report: pytest.TestReport) -> str:
     props = dict(report.user_properties)
     if report.passed:
@@ -34,6 +64,9 @@ def _detail(report: pytest.TestReport) -> str:
         return str(longrepr[2]).removeprefix("Skipped: ")
     crash = getattr(longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(longrepr)
+    failure = command_failure(text)
+    if failure is not None:
+        return failure
     first = text.strip().splitlines()[0] if text.strip() else "failed"
     for prefix in ("AssertionError: ", "Failed: "):
         first = first.removeprefix(prefix)
