@@ -114,13 +114,25 @@ def test_verify_passes_or_skips_with_reason(cluster, env) -> None:
         len(v) for v in result["hosts"].values())
 
 
-def test_rerun_changes_nothing(cluster, env) -> None:
+def test_rerun_changes_nothing(cluster, env, tmp_path) -> None:
+    """Re-run from a plain shell (a colleague's: no GPUPROV_* variable, a settings file that
+    names other sources): the nodes converge against the sources the cluster was built
+    with, changing nothing."""
     name, _, _ = cluster
-    proc = run_cli("provision", name, "-o", "json", env=env)
+    other = tmp_path / "settings.toml"
+    other.write_text('artifact_mirror = "http://127.0.0.1:9/"\nregistry_mirror = "http://127.0.0.1:9"\n')
+    plain = {k: v for k, v in env.items() if not k.startswith("GPUPROV_")}
+    plain |= {"GPUPROV_HOME": env["GPUPROV_HOME"], "GPUPROV_CONFIG": str(other)}
+    proc = run_cli("provision", name, "-o", "json", env=plain)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["ok"] is True
     assert {h: s["changed"] for h, s in result["hosts"].items()} == dict.fromkeys(result["hosts"], 0)
+    recorded = json.loads(run_cli("status", name, "-o", "json", env=plain, check=True).stdout)["settings"]
+    assert recorded["artifact_mirror"]["value"] == env["GPUPROV_ARTIFACT_MIRROR"]
+    # A shell that names another source on purpose is told how to change the cluster.
+    moved = run_cli("provision", name, env={**env, "GPUPROV_ARTIFACT_MIRROR": "http://127.0.0.1:9/"})
+    assert moved.returncode == 2 and f"gpuprov settings {name} --set artifact_mirror=" in moved.stderr
 
 
 def test_check_mode_on_converged_nodes_reports_nothing_to_change(cluster, env) -> None:
