@@ -76,3 +76,18 @@ def test_other_lines_and_other_vendors_are_ignored() -> None:
             "garbage vendor=0x10de device=0xzzzz class=0x030200\n")
     assert catalog.parse_pci(text) == {"gpu_device_ids": [], "nvswitches": 0}
     assert catalog.from_hardware(None).name == "undeclared"
+
+
+def test_the_example_hosts_file_resolves_to_a_stack_with_fabric_manager() -> None:
+    """The example a new user copies (a DGX A100 beside GPU-count-only hosts), no --type:
+    before this, the lock was resolved for "unknown" and had no fabric manager."""
+    from gpuprov.providers import ClusterSpec
+    from gpuprov.providers.static import PROVIDER
+
+    example = Path(__file__).parents[2] / "inventory" / "static-hosts.example.yml"
+    spec = ClusterSpec(name="rack3", provider="static", instance_type=None, count=0,
+                       hosts_file=str(example))
+    kinds = PROVIDER.host_types(spec)
+    assert [k.name for k in kinds] == ["dgx-a100", "declared:8xGPU", "declared:4xGPU"]
+    lock = stack.resolve_types(kinds, source="nvidia")
+    assert lock.fabricmanager == lock.driver and lock.efa_installer is None
