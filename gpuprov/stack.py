@@ -282,6 +282,22 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
     )
 
 
+def kinds_of(lock: dict[str, Any]) -> list[catalog.InstanceType]:
+    """The hosts a stored lock was resolved for, as far as it matters to a lock (GPU models,
+    NVSwitch, EFA), rebuilt from the lock itself: a lock of hosts that declared nothing, or of
+    a mixed cluster, names no single catalog type."""
+    name = lock.get("instance_type") or "unknown"
+    known = catalog.find(name)
+    if known is not None:
+        return [known]
+    models = [g.strip() for g in (lock.get("gpu") or "").split(",") if g.strip()] or [None]
+    return [catalog.InstanceType(
+        name=name, provider="onprem", gpu_model=model, gpu_count=0, gpu_memory_gib=0,
+        arch=catalog.ARCH_BY_GPU.get(model or ""), vcpus=None, memory_gib=None,
+        efa=lock.get("efa_installer") is not None, efa_max_interfaces=0, network_cards=1,
+        nvswitch=bool(lock.get("nvswitch")), virtualization="unknown") for model in models]
+
+
 def from_dict(raw: dict[str, Any]) -> Lock:
     body = {k: v for k, v in raw.items() if k != "hash"}
     body["notes"] = tuple(body.get("notes", ()))

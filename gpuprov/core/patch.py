@@ -93,10 +93,9 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
     with it); microcode pins from the current stack data; everything else as it was."""
     from gpuprov import stack
 
-    itype = lock.get("instance_type")
-    itype = None if itype in (None, "unknown", "docker-node") else itype
-    fresh = stack.resolve(itype, cuda=lock["cuda"], driver=req.driver or lock["driver_branch"],
-                          source=lock["source"]).as_dict()
+    fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock["cuda"],
+                                driver=req.driver or lock["driver_branch"], source=lock["source"],
+                                label=lock.get("instance_type") or "unknown").as_dict()
     if req.move_driver:
         moved = {k: fresh[k] for k in ("driver_branch", "driver", "fabricmanager")}
         packages = {**lock.get("packages", {}),

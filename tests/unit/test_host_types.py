@@ -91,3 +91,17 @@ def test_the_example_hosts_file_resolves_to_a_stack_with_fabric_manager() -> Non
     assert [k.name for k in kinds] == ["dgx-a100", "declared:8xGPU", "declared:4xGPU"]
     lock = stack.resolve_types(kinds, source="nvidia")
     assert lock.fabricmanager == lock.driver and lock.efa_installer is None
+
+
+def test_a_mixed_or_detected_lock_can_be_moved_by_patch() -> None:
+    from gpuprov.core import patch
+
+    kinds = [catalog.get("dgx-a100"), catalog.from_hardware(_bus("hgx-h100-edited"), gpus=8)]
+    lock = stack.resolve_types(kinds, source="nvidia").as_dict()
+    assert stack.kinds_of(lock)[0].gpu_model == "A100" and len(stack.kinds_of(lock)) == 2
+    moved = patch.new_lock(lock, patch.request(driver="550"))
+    assert moved["driver_branch"] == "550" and moved["fabricmanager"] == moved["driver"]
+    assert moved["instance_type"] == lock["instance_type"]
+    # A lock of one catalog type round-trips to that type.
+    single = stack.resolve("p4d.24xlarge").as_dict()
+    assert [k.name for k in stack.kinds_of(single)] == ["p4d.24xlarge"]
