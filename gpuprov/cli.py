@@ -6,50 +6,21 @@ Ansible, testinfra, fabric and rich load inside the commands that use them.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from gpuprov import __version__
+from gpuprov import __version__, cli_output
+from gpuprov.cli_options import output_option, up_options
 from gpuprov.errors import BadInput, GpuprovError
-
-PROVIDER_NAMES = ("aws", "docker", "static")
-
-
-def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--output",
-        "-o",
-        type=click.Choice(["table", "json"]),
-        default="table",
-        show_default=True,
-        help="Table for people, JSON (one document on stdout) for programs.",
-    )(fn)
 
 
 def _console():
     from gpuprov.core import Console
 
     return Console()
-
-
-def _emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
-
-
-def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*["" if v is None else str(v) for v in row])
-    Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(table)
 
 
 def _interactive() -> bool:
@@ -75,71 +46,7 @@ def cli(debug: bool) -> None:
 
 # -- up ------------------------------------------------------------------------------
 @cli.command()
-@click.option("--name", help="Cluster name (generated and printed when absent).")
-@click.option(
-    "--type",
-    "instance_type",
-    metavar="TYPE",
-    help="Instance type, e.g. p4d.24xlarge (`gpuprov types` lists them). "
-    "docker: docker-node (the default); static: optional, sets what probes expect.",
-)
-@click.option(
-    "--count",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="Number of nodes (static: defaults to every host in --hosts).",
-)
-@click.option(
-    "--provider",
-    type=click.Choice(PROVIDER_NAMES),
-    default="aws",
-    show_default=True,
-    help="Where the nodes come from.",
-)
-@click.option("--region", help="Cloud region (aws).")
-@click.option("--image", help="Machine image, e.g. an AMI id (aws).")
-@click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32; "
-              "at most /16 for IPv4, /48 for IPv6).")
-@click.option("--allow-wide-ssh-cidr", is_flag=True,
-              help="aws: accept an --ssh-cidr wider than /16 (IPv4) or /48 (IPv6); SSH is then open to "
-              "that much of the internet.")
-@click.option("--spot", is_flag=True, help="Use spot capacity (aws).")
-@click.option(
-    "--disk-gb",
-    type=click.IntRange(min=8, max=16384),
-    metavar="GIB",
-    help="Root volume size in GiB, encrypted gp3 (aws; default 200, room for CUDA).",
-)
-@click.option(
-    "--capacity-reservation",
-    metavar="ID",
-    help="Launch into this EC2 capacity reservation (aws; cr-...).",
-)
-@click.option(
-    "--rollback/--no-rollback",
-    default=None,
-    help="When nodes never answer SSH or the bootstrap fails, terminate what this run launched "
-    "(default: on for a new aws cluster, off otherwise).",
-)
-@click.option(
-    "--hosts",
-    "hosts_file",
-    type=click.Path(dir_okay=False),
-    help="Inventory of existing hosts, YAML or INI (static).",
-)
-@click.option(
-    "--no-bootstrap",
-    is_flag=True,
-    help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
-)
-@click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]),
-              help="Package source for the NVIDIA stack (default: distro for docker, else nvidia).")
-@click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's).")
-@click.option("--cuda", metavar="X.Y", help="CUDA release (default 11.8).")
-@click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror).")
-@click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint.")
-@click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@up_options
 @output_option
 def up(
     name: str | None,
@@ -166,104 +73,38 @@ def up(
     output: str,
 ) -> int:
     """Launch a cluster and bootstrap it (idempotent: re-running completes a cluster)."""
-    from gpuprov import catalog, core
+    from gpuprov import core
     from gpuprov.providers import ClusterSpec
 
+    # Each provider checks its own flags (core.up -> Provider.check_spec), before anything is made.
     if name is not None:
         core.validate_name(name)
-    if instance_type:
-        kind = catalog.get(instance_type, region=region if provider == "aws" else None)
-        if provider == "aws" and kind.provider != "aws":
-            raise BadInput(f"{instance_type} is an {kind.provider} machine, not an EC2 instance type: "
-                           "declare it in a hosts file for --provider static")
-    elif provider == "aws":
-        raise BadInput("--type is required for the aws provider (`gpuprov types` lists them)")
-    elif provider == "docker":
-        instance_type = "docker-node"
-    if provider != "static" and hosts_file:
-        raise BadInput("--hosts is for --provider static")
-    if provider == "static" and not hosts_file:
-        raise BadInput("--provider static needs --hosts FILE")
-    if count is None and provider != "static":
-        raise BadInput("--count is required")
-    aws_only = {"--disk-gb": disk_gb, "--capacity-reservation": capacity_reservation}
-    for flag, value in aws_only.items():
-        if value is not None and provider != "aws":
-            raise BadInput(f"{flag} is for --provider aws")
-    if allow_wide_ssh_cidr and provider != "aws":
-        raise BadInput("--allow-wide-ssh-cidr is for --provider aws")
-    if capacity_reservation is not None and not capacity_reservation.startswith("cr-"):
-        raise BadInput(f"--capacity-reservation {capacity_reservation}: expected an id like cr-0123456789abcdef0")
-    options = {
-        k: v
-        for k, v in (
-            ("disk_gb", disk_gb),
-            ("capacity_reservation", capacity_reservation),
-            ("source", source),
-            ("driver", driver),
-            ("cuda", cuda),
-            ("mirror_url", mirror_url),
-            ("mirror_key_fingerprint", mirror_key_fingerprint),
-            ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
-        )
-        if v
-    }
-    console = _console()
-    generated = name is None
-    if name is None:
-        name = core.generate_name()
-    spec = ClusterSpec(
-        name=name,
-        provider=provider,
-        instance_type=instance_type,
-        count=count or 0,
-        region=region,
-        image=image,
-        ssh_cidr=ssh_cidr,
-        spot=spot,
-        hosts_file=hosts_file,
-        options=options,
-    )
-
-    def confirm(plan) -> bool:
-        if yes:
-            return True
-        if not _interactive():
-            raise BadInput("this launch costs money: pass --yes to confirm without a prompt")
-        return click.confirm(f"Launch {plan.to_create} x {spec.instance_type}?", default=False, err=True)
-
-    result = core.up(
-        spec,
-        console=console,
-        dry_run=dry_run,
-        bootstrap=not no_bootstrap,
-        confirm=confirm,
-        name_generated=generated,
-        rollback=rollback,
-    )
-    if output == "json":
-        _emit_json(result)
-    else:
-        _table(
-            f"cluster {result['cluster']} ({result['provider']})",
-            ["node", "id", "address", "ssh", "state", "zone", "type"],
-            [
-                [n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"], n["instance_type"]]
-                for n in result["nodes"]
-            ],
-        )
-        if result["bootstrap"] is not None:
-            _provision_table(result["cluster"], result["bootstrap"])
+    options = {k: v for k, v in (
+        ("disk_gb", disk_gb), ("capacity_reservation", capacity_reservation), ("source", source),
+        ("driver", driver), ("cuda", cuda), ("mirror_url", mirror_url),
+        ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
+    ) if v}
+    spec = ClusterSpec(name=name or core.generate_name(), provider=provider, instance_type=instance_type,
+                       count=count or 0, region=region, image=image, ssh_cidr=ssh_cidr, spot=spot,
+                       hosts_file=hosts_file, options=options)
+    result = core.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
+                     confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback)
+    cli_output.up_result(result, output)
     boot = result["bootstrap"]
     return 1 if boot is not None and not boot["ok"] else 0
 
 
-def _provision_table(cluster: str, data: dict[str, Any]) -> None:
-    _table(
-        f"bootstrap {cluster}: {'ok' if data['ok'] else 'FAILED'}",
-        ["node", "ok", "changed", "failed", "unreachable"],
-        [[h, s["ok"], s["changed"], s["failed"], s["unreachable"]] for h, s in data["hosts"].items()],
-    )
+def _launch_confirmation(yes: bool) -> Callable[[Any], bool]:
+    """Ask before a launch that costs money (--yes: do not ask; no terminal: refuse)."""
+
+    def confirm(plan: Any) -> bool:
+        if yes:
+            return True
+        if not _interactive():
+            raise BadInput("this launch costs money: pass --yes to confirm without a prompt")
+        return click.confirm(f"Launch {plan.to_create} x {plan.spec.instance_type}?", default=False, err=True)
+
+    return confirm
 
 
 # -- down / list / status ----------------------------------------------------------------
@@ -303,13 +144,9 @@ def list_(region: str | None, output: str) -> int:
 
     rows = core.list_clusters(region=region, console=_console())
     if output == "json":
-        _emit_json(rows)
+        cli_output.emit_json(rows)
     else:
-        _table(
-            None,
-            ["name", "provider", "nodes", "created", "state"],
-            [[r["name"], r["provider"], r["nodes"], r["created"], r["state"]] for r in rows],
-        )
+        cli_output.cluster_list(rows)
     return 0
 
 
@@ -322,39 +159,9 @@ def status(name: str, output: str) -> int:
 
     data = core.status(name)
     if output == "json":
-        _emit_json(data)
-        return 0
-    _table(
-        f"{name} ({data['provider']}): {data['state']}"
-        + (f" ({data['failed_step']} failed)" if data.get("failed_step") else ""),
-        ["node", "id", "address", "ssh", "state", "zone", "type"],
-        [
-            [n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"], n["instance_type"]]
-            for n in data["nodes"]
-        ],
-    )
-    lock = data.get("stack")
-    if lock:
-        click.echo(
-            f"stack [lock {lock['hash']}]: driver {lock['driver']} ({lock['source']}), "
-            f"CUDA {lock['cuda']}, cuDNN {lock['cudnn']}"
-            + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
-        )
-    _settings_table(data.get("settings"))
-    _table(
-        "recent runs",
-        ["id", "kind", "started", "ok", "artifacts"],
-        [
-            [
-                r["id"],
-                r["kind"],
-                r["started"],
-                {True: "yes", False: "no", None: "running"}[r["ok"]],
-                r["artifact_dir"],
-            ]
-            for r in data["runs"]
-        ],
-    )
+        cli_output.emit_json(data)
+    else:
+        cli_output.status(name, data)
     return 0
 
 
@@ -370,9 +177,9 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 
     data = core.provision(name, console=_console(), check=check, tags=tags)
     if output == "json":
-        _emit_json(data)
+        cli_output.emit_json(data)
     else:
-        _provision_table(name, data)
+        cli_output.provision_table(name, data)
     return 0 if data["ok"] else 1
 
 
@@ -402,15 +209,9 @@ def patch(name: str, driver: str | None, kernel: bool, microcode: bool, all_: bo
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
     data = patching.patch(name, req, console=_console())
     if output == "json":
-        _emit_json(data)
+        cli_output.emit_json(data)
     else:
-        _table(
-            f"patch {name}{' (check)' if check else ''}: {'ok' if data['ok'] else 'STOPPED'}",
-            ["node", "status", "changed", "rebooted", "detail"],
-            [[h, s["status"], s["changed"], "yes" if s["rebooted"] else "no",
-              s.get("error") or "; ".join(s.get("moved") or s.get("plan") or [])]
-             for h, s in data["hosts"].items()],
-        )
+        cli_output.patch_table(name, check, data)
     return 0 if data["ok"] else 1
 
 
@@ -430,18 +231,9 @@ def verify(name: str, level: str, output: str) -> int:
 
     data = core.verify(name, console=_console(), level=level)
     if output == "json":
-        _emit_json(data)
+        cli_output.emit_json(data)
     else:
-        rows = []
-        for host, results in data["hosts"].items():
-            for r in results:
-                rows.append([host, r["probe"], r["status"].upper(), r["detail"]])
-        s = data["summary"]
-        _table(
-            f"verify {name}: {s['pass']} pass, {s['fail']} fail, {s['skip']} skip",
-            ["node", "probe", "status", "detail"],
-            rows,
-        )
+        cli_output.verify_table(name, data)
     return 0 if data["ok"] else 1
 
 
@@ -459,14 +251,6 @@ def exec_(name: str, command: tuple[str, ...]) -> int:
 
     results = remote.run(name, list(command), console=_console())
     return 0 if all(r.exit_code == 0 for r in results) else 1
-
-
-def _settings_table(recorded: dict[str, Any] | None) -> None:
-    if recorded is None:
-        click.echo("settings: not recorded yet (the next `up` records them)")
-        return
-    _table("settings (recorded with the cluster)", ["setting", "value", "from"],
-           [[k, v["value"], v["from"]] for k, v in recorded.items()] or [["(none)", "", ""]])
 
 
 @cli.command(name="settings")
@@ -492,9 +276,9 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
         changes[key] = value
     data = core.change_settings(name, changes, record=record)
     if output == "json":
-        _emit_json(data)
+        cli_output.emit_json(data)
     else:
-        _settings_table(data["settings"])
+        cli_output.settings_table(data["settings"])
         if data["changed"]:
             click.echo(f"changed: {', '.join(data['changed'])}; `gpuprov provision {name}` applies them")
     return 0
@@ -509,7 +293,7 @@ def inventory(name: str, output: str) -> int:
 
     text, data = core.inventory(name)
     if output == "json":
-        _emit_json(data)
+        cli_output.emit_json(data)
     else:
         click.echo(text, nl=False)
     return 0
@@ -539,26 +323,9 @@ def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> in
         raise BadInput(f"no instance type with GPU '{gpu}'; known GPUs: {', '.join(known)}")
     rows = [t.row() for t in found]
     if output == "json":
-        _emit_json(rows)
-        return 0
-    _table(
-        f"instance types (prices: on-demand us-east-1 estimate as of {catalog.price_date()}, not a quote)",
-        ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "vcpus", "efa", "nvswitch", "$/h"],
-        [
-            [
-                r["instance_type"],
-                r["gpu"] or "-",
-                r["gpus"],
-                r["gpu_memory_gib"],
-                r["arch"] or "-",
-                r["vcpus"] or "-",
-                r["efa_interfaces"] if r["efa"] else "no",
-                "yes" if r["nvswitch"] else "no",
-                f"{r['price_us_east_1']:.2f}" if r["price_us_east_1"] else "-",
-            ]
-            for r in rows
-        ],
-    )
+        cli_output.emit_json(rows)
+    else:
+        cli_output.types_table(rows, catalog.price_date())
     return 0
 
 
@@ -576,13 +343,9 @@ def stack(instance_type: str, cuda: str, driver: str | None, source: str, output
     lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source)
     data = lock.public()
     if output == "json":
-        _emit_json(data)
-        return 0
-    rows = [[key, "-" if data[key] is None else data[key]] for key in (
-        "instance_type", "gpu", "arch", "source", "driver_branch", "driver", "fabricmanager",
-        "cuda", "cudnn", "nccl", "efa_installer", "hash")]
-    rows += [["note", note] for note in data["notes"]]
-    _table(f"stack for {instance_type}", ["", "version"], rows)
+        cli_output.emit_json(data)
+    else:
+        cli_output.stack_table(instance_type, data)
     return 0
 
 

@@ -17,3 +17,16 @@ class BadInput(GpuprovError):
     """Bad usage or bad input, detected before anything was created or changed (exit 2)."""
 
     exit_code = 2
+
+
+class NotSupported(BadInput):
+    """A request for something the chosen provider cannot do (exit 2)."""
+
+
+class PartialLaunch(GpuprovError):
+    """A launch that was undone but left nodes behind: ``leftover_nodes`` (NodeRecords) could
+    not be removed and stay in state, so `down` finds them."""
+
+    def __init__(self, message: str, leftover: list | None = None) -> None:
+        super().__init__(message)
+        self.leftover_nodes = list(leftover or [])

@@ -12,11 +12,15 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from gpuprov.errors import GpuprovError
 from gpuprov.state import NodeRecord
+
+T = TypeVar("T")
+MAX_PARALLEL = 16
 
 
 def ensure_keypair(path: Path, comment: str) -> Path:
@@ -224,3 +228,32 @@ def unreachable_nodes(nodes: list[NodeRecord], default_key: Path, known_hosts: P
         answers = list(pool.map(
             lambda n: check_ssh(n, node_key(n, default_key), known_hosts, timeout), nodes))
     return {n.name: why for n, why in zip(nodes, answers, strict=True) if why is not None}
+
+
+# -- one way to work on every node at once -----------------------------------------------------
+def each_node(nodes: list[NodeRecord], check: Callable[[NodeRecord], T], *,
+              workers: int = MAX_PARALLEL) -> list[T]:
+    """``check`` on every node in a bounded pool; its results in node order. Every node that
+    failed (a GpuprovError) is reported together, in node order, each named once, in one
+    GpuprovError; other exceptions (bugs, Ctrl-C) propagate as they are."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not nodes:
+        return []
+    problems: dict[int, str] = {}
+    results: dict[int, T] = {}
+
+    def one(index: int) -> None:
+        node = nodes[index]
+        try:
+            results[index] = check(node)
+        except GpuprovError as exc:
+            text = str(exc)
+            problems[index] = text if text.startswith(f"{node.name}:") else f"{node.name}: {text}"
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), workers))) as pool:
+        for future in [pool.submit(one, i) for i in range(len(nodes))]:
+            future.result()
+    if problems:
+        raise GpuprovError("; ".join(problems[i] for i in sorted(problems)))
+    return [results[i] for i in range(len(nodes))]

@@ -6,6 +6,12 @@ wait_ready (SSH reachable, host keys pinned) -> describe -> terminate.
 Inputs and outputs are frozen dataclasses. Providers are looked up by name
 and imported lazily, so the CLI never pays for an SDK it does not use.
 Providers never import click.
+
+This interface is the only way core reaches a provider: each provider checks its
+own flags (check_spec), differences in behaviour are attributes (adopts_existing,
+pins_without_bootstrap, billable), and optional abilities (dry_run, terminate_nodes,
+find_orphans/destroy_orphans, list_tagged_clusters) have defaults here that do
+nothing or raise NotSupported; ``supporting(ability)`` lists the providers that have one.
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuprov.errors import BadInput
+from gpuprov.errors import BadInput, NotSupported
 from gpuprov.state import NodeRecord
 
+# The registry: the one place that names the providers (the CLI's --provider choices too).
 PROVIDERS: dict[str, str] = {
     "aws": "gpuprov.providers.aws",
     "docker": "gpuprov.providers.docker",
     "static": "gpuprov.providers.static",
 }
+# What `gpuprov up` launches on without --provider.
+DEFAULT_PROVIDER = "aws"
 
 
 @dataclass(frozen=True)
@@ -88,26 +97,89 @@ class Plan:
     billable: bool
     price_per_node_hour: float | None = None
     notes: tuple[str, ...] = ()
+    # What the provider prepared for launch (frozen, its own type; None when it needs nothing):
+    # carried here, never cached on the provider, so two plans cannot leak into each other.
+    details: Any = None
+
+
+@dataclass(frozen=True)
+class Orphans:
+    """What a provider still labels with a cluster's name that no state records."""
+
+    provider: str
+    nodes: tuple[NodeRecord, ...]
+    # The question and the outcome in words, e.g. "2 docker node(s) carry its label".
+    found: str
+    removed: str  # e.g. "unrecorded docker node(s) removed"
+    region: str | None = None
 
 
 Reporter = Callable[[str], None]
 
+# Flags that belong to one provider: (flag, the provider that takes it, how a spec holds it).
+# Each provider's check_spec refuses the ones that are not its own, in one line.
+PROVIDER_FLAGS: tuple[tuple[str, str, Callable[[ClusterSpec], Any]], ...] = (
+    ("--hosts", "static", lambda s: s.hosts_file),
+    ("--region", "aws", lambda s: s.region),
+    ("--image", "aws", lambda s: s.image),
+    ("--ssh-cidr", "aws", lambda s: s.ssh_cidr),
+    ("--spot", "aws", lambda s: s.spot or None),
+    ("--disk-gb", "aws", lambda s: s.options.get("disk_gb")),
+    ("--capacity-reservation", "aws", lambda s: s.options.get("capacity_reservation")),
+    ("--allow-wide-ssh-cidr", "aws", lambda s: s.options.get("allow_wide_ssh_cidr") or None),
+)
+
 
 class Provider(ABC):
     name: str = ""
+    # How people call where the nodes are, in messages ("AWS not consulted").
+    display_name: str = ""
     billable: bool = False
     # True where reaching the nodes is cheap and certain (hosts that already exist):
     # `up --no-bootstrap` then still runs wait_ready, so every host key is pinned and
     # checked before the cluster is recorded as reachable.
     pins_without_bootstrap: bool = False
+    # True where the nodes exist before gpuprov (hosts files): `up` adopts them, --count 0
+    # means all of them, and `down` forgets them without touching the machines.
+    adopts_existing: bool = False
+
+    # -- checks and plan ------------------------------------------------------------------
+    def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
+        """The request with this provider's defaults filled in; BadInput (one line, before
+        anything is created) for a flag that is not this provider's or a bad value.
+        Cheap and local: no cloud or engine call. plan() calls it too."""
+        self.check_type(spec)
+        self.refuse_foreign_flags(spec)
+        if spec.count < 1 and not (self.adopts_existing and spec.count == 0):
+            raise BadInput("--count is required" if spec.count == 0
+                           else f"--count must be at least 1, not {spec.count}")
+        return spec
+
+    def check_type(self, spec: ClusterSpec) -> None:
+        """--type, when given, is one gpuprov knows (BadInput with suggestions otherwise)."""
+        if spec.instance_type:
+            from gpuprov import catalog
+
+            catalog.get(spec.instance_type)
+
+    def refuse_foreign_flags(self, spec: ClusterSpec) -> None:
+        for flag, owner, value in PROVIDER_FLAGS:
+            if owner != self.name and value(spec) is not None:
+                raise BadInput(f"{flag} is for --provider {owner}")
 
     @abstractmethod
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
         """Validate the request before anything is created. Raises BadInput."""
 
+    def dry_run(self, plan: Plan, report: Reporter) -> None:
+        """`up --dry-run`: ask the provider whether this run would be allowed, creating
+        nothing. By default there is nothing to ask beyond plan()."""
+        return None
+
     @abstractmethod
-    def launch(self, spec: ClusterSpec, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
-        """Create what is missing. All-or-nothing: on failure, what this call made is removed."""
+    def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+        """Create what is missing for ``plan`` (this provider's own plan of ``plan.spec``).
+        All-or-nothing: on failure, what this call made is removed."""
 
     @abstractmethod
     def wait_ready(
@@ -122,6 +194,36 @@ class Provider(ABC):
     @abstractmethod
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
         """Remove or forget the cluster's nodes; returns how many were removed."""
+
+    def removal(self, count: int) -> tuple[str, str]:
+        """What `down` does, in words: (the question, the past tense)."""
+        if self.adopts_existing:
+            return (f"forget {count} {self.name} host(s) (the machines are not touched)", "forgotten")
+        return (f"remove {count} {self.name} node(s) and their volumes", "removed")
+
+    # -- optional abilities: a provider that has one overrides it ---------------------------
+    def supports(self, ability: str) -> bool:
+        """Whether this provider overrides the optional method ``ability``."""
+        return getattr(type(self), ability) is not getattr(Provider, ability)
+
+    def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
+        """Remove just these nodes (what one `up` added); returns the ids that would not go."""
+        raise NotSupported(f"removing single nodes is not supported by the {self.name} provider")
+
+    def find_orphans(self, name: str, region: str | None) -> Orphans | None:
+        """What still carries cluster ``name``'s label though no state records it (None:
+        nothing, or the provider is not set up here to look)."""
+        raise NotSupported(f"finding clusters by label is not supported by the {self.name} provider")
+
+    def destroy_orphans(self, name: str, orphans: Orphans, report: Reporter) -> int:
+        """Remove what find_orphans found; returns how many nodes went."""
+        raise NotSupported(f"removing unrecorded clusters is not supported by the {self.name} provider")
+
+    def list_tagged_clusters(self, regions: set[str | None], asked: bool) -> dict[str, dict[str, Any]] | None:
+        """Every cluster the provider labels, in ``regions`` ({name: {"nodes", "created",
+        "region"}}); None when it is not set up here and was not ``asked`` (by a flag or by
+        clusters of its own in state) to look."""
+        raise NotSupported(f"listing clusters by label is not supported by the {self.name} provider")
 
     def host_types(self, spec: ClusterSpec, nodes: list[NodeRecord] | None = None) -> list[Any]:
         """What the cluster's hosts are (catalog.InstanceType each), for its version lock:
@@ -168,6 +270,15 @@ def get(name: str) -> Provider:
         raise
     provider: Provider = module.PROVIDER
     return provider
+
+
+def names() -> tuple[str, ...]:
+    return tuple(PROVIDERS)
+
+
+def supporting(ability: str) -> list[Provider]:
+    """The providers that have the optional ability ``ability`` (a Provider method name)."""
+    return [p for p in (get(n) for n in PROVIDERS) if p.supports(ability)]
 
 
 def _version() -> str:

@@ -56,9 +56,6 @@ def shim(_shim_server: moto_shim.Shim, moto_server: str, gpuprov_home: Path,
     monkeypatch.setenv("GPUPROV_AWS_MAX_ATTEMPTS", "4")
     monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "3")
     monkeypatch.setenv("GPUPROV_AWS_BACKOFF_S", "0.05")
-    from gpuprov.providers.aws import PROVIDER
-
-    PROVIDER._prepared = None
     yield _shim_server
     _shim_server.release.set()
 

@@ -170,10 +170,9 @@ def test_user_data_size_is_judged_in_plan(shim: Shim, ami: str, gpuprov_home: Pa
 
     files = ClusterFiles(gpuprov_home / "clusters" / "sized")
     spec = ClusterSpec(name="sized", provider="aws", instance_type="g5.xlarge", count=256, image=ami, ssh_cidr=CIDR)
-    PROVIDER.plan(spec, files)  # one bootstrap key whatever the count: well under 16 KiB
-    assert PROVIDER._prepared.user_data_size < 4096
+    plan = PROVIDER.plan(spec, files)  # one bootstrap key whatever the count: well under 16 KiB
+    assert plan.details.user_data_size < 4096
     monkeypatch.setattr(userdata, "USER_DATA_LIMIT", 1024)
-    PROVIDER._prepared = None
     with pytest.raises(BadInput, match="over EC2's 1024"):
         PROVIDER.plan(spec, files)
     assert shim.mutating() == []

@@ -165,12 +165,12 @@ def test_error_after_launch_terminates_what_this_run_launched(capsys, shim: Shim
 
 
 def test_ctrl_c_during_launch_cleans_up(capsys, shim: Shim, ami: str, monkeypatch) -> None:
-    from gpuprov.providers import aws
+    from gpuprov.providers.aws import launch
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(aws, "attach_public_addresses", interrupted)
+    monkeypatch.setattr(launch, "attach_public_addresses", interrupted)
     code, _, err = up(capsys, ami, "ctrlc", count=2)
     assert code in (1, 130), err
     assert "interrupted: terminating the 2 instance(s) this run launched" in err

@@ -23,11 +23,11 @@ import os
 import subprocess
 import tarfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
-from gpuprov import ssh
+from gpuprov import paths, ssh
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
+from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
 from gpuprov.state import NodeRecord
 
 LABEL = "gpuprov.cluster"
@@ -81,6 +81,7 @@ MAX_NODES = 16
 
 class DockerProvider(Provider):
     name = "docker"
+    display_name = "Docker"
     billable = False
 
     def __init__(self) -> None:
@@ -113,7 +114,8 @@ class DockerProvider(Provider):
         return rows
 
     # -- interface ------------------------------------------------------------
-    def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
+    def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
+        spec = super().check_spec(spec)
         if spec.instance_type not in (None, "docker-node"):
             raise BadInput(
                 f"the docker provider runs only the 'docker-node' type, not '{spec.instance_type}'"
@@ -123,6 +125,10 @@ class DockerProvider(Provider):
                 f"--count {spec.count}: the docker provider runs at most {MAX_NODES} local nodes "
                 "(each is a systemd container with the whole GPU stack, ~3 GB of disk)"
             )
+        return replace(spec, instance_type="docker-node")
+
+    def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
+        spec = self.check_spec(spec)
         self.check_engine()
         self.check_image()
         existing = len(self._containers(spec.name))
@@ -139,7 +145,8 @@ class DockerProvider(Provider):
             notes=("local containers: no GPU, no cost",),
         )
 
-    def launch(self, spec: ClusterSpec, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+    def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+        spec = plan.spec
         ssh.ensure_keypair(files.key, f"gpuprov-{spec.name}")
         pubkey = files.key.with_suffix(".pub").read_text()
         existing = {c["Names"]: c for c in self._containers(spec.name)}
@@ -216,8 +223,7 @@ class DockerProvider(Provider):
         self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter
     ) -> list[NodeRecord]:
         self._pin(nodes, files)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
-            list(pool.map(lambda n: ssh.wait_ssh(n, files.key, files.known_hosts), nodes))
+        ssh.each_node(nodes, lambda n: ssh.wait_ssh(n, files.key, files.known_hosts))
         for n in nodes:
             report(f"{n.name}: SSH ready on 127.0.0.1:{n.ssh_port} (host key pinned)")
         return nodes
@@ -278,6 +284,22 @@ class DockerProvider(Provider):
         if vols:
             docker("volume", "rm", *vols)
         return len(rows)
+
+    def find_orphans(self, name: str, region: str | None) -> Orphans | None:
+        """Containers labelled with ``name`` (state wiped); None without a reachable engine."""
+        try:
+            self.check_engine()
+            found = self.describe(name, [], ClusterFiles(paths.home() / "orphans"))
+        except (BadInput, GpuprovError):
+            return None
+        if not found:
+            return None
+        return Orphans(provider=self.name, nodes=tuple(found),
+                       found=f"{len(found)} docker node(s) carry its label",
+                       removed="unrecorded docker node(s) removed")
+
+    def destroy_orphans(self, name: str, orphans: Orphans, report: Reporter) -> int:
+        return self.terminate(name, list(orphans.nodes), ClusterFiles(paths.home()), report)
 
 
 def bridge_gateway() -> str:

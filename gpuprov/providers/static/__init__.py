@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -203,12 +202,22 @@ def _parse_ini(text: str, where: Path) -> list[StaticHost]:
 
 class StaticProvider(Provider):
     name = "static"
+    display_name = "static hosts"
     billable = False
     # Existing hosts are cheap and certain to reach: `up --no-bootstrap` still pins every
     # host key and checks it answers (no playbooks does not mean no trust).
     pins_without_bootstrap = True
+    # The hosts exist already: `up` adopts them (--count 0: all of them), `down` forgets them.
+    adopts_existing = True
+
+    def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
+        spec = super().check_spec(spec)
+        if not spec.hosts_file:
+            raise BadInput("--provider static needs --hosts FILE")
+        return spec
 
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
+        spec = self.check_spec(spec)
         hosts, _ = parse_hosts_file(spec.hosts_file)
         if spec.count and spec.count != len(hosts):
             raise BadInput(f"--count {spec.count} but the hosts file lists {len(hosts)} hosts")
@@ -223,7 +232,8 @@ class StaticProvider(Provider):
             ),
         )
 
-    def launch(self, spec: ClusterSpec, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+    def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+        spec = plan.spec
         hosts, known = parse_hosts_file(spec.hosts_file)
         return [
             NodeRecord(
@@ -265,19 +275,8 @@ class StaticProvider(Provider):
             keys[(n.address, n.ssh_port)] = key
         ssh.pin_host_keys(files.known_hosts, keys)
 
-        def check(n: NodeRecord) -> str | None:
-            try:
-                ssh.wait_ssh(n, ssh.node_key(n, files.key), files.known_hosts, timeout=10)
-            except GpuprovError as exc:
-                return str(exc)
-            return None
-
-        with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
-            problems = [p for p in pool.map(check, nodes) if p]
-        if problems:
-            raise GpuprovError("; ".join(problems))
-        with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
-            hardware = list(pool.map(lambda n: _read_pci(n, files), nodes))
+        ssh.each_node(nodes, lambda n: ssh.wait_ssh(n, ssh.node_key(n, files.key), files.known_hosts, timeout=10))
+        hardware = ssh.each_node(nodes, lambda n: _read_pci(n, files))
         ready = []
         for n, hw in zip(nodes, hardware, strict=True):
             node = replace(n, state="reachable", extra={**n.extra, "hardware": hw})

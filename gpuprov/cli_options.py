@@ -1,0 +1,102 @@
+"""The flags of `gpuprov up` and the output flag every reading command takes.
+
+Which provider takes which flag is each provider's own business (Provider.check_spec);
+the --provider choices come from the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gpuprov.providers import DEFAULT_PROVIDER
+from gpuprov.providers import names as provider_names
+
+
+def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--output",
+        "-o",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="Table for people, JSON (one document on stdout) for programs.",
+    )(fn)
+
+
+# Top to bottom as `gpuprov up --help` lists them.
+UP_OPTIONS = [
+    click.option("--name", help="Cluster name (generated and printed when absent)."),
+    click.option(
+        "--type",
+        "instance_type",
+        metavar="TYPE",
+        help="Instance type, e.g. p4d.24xlarge (`gpuprov types` lists them). "
+        "docker: docker-node (the default); static: optional, sets what probes expect.",
+    ),
+    click.option(
+        "--count",
+        type=click.IntRange(min=1),
+        metavar="N",
+        help="Number of nodes (static: defaults to every host in --hosts).",
+    ),
+    click.option(
+        "--provider",
+        type=click.Choice(provider_names()),
+        default=DEFAULT_PROVIDER,
+        show_default=True,
+        help="Where the nodes come from.",
+    ),
+    click.option("--region", help="Cloud region (aws)."),
+    click.option("--image", help="Machine image, e.g. an AMI id (aws)."),
+    click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32; "
+        "at most /16 for IPv4, /48 for IPv6)."),
+    click.option("--allow-wide-ssh-cidr", is_flag=True,
+        help="aws: accept an --ssh-cidr wider than /16 (IPv4) or /48 (IPv6); SSH is then open to "
+        "that much of the internet."),
+    click.option("--spot", is_flag=True, help="Use spot capacity (aws)."),
+    click.option(
+        "--disk-gb",
+        type=click.IntRange(min=8, max=16384),
+        metavar="GIB",
+        help="Root volume size in GiB, encrypted gp3 (aws; default 200, room for CUDA).",
+    ),
+    click.option(
+        "--capacity-reservation",
+        metavar="ID",
+        help="Launch into this EC2 capacity reservation (aws; cr-...).",
+    ),
+    click.option(
+        "--rollback/--no-rollback",
+        default=None,
+        help="When nodes never answer SSH or the bootstrap fails, terminate what this run launched "
+        "(default: on for a new aws cluster, off otherwise).",
+    ),
+    click.option(
+        "--hosts",
+        "hosts_file",
+        type=click.Path(dir_okay=False),
+        help="Inventory of existing hosts, YAML or INI (static).",
+    ),
+    click.option(
+        "--no-bootstrap",
+        is_flag=True,
+        help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
+    ),
+    click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]),
+        help="Package source for the NVIDIA stack (default: distro for docker, else nvidia)."),
+    click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's)."),
+    click.option("--cuda", metavar="X.Y", help="CUDA release (default 11.8)."),
+    click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror)."),
+    click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint."),
+    click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing."),
+    click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
+]
+
+
+def up_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(UP_OPTIONS):
+        fn = option(fn)
+    return fn

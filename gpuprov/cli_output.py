@@ -1,0 +1,132 @@
+"""How the CLI prints: JSON for programs, rich tables for people (rich loads on first use)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+NODE_COLUMNS = ["node", "id", "address", "ssh", "state", "zone", "type"]
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Table(title=title, title_justify="left")
+    for col in columns:
+        out.add_column(col)
+    for row in rows:
+        out.add_row(*["" if v is None else str(v) for v in row])
+    Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(out)
+
+
+def node_rows(nodes: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"], n["instance_type"]]
+            for n in nodes]
+
+
+def up_result(result: dict[str, Any], output: str) -> None:
+    if output == "json":
+        emit_json(result)
+        return
+    table(f"cluster {result['cluster']} ({result['provider']})", NODE_COLUMNS, node_rows(result["nodes"]))
+    if result["bootstrap"] is not None:
+        provision_table(result["cluster"], result["bootstrap"])
+
+
+def provision_table(cluster: str, data: dict[str, Any]) -> None:
+    table(
+        f"bootstrap {cluster}: {'ok' if data['ok'] else 'FAILED'}",
+        ["node", "ok", "changed", "failed", "unreachable"],
+        [[h, s["ok"], s["changed"], s["failed"], s["unreachable"]] for h, s in data["hosts"].items()],
+    )
+
+
+def cluster_list(rows: list[dict[str, Any]]) -> None:
+    table(None, ["name", "provider", "nodes", "created", "state"],
+          [[r["name"], r["provider"], r["nodes"], r["created"], r["state"]] for r in rows])
+
+
+def status(name: str, data: dict[str, Any]) -> None:
+    table(
+        f"{name} ({data['provider']}): {data['state']}"
+        + (f" ({data['failed_step']} failed)" if data.get("failed_step") else ""),
+        NODE_COLUMNS,
+        node_rows(data["nodes"]),
+    )
+    lock = data.get("stack")
+    if lock:
+        click.echo(
+            f"stack [lock {lock['hash']}]: driver {lock['driver']} ({lock['source']}), "
+            f"CUDA {lock['cuda']}, cuDNN {lock['cudnn']}"
+            + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
+        )
+    settings_table(data.get("settings"))
+    table(
+        "recent runs",
+        ["id", "kind", "started", "ok", "artifacts"],
+        [[r["id"], r["kind"], r["started"], {True: "yes", False: "no", None: "running"}[r["ok"]],
+          r["artifact_dir"]] for r in data["runs"]],
+    )
+
+
+def patch_table(name: str, check: bool, data: dict[str, Any]) -> None:
+    table(
+        f"patch {name}{' (check)' if check else ''}: {'ok' if data['ok'] else 'STOPPED'}",
+        ["node", "status", "changed", "rebooted", "detail"],
+        [[h, s["status"], s["changed"], "yes" if s["rebooted"] else "no",
+          s.get("error") or "; ".join(s.get("moved") or s.get("plan") or [])]
+         for h, s in data["hosts"].items()],
+    )
+
+
+def verify_table(name: str, data: dict[str, Any]) -> None:
+    rows = [[host, r["probe"], r["status"].upper(), r["detail"]]
+            for host, results in data["hosts"].items() for r in results]
+    s = data["summary"]
+    table(f"verify {name}: {s['pass']} pass, {s['fail']} fail, {s['skip']} skip",
+          ["node", "probe", "status", "detail"], rows)
+
+
+def settings_table(recorded: dict[str, Any] | None) -> None:
+    if recorded is None:
+        click.echo("settings: not recorded yet (the next `up` records them)")
+        return
+    table("settings (recorded with the cluster)", ["setting", "value", "from"],
+          [[k, v["value"], v["from"]] for k, v in recorded.items()] or [["(none)", "", ""]])
+
+
+def types_table(rows: list[dict[str, Any]], price_date: str) -> None:
+    table(
+        f"instance types (prices: on-demand us-east-1 estimate as of {price_date}, not a quote)",
+        ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "vcpus", "efa", "nvswitch", "$/h"],
+        [
+            [
+                r["instance_type"],
+                r["gpu"] or "-",
+                r["gpus"],
+                r["gpu_memory_gib"],
+                r["arch"] or "-",
+                r["vcpus"] or "-",
+                r["efa_interfaces"] if r["efa"] else "no",
+                "yes" if r["nvswitch"] else "no",
+                f"{r['price_us_east_1']:.2f}" if r["price_us_east_1"] else "-",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def stack_table(instance_type: str, data: dict[str, Any]) -> None:
+    rows = [[key, "-" if data[key] is None else data[key]] for key in (
+        "instance_type", "gpu", "arch", "source", "driver_branch", "driver", "fabricmanager",
+        "cuda", "cudnn", "nccl", "efa_installer", "hash")]
+    rows += [["note", note] for note in data["notes"]]
+    table(f"stack for {instance_type}", ["", "version"], rows)

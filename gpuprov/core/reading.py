@@ -1,0 +1,129 @@
+"""What reads state (and the providers' view of it): list, status, inventory, settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuprov import providers
+from gpuprov.core import Console, cluster_lock, expectations, load, refresh
+from gpuprov.core import settings as cluster_settings
+from gpuprov.errors import GpuprovError
+from gpuprov.providers import Provider
+from gpuprov.state import Store
+
+
+def list_clusters(
+    store: Store | None = None, *, region: str | None = None, console: Console | None = None
+) -> list[dict[str, Any]]:
+    """Clusters in state, reconciled with what each provider that lists by label finds
+    (AWS tags, when AWS is set up here).
+
+    A cluster whose nodes are gone is marked ``missing at PROVIDER``; labelled
+    resources that no state knows are listed with state ``untracked (tags only)``:
+    `gpuprov down NAME` removes them.
+    """
+    store = store or Store()
+    clusters = store.list_clusters()
+    rows = [
+        {"name": c.name, "provider": c.provider, "nodes": len(c.nodes), "created": c.created,
+         "state": c.state_text}
+        for c in clusters
+    ]
+    for provider in providers.supporting("list_tagged_clusters"):
+        mine = [r for r in rows if r["provider"] == provider.name]
+        regions = {region} if region else {
+            c.spec.get("region") for c in clusters if c.provider == provider.name} | {None}
+        tagged = _tagged(provider, regions, bool(region or mine), console)
+        if tagged is not None:
+            rows += _reconcile(provider, mine, tagged)
+    return rows
+
+
+def _reconcile(provider: Provider, mine: list[dict[str, Any]],
+               tagged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Update ``mine`` (the provider's rows in state) from ``tagged``; the untracked rows."""
+    for row in mine:
+        found = tagged.pop(row["name"], None)
+        if found is None or not found["nodes"]:
+            row["nodes"] = 0
+            row["state"] = f"{row['state']} (missing at {provider.name})"
+        else:
+            row["nodes"] = found["nodes"]
+    return [
+        {"name": name, "provider": provider.name, "nodes": found["nodes"], "created": found["created"],
+         "state": "untracked (tags only)"}
+        for name, found in sorted(tagged.items())
+    ]
+
+
+def _tagged(provider: Provider, regions: set[str | None], asked: bool,
+            console: Console | None) -> dict[str, dict[str, Any]] | None:
+    try:
+        return provider.list_tagged_clusters(regions, asked)
+    except GpuprovError as exc:
+        reason = str(exc)
+    except Exception as exc:  # noqa: BLE001  (listing must work offline)
+        reason = f"{type(exc).__name__}: {exc}"
+    if console is not None:
+        console.say(f"warning: {provider.display_name} not consulted ({reason}); showing local state only")
+    return None
+
+
+def status(name: str, store: Store | None = None) -> dict[str, Any]:
+    store = store or Store()
+    cluster = load(store, name)
+    _, _, nodes = refresh(store, cluster)
+    runs = store.runs(name, limit=5)
+    return {
+        "cluster": name,
+        "provider": cluster.provider,
+        "state": cluster.state,
+        "failed_step": cluster.failed_step,
+        "created": cluster.created,
+        "spec": cluster.spec,
+        "stack": cluster.lock,
+        "settings": cluster_settings.recorded(cluster),
+        "nodes": [n.public() for n in nodes],
+        "runs": [
+            {"id": r.id, "kind": r.kind, "started": r.started, "finished": r.finished, "ok": r.ok,
+             "artifact_dir": r.artifact_dir}
+            for r in runs
+        ],
+    }
+
+
+def change_settings(name: str, changes: dict[str, str] | None = None, *, record: bool = False,
+                    store: Store | None = None) -> dict[str, Any]:
+    """The cluster's settings; ``changes`` ({key: value}, "" removes one) or ``record`` (take
+    what the environment and the settings file say now) change them, under the cluster lock.
+    The next `provision` or `patch` converges the nodes to them."""
+    store = store or Store()
+    cluster = load(store, name)
+    changes = {k: cluster_settings.check(k, v, "--set") for k, v in (changes or {}).items()}
+    if not changes and not record:
+        return {"cluster": name, "settings": cluster_settings.recorded(cluster), "changed": []}
+    with cluster_lock(name):
+        cluster = load(store, name)
+        before = cluster_settings.recorded(cluster) or {}
+        after = cluster_settings.for_new_cluster() if record else dict(before)
+        for key, value in changes.items():
+            after.pop(key, None)
+            if value:
+                after[key] = {"value": value, "from": "gpuprov settings --set"}
+        after = dict(sorted(after.items()))
+        options = {**(cluster.spec.get("options") or {}), "settings": after}
+        store.set_spec(name, {**cluster.spec, "options": options})
+    changed = sorted(k for k in set(before) | set(after)
+                     if (before.get(k) or {}).get("value") != (after.get(k) or {}).get("value"))
+    return {"cluster": name, "settings": after, "changed": changed}
+
+
+def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
+    """The cluster's inventory: YAML text (as written to the state dir) and Ansible's JSON form."""
+    from gpuprov.ansible.inventory import render, to_json
+
+    store = store or Store()
+    cluster = load(store, name)
+    provider, files, nodes = refresh(store, cluster)
+    context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes), files)
+    return files.inventory.read_text(), to_json(context)

@@ -1,0 +1,66 @@
+"""`down`: a recorded cluster through its provider; an unrecorded one through every provider
+that finds clusters by label."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from gpuprov import providers
+from gpuprov.core import Console, cluster_lock, files_for, reporter, validate_name
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers import Orphans, Provider
+from gpuprov.providers import get as get_provider
+from gpuprov.state import Store
+
+
+def down(
+    name: str,
+    *,
+    console: Console,
+    store: Store | None = None,
+    confirm: Callable[[str], bool] | None = None,
+    region: str | None = None,
+) -> dict[str, Any]:
+    store = store or Store()
+    cluster = store.get_cluster(name)
+    if cluster is None:
+        return down_unrecorded(name, console=console, confirm=confirm, region=region)
+    provider = get_provider(cluster.provider)
+    what, done = provider.removal(len(cluster.nodes))
+    if confirm is not None and not confirm(f"{name}: {what}?"):
+        raise GpuprovError("aborted; nothing was removed")
+    with cluster_lock(name):
+        files = files_for(name)
+        removed = provider.terminate(name, list(cluster.nodes), files, reporter(console))
+        store.delete_cluster(name)
+        shutil.rmtree(files.dir, ignore_errors=True)
+    console.say(f"{name}: down ({removed} node(s) {done})")
+    return {"cluster": name, "provider": cluster.provider, "removed": removed}
+
+
+def down_unrecorded(
+    name: str, *, console: Console, confirm: Callable[[str], bool] | None, region: str | None = None
+) -> dict[str, Any]:
+    """A cluster that state has lost but a provider still labels (state dir wiped)."""
+    validate_name(name)
+    provider, orphans = find_orphans(name, region)
+    if provider is None or orphans is None:
+        raise BadInput(f"unknown cluster '{name}'; `gpuprov list` shows the clusters")
+    if confirm is not None and not confirm(f"{name}: not in state, but {orphans.found}; remove them?"):
+        raise GpuprovError("aborted; nothing was removed")
+    with cluster_lock(name):
+        removed = provider.destroy_orphans(name, orphans, reporter(console))
+    console.say(f"{name}: down ({removed} {orphans.removed})")
+    return {"cluster": name, "provider": orphans.provider, "removed": removed}
+
+
+def find_orphans(name: str, region: str | None) -> tuple[Provider | None, Orphans | None]:
+    """The first provider (local ones before clouds) that still labels cluster ``name``."""
+    finders = sorted(providers.supporting("find_orphans"), key=lambda p: p.billable)
+    for provider in finders:
+        found = provider.find_orphans(name, region)
+        if found is not None:
+            return provider, found
+    return None, None

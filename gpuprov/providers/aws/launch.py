@@ -1,0 +1,282 @@
+"""Launch: one RunInstances per zone tried (zone failover on capacity errors), and on any
+failure after instances exist (or Ctrl-C) the rollback of what this run launched."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from gpuprov import ssh
+from gpuprov.catalog import InstanceType
+from gpuprov.errors import GpuprovError
+from gpuprov.providers import ClusterFiles, ClusterSpec, Reporter
+from gpuprov.providers.aws import api, userdata
+from gpuprov.providers.aws.common import (
+    BATCH_TAG,
+    DEFAULT_DISK_GB,
+    FIRST_TAG,
+    NODE_USER,
+    TAG,
+    LaunchFailed,
+    backoff,
+    env_seconds,
+    index_of,
+    members,
+    no_interrupt,
+    node_record,
+    tag_specs,
+)
+from gpuprov.providers.aws.preflight import AwsPlan
+from gpuprov.providers.aws.resources import (
+    default_subnets,
+    default_vpc,
+    delete_placement_group,
+    ensure_key_pair,
+    ensure_placement_group,
+    ensure_security_group,
+    reservation_zone,
+    update_ssh_rule,
+    uses_placement_group,
+)
+from gpuprov.providers.aws.teardown import delete_cluster_resources, terminate_ids
+from gpuprov.state import NodeRecord
+
+
+def launch_cluster(prep: AwsPlan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+    """Create what ``prep`` (this run's plan) lacks: key pair, security group, placement group,
+    then the missing instances in one zone; undone on any failure."""
+    spec, aws = prep.spec, prep.aws
+    (files.dir / "aws.json").write_text(json.dumps({"region": aws.region}))
+    existing = members(aws, spec.name)
+    shortfall = spec.count - len(existing)
+    if shortfall <= 0:
+        report(f"all {len(existing)} instance(s) exist (found by tag {TAG}={spec.name})")
+        update_ssh_rule(aws, spec.name, prep.ssh_cidr, report)
+        return _ready_nodes(aws, spec.name, files, report)
+    if existing:
+        report(f"{len(existing)} instance(s) exist (by tag): launching the {shortfall} missing")
+    fresh = not existing
+    batch = secrets.token_hex(4)
+    launched: list[str] = []
+    try:
+        ssh.ensure_keypair(files.key, f"gpuprov-{spec.name}")
+        key_name = ensure_key_pair(aws, spec.name, files, replace_ok=fresh, report=report)
+        vpc, subnets = default_vpc(aws), default_subnets(aws)
+        sg = ensure_security_group(aws, spec.name, vpc, prep.ssh_cidr, report)
+        first = 1 + max((index_of(i) for i in existing), default=0)
+        bootstrap = userdata.make_bootstrap_key(files, spec.name, batch)
+        data = userdata.encode(
+            userdata.render(spec.name, batch, NODE_USER, files.key.with_suffix(".pub").read_text(), bootstrap)
+        )
+        launched = _run_with_failover(
+            prep, spec, subnets, sg, key_name, batch, first, data, shortfall, fresh, report
+        )
+        started = wait_running(aws, launched, report)
+        attach_public_addresses(aws, spec.name, started, report)
+        return _ready_nodes(aws, spec.name, files, report)
+    except BaseException as exc:
+        _rollback(aws, spec.name, batch, launched, fresh, report, exc)
+        raise
+
+
+def _run_with_failover(
+    prep: AwsPlan,
+    spec: ClusterSpec,
+    subnets: dict[str, str],
+    sg: str,
+    key_name: str,
+    batch: str,
+    first: int,
+    data: bytes,
+    count: int,
+    fresh: bool,
+    report: Reporter,
+) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    aws, tried = prep.aws, []
+    zones = prep.zones
+    reservation = spec.options.get("capacity_reservation")
+    if reservation:
+        zones = [z for z in zones if z == reservation_zone(aws, reservation)] or zones
+    for zone in zones:
+        subnet = subnets.get(zone)
+        if subnet is None:
+            report(f"zone {zone}: skipped (no default subnet)")
+            tried.append(f"{zone}: no default subnet")
+            continue
+        group = None
+        if uses_placement_group(prep.itype, spec.count):
+            group = ensure_placement_group(aws, spec.name, zone, report)
+        report(f"zone {zone}: launching {count} x {prep.itype.name}")
+        params = run_params(prep, spec, subnet, sg, zone, group, batch, data, count, first)
+        params["KeyName"] = key_name
+        params["ClientToken"] = f"{spec.name}-{batch}-{zone}"[:64]
+        try:
+            answer = aws.ec2.run_instances(**params)
+        except ClientError as exc:
+            code, message = api.error_code(exc), api.error_message(exc)
+            if code in api.CAPACITY_ERRORS:
+                report(f"zone {zone}: {code}: {message}")
+                tried.append(f"{zone}: {code}")
+                if group and fresh:
+                    delete_placement_group(aws, group, report)
+                continue
+            if code in api.QUOTA_ERRORS:
+                quota_code, quota_name, value = prep.quota
+                shown = f"{value:g} vCPUs" if value is not None else "value unknown (Service Quotas did not answer)"
+                raise GpuprovError(
+                    f"AWS refused the launch: {code}: {message} -- quota '{quota_name}' "
+                    f"({quota_code}) in {aws.region}: {shown}; request an increase in the "
+                    "Service Quotas console"
+                ) from None
+            raise GpuprovError(f"RunInstances in {zone} failed: {code}: {message}") from None
+        ids = [i["InstanceId"] for i in answer["Instances"]]
+        report(f"zone {zone}: launched {', '.join(ids)}")
+        return ids
+    raise GpuprovError(
+        f"no capacity for {count} x {prep.itype.name} in any zone of {aws.region} "
+        f"({'; '.join(tried)}); nothing was left running"
+    )
+
+
+def _rollback(
+    aws: api.Aws,
+    name: str,
+    batch: str,
+    launched: list[str],
+    fresh: bool,
+    report: Reporter,
+    cause: BaseException,
+) -> None:
+    with no_interrupt():
+        # Instances of this batch that RunInstances made but whose answer never arrived
+        # (Ctrl-C mid-call) are found by their batch tag.
+        ids = sorted(set(launched) | {i["InstanceId"] for i in members(aws, name, batch=batch)})
+        leftover: list[str] = []
+        if ids:
+            why = "interrupted" if isinstance(cause, KeyboardInterrupt) else "launch failed"
+            report(f"{why}: terminating the {len(ids)} instance(s) this run launched: {', '.join(ids)}")
+            leftover = terminate_ids(aws, ids, report)
+        if fresh and not leftover:
+            delete_cluster_resources(aws, name, report)
+        if leftover:
+            raise LaunchFailed(
+                f"{cause}; and {len(leftover)} instance(s) could not be terminated: "
+                f"{', '.join(leftover)} (kept in state; run `gpuprov down {name}`)",
+                [NodeRecord(name=i, id=i, address="", ssh_port=22, user=NODE_USER, state="unknown",
+                            extra={"region": aws.region}) for i in leftover],
+            ) from cause
+
+
+def _ready_nodes(aws: api.Aws, name: str, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+    nodes = [node_record(i, name, aws.region) for i in members(aws, name)]
+    nodes.sort(key=lambda n: n.extra["index"])
+    return nodes
+
+
+def network_interfaces(itype: InstanceType, subnet: str, sg: str) -> list[dict[str, Any]]:
+    """One interface per network card: EFA on each when the type has EFA (p4d: 4, p5: 32)."""
+    if not itype.efa:
+        return [{"DeviceIndex": 0, "SubnetId": subnet, "Groups": [sg],
+                 "AssociatePublicIpAddress": True, "DeleteOnTermination": True}]
+    cards = max(1, min(itype.network_cards, itype.efa_max_interfaces or 1))
+    return [
+        {
+            "NetworkCardIndex": card,
+            "DeviceIndex": 0 if card == 0 else 1,
+            "InterfaceType": "efa",
+            "SubnetId": subnet,
+            "Groups": [sg],
+            "DeleteOnTermination": True,
+            # EC2 gives no public address to a multi-interface launch; an elastic IP
+            # is attached afterwards (attach_public_addresses).
+            **({"AssociatePublicIpAddress": True} if cards == 1 else {}),
+        }
+        for card in range(cards)
+    ]
+
+
+def run_params(
+    prep: AwsPlan,
+    spec: ClusterSpec,
+    subnet: str,
+    sg: str,
+    zone: str,
+    group: str | None,
+    batch: str,
+    data: bytes,
+    count: int,
+    first: int,
+) -> dict[str, Any]:
+    disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
+    placement: dict[str, Any] = {"AvailabilityZone": zone}
+    if group:
+        placement["GroupName"] = group
+    params: dict[str, Any] = {
+        "ImageId": prep.image_id,
+        "InstanceType": prep.itype.name,
+        "MinCount": count,
+        "MaxCount": count,
+        **({"UserData": data} if data else {}),
+        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
+        "BlockDeviceMappings": [
+            {"DeviceName": prep.root_device,
+             "Ebs": {"VolumeSize": disk, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}
+        ],
+        "NetworkInterfaces": network_interfaces(prep.itype, subnet, sg),
+        "Placement": placement,
+        # Everything RunInstances creates carries the cluster tag: the IAM policy requires it
+        # (aws:RequestTag) for instances, volumes, interfaces and spot requests.
+        "TagSpecifications": tag_specs(
+            spec.name, "instance", "volume", "network-interface",
+            *(("spot-instances-request",) if spec.spot else ()),
+            extra={BATCH_TAG: batch, FIRST_TAG: str(first), "Name": f"gpuprov-{spec.name}"},
+        ),
+    }
+    if spec.spot:
+        params["InstanceMarketOptions"] = {
+            "MarketType": "spot",
+            "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+        }
+    if spec.options.get("capacity_reservation"):
+        params["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": spec.options["capacity_reservation"]}
+        }
+    return params
+
+
+def wait_running(aws: api.Aws, ids: list[str], report: Reporter) -> list[dict[str, Any]]:
+    """Until every instance runs (returned as EC2 describes them); one that stops is a failure."""
+    deadline = time.monotonic() + env_seconds("GPUPROV_AWS_RUNNING_TIMEOUT", 900)
+    delay = backoff()
+    while True:
+        found = aws.ec2.describe_instances(InstanceIds=ids)["Reservations"]
+        states = {i["InstanceId"]: i for r in found for i in r["Instances"]}
+        gone = [f"{k} ({v['State']['Name']}: {(v.get('StateReason') or {}).get('Message', 'no reason given')})"
+                for k, v in states.items() if v["State"]["Name"] in ("shutting-down", "terminated", "stopped")]
+        if gone:
+            raise GpuprovError(f"instance(s) stopped while starting: {'; '.join(gone)}")
+        if len(states) == len(ids) and all(v["State"]["Name"] == "running" for v in states.values()):
+            report(f"{len(ids)} instance(s) running")
+            return list(states.values())
+        if time.monotonic() > deadline:
+            raise GpuprovError(f"instances not running after {env_seconds('GPUPROV_AWS_RUNNING_TIMEOUT', 900):.0f}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 15.0)
+
+
+def attach_public_addresses(aws: api.Aws, name: str, instances: list[dict[str, Any]], report: Reporter) -> None:
+    """An elastic IP (tagged with the cluster) for each instance EC2 gave no public address."""
+    for instance in instances:
+        if instance.get("PublicIpAddress"):
+            continue
+        primary = next(
+            n["NetworkInterfaceId"] for n in instance["NetworkInterfaces"]
+            if n.get("Attachment", {}).get("DeviceIndex") == 0 and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0
+        )
+        eip = aws.ec2.allocate_address(Domain="vpc", TagSpecifications=tag_specs(name, "elastic-ip"))
+        aws.ec2.associate_address(AllocationId=eip["AllocationId"], NetworkInterfaceId=primary)
+        report(f"{instance['InstanceId']}: elastic IP {eip['PublicIp']} (multi-interface launches get none)")

@@ -1,0 +1,250 @@
+"""Preflight and plan: everything judged before anything is created, read-only.
+
+The type's facts (DescribeInstanceTypes, cached), the zones that offer it, members that
+already exist, the family's vCPU quota (Service Quotas; warn and go on when unreadable),
+the image, the caller's address. The result is a frozen AwsPlan, carried in the Plan.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprov import catalog
+from gpuprov.catalog import InstanceType
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers import ClusterSpec, Plan
+from gpuprov.providers.aws import api, userdata
+from gpuprov.providers.aws.common import DEFAULT_DISK_GB, MAX_COUNT, NODE_USER, SSH_MIN_PREFIX, members
+
+CANONICAL_OWNER = "099720109477"
+UBUNTU_SSM = "/aws/service/canonical/ubuntu/server/22.04/stable/current/{arch}/hvm/ebs-gp2/ami-id"
+UBUNTU_NAME = "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-{arch}-server-*"
+IP_ECHO_URL = "https://checkip.amazonaws.com"
+
+
+@dataclass(frozen=True)
+class AwsPlan:
+    """What plan found out, carried to dry_run and launch in the Plan (``Plan.details``)."""
+
+    spec: ClusterSpec
+    aws: api.Aws
+    itype: InstanceType
+    zones: tuple[str, ...]
+    image_id: str
+    root_device: str
+    ssh_cidr: str
+    quota: tuple[str, str, float | None]
+    user_data_size: int = 0
+    existing: tuple[dict[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def check_spec(spec: ClusterSpec) -> None:
+    """What can be judged without AWS (no AWS call for bad input): the type is an EC2 one,
+    the reservation id, the SSH range, the disk, the count, the user-data size."""
+    if spec.options.get("capacity_reservation") and not str(spec.options["capacity_reservation"]).startswith("cr-"):
+        raise BadInput(f"--capacity-reservation {spec.options['capacity_reservation']}: "
+                       "expected an id like cr-0123456789abcdef0")
+    if spec.ssh_cidr:
+        check_cidr(spec.ssh_cidr, allow_wide=bool(spec.options.get("allow_wide_ssh_cidr")))
+    disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
+    if not 8 <= disk <= 16384:
+        raise BadInput(f"--disk-gb must be between 8 and 16384, not {disk}")
+    if spec.count > MAX_COUNT:
+        raise BadInput(
+            f"--count {spec.count} is more than gpuprov launches in one cluster ({MAX_COUNT}: "
+            "one all-or-nothing RunInstances in one zone); use several clusters"
+        )
+
+
+def check_type(spec: ClusterSpec) -> None:
+    if not spec.instance_type:
+        raise BadInput("--type is required for the aws provider (`gpuprov types` lists them)")
+    kind = catalog.get(spec.instance_type, region=spec.region)
+    if kind.provider != "aws":
+        raise BadInput(f"{spec.instance_type} is an {kind.provider} machine, not an EC2 instance type: "
+                       "declare it in a hosts file for --provider static")
+
+
+def make_plan(spec: ClusterSpec) -> Plan:
+    """The Plan of ``spec`` (checked by the provider's check_spec), its AwsPlan in ``details``."""
+    prep = prepare(spec)
+    price = prep.itype.price_per_hour(prep.aws.region)
+    notes = list(prep.notes)
+    if price is None:
+        notes.append(f"no price estimate for {prep.itype.name} in {prep.aws.region} in gpuprov's table")
+    return Plan(
+        spec=spec,
+        to_create=max(0, spec.count - len(prep.existing)),
+        existing=len(prep.existing),
+        billable=True,
+        price_per_node_hour=price,
+        notes=tuple(notes),
+        details=prep,
+    )
+
+
+def prepare(spec: ClusterSpec) -> AwsPlan:
+    """Read-only AWS calls, in the order the notes tell them."""
+    user_data_size = userdata.check_size(spec.name, NODE_USER)
+    aws = api.connect(spec.region)
+    itype = facts(aws, spec.instance_type or "")
+    zones = _zones(aws, itype.name)
+    existing = members(aws, spec.name)
+    if len(existing) > spec.count:
+        raise BadInput(
+            f"cluster '{spec.name}' already has {len(existing)} instances, more than --count "
+            f"{spec.count}; gpuprov does not shrink clusters (use `gpuprov down` first)"
+        )
+    notes = [f"region {aws.region}; zones offering {itype.name}: {', '.join(zones)}"]
+    zones_in_use = sorted({i["Placement"]["AvailabilityZone"] for i in existing})
+    if zones_in_use:
+        zones = zones_in_use[:1]
+        notes.append(f"{len(existing)} member(s) already run in {zones[0]}: the rest goes there")
+    quota = _quota(aws, itype, spec, notes)
+    image_id, root_device = _image(aws, spec.image, itype.name)
+    disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
+    notes.append(f"image {image_id}; root volume {disk} GiB gp3, encrypted")
+    if spec.spot:
+        notes.append("spot capacity: cheaper, can be interrupted with a 2-minute notice")
+    cidr = check_cidr(spec.ssh_cidr or detect_cidr(), allow_wide=bool(spec.options.get("allow_wide_ssh_cidr")))
+    notes.append(f"SSH allowed from {cidr} only")
+    return AwsPlan(spec=spec, aws=aws, itype=itype, zones=tuple(zones), image_id=image_id,
+                   root_device=root_device, ssh_cidr=cidr, quota=quota, user_data_size=user_data_size,
+                   existing=tuple(existing), notes=tuple(notes))
+
+
+def facts(aws: api.Aws, name: str) -> InstanceType:
+    from botocore.exceptions import ClientError
+
+    cached = catalog.cached_types(aws.region, max_age_s=catalog.CACHE_MAX_AGE_S).get(name)
+    if cached is not None:
+        return cached
+
+    try:
+        records = aws.ec2.describe_instance_types(InstanceTypes=[name])["InstanceTypes"]
+    except ClientError as exc:
+        if api.error_code(exc).startswith("InvalidInstanceType"):
+            known = [t.name for t in catalog.all_types(aws.region) if t.provider == "aws"]
+            raise BadInput(
+                f"EC2 has no instance type '{name}' in {aws.region}{catalog.suggest(name, known)}"
+            ) from None
+        raise GpuprovError(f"DescribeInstanceTypes failed: {api.error_code(exc)}: {api.error_message(exc)}") from None
+    if not records:
+        raise BadInput(f"EC2 has no instance type '{name}' in {aws.region}")
+    return catalog.record_api_types(aws.region, records)[0]
+
+
+def _zones(aws: api.Aws, name: str) -> list[str]:
+    pages = aws.ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [name]}]
+    )
+    zones = sorted({o["Location"] for page in pages for o in page["InstanceTypeOfferings"]})
+    if not zones:
+        raise BadInput(f"{name} is not offered in region {aws.region}; try another --region")
+    return zones
+
+
+def _quota(
+    aws: api.Aws, itype: InstanceType, spec: ClusterSpec, notes: list[str]
+) -> tuple[str, str, float | None]:
+    code, quota_name = catalog.quota_for(itype.name, spec.spot)
+    need = (itype.vcpus or 0) * spec.count
+    try:
+        answer = aws.client("service-quotas").get_service_quota(ServiceCode="ec2", QuotaCode=code)
+        value = float(answer["Quota"]["Value"])
+    except api.Unreachable:
+        raise
+    except Exception as exc:  # noqa: BLE001  (any failure: warn and go on, as documented)
+        reason = api.error_code(exc) or type(exc).__name__
+        notes.append(
+            f"warning: could not read the vCPU quota '{quota_name}' ({code}): {reason}; going on"
+        )
+        return code, quota_name, None
+    if need > value:
+        raise BadInput(
+            f"--count {spec.count} x {itype.name} needs {need} vCPUs but the quota "
+            f"'{quota_name}' ({code}) in {aws.region} is {value:g}; lower --count or request "
+            "an increase in the Service Quotas console"
+        )
+    notes.append(f"vCPU quota '{quota_name}' ({code}): {value:g}, this cluster needs {need}")
+    return code, quota_name, value
+
+
+def _image(aws: api.Aws, image: str | None, type_name: str) -> tuple[str, str]:
+    from botocore.exceptions import ClientError
+
+    if image:
+        try:
+            found = aws.ec2.describe_images(ImageIds=[image])["Images"]
+        except ClientError as exc:
+            raise BadInput(f"--image {image}: {api.error_code(exc)}: {api.error_message(exc)}") from None
+        if not found:
+            raise BadInput(f"--image {image} does not exist in {aws.region}")
+        return image, found[0].get("RootDeviceName") or "/dev/sda1"
+    archs = _archs(aws, type_name)
+    arch = "arm64" if "arm64" in archs and "x86_64" not in archs else "amd64"
+    try:
+        value = aws.client("ssm").get_parameter(Name=UBUNTU_SSM.format(arch=arch))["Parameter"]["Value"]
+        found = aws.ec2.describe_images(ImageIds=[value])["Images"]
+    except api.Unreachable:
+        raise
+    except Exception:  # noqa: BLE001  (the public parameter may be absent: fall back)
+        found = []
+    if not found:
+        found = aws.ec2.describe_images(
+            Owners=[CANONICAL_OWNER],
+            Filters=[
+                {"Name": "name", "Values": [UBUNTU_NAME.format(arch=arch)]},
+                {"Name": "state", "Values": ["available"]},
+            ],
+        )["Images"]
+        found = sorted(found, key=lambda i: i.get("CreationDate", ""))[-1:]
+    if not found:
+        raise BadInput(
+            f"no Ubuntu 22.04 image found in {aws.region} (SSM public parameter and Canonical's "
+            "images both unavailable); pass --image ami-..."
+        )
+    return found[0]["ImageId"], found[0].get("RootDeviceName") or "/dev/sda1"
+
+
+def _archs(aws: api.Aws, type_name: str) -> list[str]:
+    entry = catalog._read_cache(aws.region)["types"].get(type_name, {})
+    return list((entry.get("record", {}).get("ProcessorInfo") or {}).get("SupportedArchitectures") or [])
+
+
+def check_cidr(cidr: str, *, allow_wide: bool = False) -> str:
+    """The normalized range SSH is allowed from; BadInput for what is not one, for the
+    whole internet (always), and for ranges wider than an IPv4 /16 or an IPv6 /48
+    (unless ``allow_wide``: the --allow-wide-ssh-cidr flag)."""
+    try:
+        net = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        raise BadInput(f"--ssh-cidr {cidr} is not an address range (example: 203.0.113.7/32)") from None
+    if net.prefixlen == 0:
+        raise BadInput(f"--ssh-cidr {cidr} would open SSH to the whole internet; give your own address/32")
+    widest = SSH_MIN_PREFIX[net.version]
+    if net.prefixlen < widest and not allow_wide:
+        raise BadInput(
+            f"--ssh-cidr {cidr} opens SSH to {net.num_addresses:,} addresses (wider than /{widest}); "
+            "give your own address/32, or pass --allow-wide-ssh-cidr if you mean it"
+        )
+    return str(net)
+
+
+def detect_cidr() -> str:
+    """The caller's public address as a /32 (or /128), from an address echo service."""
+    url = os.environ.get("GPUPROV_IP_ECHO_URL", IP_ECHO_URL)
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read(64).decode().strip()
+        address = ipaddress.ip_address(text)
+    except (OSError, ValueError):
+        raise BadInput(
+            "could not detect your public address to allow SSH from it; pass --ssh-cidr ADDRESS/32"
+        ) from None
+    return f"{address}/{address.max_prefixlen}"

@@ -1,0 +1,78 @@
+"""The AWS provider: each phase lives in its own module; this class only routes to them.
+
+plan (preflight.py) -> launch (launch.py, resources.py) -> wait_ready (ready.py) ->
+describe -> terminate (teardown.py). What plan prepared travels in ``Plan.details``
+(a frozen AwsPlan): nothing is cached on the provider between calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
+from gpuprov.providers.aws import api, dryrun, launch, preflight, ready, teardown
+from gpuprov.providers.aws.common import members, node_record, region_of
+from gpuprov.state import NodeRecord
+
+
+class AwsProvider(Provider):
+    name = "aws"
+    display_name = "AWS"
+    billable = True
+
+    def check_type(self, spec: ClusterSpec) -> None:
+        preflight.check_type(spec)
+
+    def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
+        spec = super().check_spec(spec)
+        preflight.check_spec(spec)
+        return spec
+
+    def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
+        return preflight.make_plan(self.check_spec(spec))
+
+    def dry_run(self, plan: Plan, report: Reporter) -> None:
+        dryrun.dry_run(self._details(plan), report)
+
+    def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+        return launch.launch_cluster(self._details(plan), files, report)
+
+    def _details(self, plan: Plan) -> preflight.AwsPlan:
+        """This provider's own plan of ``plan.spec``: the one plan() made, else made now."""
+        details = plan.details
+        if isinstance(details, preflight.AwsPlan) and details.spec == plan.spec:
+            return details
+        return preflight.prepare(self.check_spec(plan.spec))
+
+    def wait_ready(
+        self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter
+    ) -> list[NodeRecord]:
+        return ready.wait_ready(nodes, files, report)
+
+    def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
+        aws = api.connect(region_of(known, files))
+        nodes = sorted((node_record(i, name, aws.region) for i in members(aws, name)), key=lambda n: n.extra["index"])
+        running = [n for n in nodes if n.address and n.state == "running"]
+        if running and files.dir.is_dir():
+            ready.pin(running, files, strict=False)
+        return nodes
+
+    def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
+        return teardown.destroy(name, region_of(known, files), report, [n.id for n in known])
+
+    def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
+        return teardown.terminate_nodes(nodes, files, report)
+
+    def find_orphans(self, name: str, region: str | None) -> Orphans | None:
+        return teardown.find_orphans(name, region)
+
+    def destroy_orphans(self, name: str, orphans: Orphans, report: Reporter) -> int:
+        return teardown.destroy(name, orphans.region, report)
+
+    def list_tagged_clusters(self, regions: set[str | None], asked: bool) -> dict[str, dict[str, Any]] | None:
+        return teardown.list_tagged_clusters(regions, asked)
+
+    def expectations(self, node: NodeRecord) -> dict[str, Any]:
+        out = super().expectations(node)
+        out["spot"] = bool(node.extra.get("spot"))
+        return out

@@ -1,0 +1,97 @@
+"""The code's shape, checked: core reaches providers only through their interface, and no
+module grows past what one person reads in a sitting."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "gpuprov"
+CORE = sorted((PACKAGE / "core").glob("*.py"))
+MAX_LINES = 400
+# Modules allowed past MAX_LINES, each with its reason (none today).
+TOO_LONG_BY_DESIGN: dict[str, str] = {}
+
+
+def _provider_names() -> list[str]:
+    from gpuprov.providers import PROVIDERS
+
+    return sorted(PROVIDERS)
+
+
+def test_the_registry_names_the_providers() -> None:
+    assert _provider_names() == ["aws", "docker", "static"]
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
+def test_core_never_names_a_provider(path: Path) -> None:
+    names = "|".join(_provider_names())
+    pattern = re.compile(rf"""["']({names})["']""")
+    found = [f"{path.name}:{n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
+             if pattern.search(line)]
+    assert found == []
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
+def test_core_finds_no_ability_by_getattr(path: Path) -> None:
+    calls = [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id in ("getattr", "hasattr")]
+    assert calls == [], f"{path.name}: getattr/hasattr at lines {calls}; declare the ability on Provider"
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
+def test_core_calls_no_provider_internals(path: Path) -> None:
+    text = path.read_text()
+    assert "type: ignore" not in text
+    assert not re.search(r"gpuprov\.providers\.(aws|docker|static)", text)
+
+
+def test_cli_does_not_repeat_the_provider_list() -> None:
+    for name in ("cli.py", "cli_options.py", "cli_output.py"):
+        text = (PACKAGE / name).read_text()
+        assert not re.search(r"""\(\s*["']aws["'],\s*["']docker["']""", text), name
+        assert 'provider == "' not in text and 'provider != "' not in text, name
+        assert not re.search(r"""default=["'](aws|docker|static)["']""", text), name
+
+
+def test_every_optional_ability_has_a_default() -> None:
+    from gpuprov.errors import NotSupported
+    from gpuprov.providers import ClusterFiles, Orphans, Provider, get
+
+    static = get("static")
+    assert not static.supports("terminate_nodes") and not static.supports("find_orphans")
+    with pytest.raises(NotSupported, match="not supported by the static provider"):
+        static.terminate_nodes([], ClusterFiles(Path("/nonexistent")), print)
+    with pytest.raises(NotSupported, match="not supported by the static provider"):
+        static.find_orphans("x", None)
+    with pytest.raises(NotSupported, match="not supported by the static provider"):
+        static.destroy_orphans("x", Orphans("static", (), "", ""), print)
+    with pytest.raises(NotSupported, match="not supported by the static provider"):
+        static.list_tagged_clusters({None}, True)
+    aws = get("aws")
+    for ability in ("dry_run", "terminate_nodes", "find_orphans", "destroy_orphans", "list_tagged_clusters"):
+        assert aws.supports(ability), ability
+    assert get("docker").supports("find_orphans") and not get("docker").supports("list_tagged_clusters")
+    assert Provider.supports is not None
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_module_over_the_limit() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in _modules()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    unexplained = {k: v for k, v in long.items() if k not in TOO_LONG_BY_DESIGN}
+    assert unexplained == {}, f"modules over {MAX_LINES} lines: {unexplained}"
+
+
+def test_aws_package_only_exports() -> None:
+    tree = ast.parse((PACKAGE / "providers" / "aws" / "__init__.py").read_text())
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert defined == []
