@@ -46,7 +46,6 @@ def render(
     files: ClusterFiles,
 ) -> dict[str, Any]:
     """Write the inventory and ansible.cfg into the cluster dir; return the context."""
-    import jinja2
 
     context = {
         "cluster": cluster,
@@ -85,15 +84,9 @@ def render(
         f"Host keys are pinned in {files.known_hosts}; host key checking stays on.",
     ))
     _write(files.inventory, header + _yaml_dump(inventory_data(context)))
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    _write(files.ansible_cfg, env.get_template("ansible.cfg.j2").render(context))
+    from gpuprov import templating
+
+    _write(files.ansible_cfg, templating.render("ansible.cfg.j2", dict(context)))
     return context
 
 

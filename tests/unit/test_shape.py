@@ -95,3 +95,11 @@ def test_aws_package_only_exports() -> None:
     tree = ast.parse((PACKAGE / "providers" / "aws" / "__init__.py").read_text())
     defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
     assert defined == []
+
+
+def test_one_jinja_environment_renders_every_template() -> None:
+    """Templates are rendered in one place (gpuprov/templating.py), nowhere else."""
+    pkg = Path(__file__).parents[2] / "gpuprov"
+    others = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py")
+              if p.name != "templating.py" and "Environment(" in p.read_text()]
+    assert others == []

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov import paths, ssh
+from gpuprov import ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles
 
@@ -69,19 +69,12 @@ def make_bootstrap_key(files: ClusterFiles, cluster: str, batch: str) -> HostKey
 
 
 def render(cluster: str, batch: str, user: str, authorized_key: str, bootstrap: HostKey) -> str:
-    import jinja2
+    from gpuprov import templating
 
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template("cloud-init.yaml.j2").render(
-        cluster=cluster, batch=batch, user=user, authorized_key=authorized_key.strip(),
-        bootstrap_private=bootstrap.private.strip(), bootstrap_public=bootstrap.public,
-    )
+    return templating.render("cloud-init.yaml.j2", {
+        "cluster": cluster, "batch": batch, "user": user, "authorized_key": authorized_key.strip(),
+        "bootstrap_private": bootstrap.private.strip(), "bootstrap_public": bootstrap.public,
+    })
 
 
 def encode(text: str) -> bytes:
