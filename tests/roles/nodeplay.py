@@ -20,9 +20,12 @@ def inventory(cdir: Path) -> Path:
 
 
 def play(env, cdir: Path, tmp_path: Path, roles: list[dict],
-         tasks: list[dict] | None = None) -> tuple[int, dict, str]:
+         tasks: list[dict] | None = None, check: bool = False,
+         messages: list[str] | None = None) -> tuple[int, dict, str]:
     """Run a play of ``roles`` (then ``tasks``: e.g. an include_role of one task file) on the
-    node; return rc, per-host stats, and all failure messages (with a failed command's stderr)."""
+    node; return rc, per-host stats, and all failure messages (with a failed command's stderr).
+    ``check``: run with --check --diff. ``messages``: a list that receives every task's msg
+    (debug reports included), failed or not."""
     book = tmp_path / f"play-{secrets.token_hex(2)}.yml"
     book.write_text(yaml.safe_dump([{
         "name": "roles under test", "hosts": "all", "become": True, "gather_facts": True,
@@ -30,7 +33,7 @@ def play(env, cdir: Path, tmp_path: Path, roles: list[dict],
     }]))
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory(cdir)),
-         str(book)],
+         str(book), *(["--check", "--diff"] if check else [])],
         capture_output=True, text=True, check=False,
         env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "json",
              "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
@@ -40,6 +43,8 @@ def play(env, cdir: Path, tmp_path: Path, roles: list[dict],
     for p in data["plays"]:
         for t in p["tasks"]:
             for res in t["hosts"].values():
+                if messages is not None and res.get("msg"):
+                    messages.append(str(res["msg"]))
                 if res.get("failed"):
                     msgs.append(str(res.get("msg", "")))
                     for stream in ("stderr", "stdout"):  # over SSH with a tty, a script's stderr is in stdout
@@ -60,3 +65,15 @@ def sh(cdir: Path, name: str, cmd: str) -> str:
                          capture_output=True, text=True, check=True).stdout.strip()
     return subprocess.run(["docker", "exec", cid, "sh", "-c", cmd], capture_output=True,
                           text=True, check=False).stdout
+
+
+def container(name: str) -> str:
+    """The docker id of the cluster's (only) node."""
+    return subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={name}-node-1"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def copy_in(name: str, src: Path, dest: str) -> None:
+    """Copy a file or a directory tree from this machine into the node (docker cp)."""
+    subprocess.run(["docker", "cp", str(src), f"{container(name)}:{dest}"], capture_output=True,
+                   text=True, check=True)

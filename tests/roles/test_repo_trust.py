@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.fixtures import aptrepo
-from tests.roles.nodeplay import play, sh
+from tests.roles.nodeplay import copy_in, play, sh
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +38,10 @@ def node(env):
             env=env, check=True)
     run_cli("inventory", name, env=env, check=True)  # renders inventory, pins host keys
     cdir = Path(env["GPUPROV_HOME"]) / "clusters" / name
+    # Fabric manager installs only where NVSwitches are: this node gets the fixture PCI bus of
+    # an HGX H100 board (tests/roles/fixtures/pci/README.md says what was edited).
+    sh(cdir, name, "mkdir -p /opt")
+    copy_in(name, Path(__file__).parent / "fixtures/pci/hgx-h100-nvswitch", "/opt/gpuprov-fixture-pci")
     yield name, cdir
     run_cli("down", name, "--yes", env=env)
 
@@ -52,6 +56,7 @@ def driver_roles(url: str, fingerprint: str, version: str, key_url: str = "") ->
             "nvidia_driver_packages": ["nvidia-driver-535", "nvidia-dkms-535"],
             "nvidia_driver_package_version": f"{version}-*"}},
         {"role": "nvidia_fabricmanager", "vars": {
+            "__nvidia_fabricmanager_pci_devices": "/opt/gpuprov-fixture-pci",
             "nvidia_fabricmanager_version": version,
             "nvidia_fabricmanager_package_version": f"{version}-*"}},
         {"role": "cudnn", "vars": {"cudnn_method": "packages"}},
