@@ -184,9 +184,16 @@ def ssh_error_line(stderr: str, returncode: int | None = None) -> str:
     return "ssh failed" + (f" (exit {returncode})" if returncode is not None else "")
 
 
-def check_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: int = 5) -> str | None:
-    """One SSH connection to ``node`` with its pinned host key: None when it runs a command,
-    else why not, in one line."""
+# Answers that are final: asking again cannot change them.
+_FINAL_SSH_ERRORS = ("Host key verification failed", "IDENTIFICATION HAS CHANGED", "Permission denied")
+
+
+def check_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: int = 5,
+              attempts: int = 3) -> str | None:
+    """An SSH connection to ``node`` with its pinned host key: None when it runs a command,
+    else why not, in one line. A transient failure (a reset or refused connection on a busy
+    machine) is tried again, up to ``attempts`` times a second apart; a key mismatch or a
+    refused login is final at once."""
     cmd = [
         "ssh",
         "-p",
@@ -206,14 +213,22 @@ def check_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: in
         f"{node.user}@{node.address}",
         "true",
     ]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              stdin=subprocess.DEVNULL, timeout=timeout * 3 + 5)
-    except subprocess.TimeoutExpired:
-        return f"no answer from {node.address}:{node.ssh_port} within {timeout * 3 + 5}s"
-    if proc.returncode == 0:
-        return None
-    return ssh_error_line(proc.stderr, proc.returncode)
+    why = "no attempt"
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(1.0)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                                  stdin=subprocess.DEVNULL, timeout=timeout * 3 + 5)
+        except subprocess.TimeoutExpired:
+            why = f"no answer from {node.address}:{node.ssh_port} within {timeout * 3 + 5}s"
+            continue
+        if proc.returncode == 0:
+            return None
+        why = ssh_error_line(proc.stderr, proc.returncode)
+        if any(final in proc.stderr for final in _FINAL_SSH_ERRORS):
+            break  # a wrong key or a refused login does not get better by asking again
+    return why
 
 
 def unreachable_nodes(nodes: list[NodeRecord], default_key: Path, known_hosts: Path,

@@ -103,3 +103,11 @@ def test_one_jinja_environment_renders_every_template() -> None:
     others = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py")
               if p.name != "templating.py" and "Environment(" in p.read_text()]
     assert others == []
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    """The test folders are not packages everywhere: two test files of one name collide when
+    one run collects both (as `make test` does)."""
+    tests = Path(__file__).parents[1]
+    names = [p.name for p in tests.rglob("test_*.py") if "fixtures" not in p.parts]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
