@@ -65,6 +65,7 @@ def up(
     no_bootstrap: bool,
     source: str | None,
     driver: str | None,
+    kernel_module: str | None,
     cuda: str | None,
     mirror_url: str | None,
     mirror_key_fingerprint: str | None,
@@ -81,7 +82,7 @@ def up(
         core.validate_name(name)
     options = {k: v for k, v in (
         ("disk_gb", disk_gb), ("capacity_reservation", capacity_reservation), ("source", source),
-        ("driver", driver), ("cuda", cuda), ("mirror_url", mirror_url),
+        ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda), ("mirror_url", mirror_url),
         ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
     ) if v}
     spec = ClusterSpec(name=name or core.generate_name(), provider=provider, instance_type=instance_type,
@@ -90,8 +91,8 @@ def up(
     result = core.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
                      confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback)
     cli_output.up_result(result, output)
-    boot = result["bootstrap"]
-    return 1 if boot is not None and not boot["ok"] else 0
+    cli_output.eol_warning_of(spec.name)
+    return 1 if result.bootstrap is not None and not result.bootstrap.ok else 0
 
 
 def _launch_confirmation(yes: bool) -> Callable[[Any], bool]:
@@ -158,6 +159,7 @@ def status(name: str, output: str) -> int:
     from gpuprov import core
 
     data = core.status(name)
+    cli_output.eol_warning_of(name)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -180,7 +182,7 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
         cli_output.emit_json(data)
     else:
         cli_output.provision_table(name, data)
-    return 0 if data["ok"] else 1
+    return 0 if data.ok else 1
 
 
 @cli.command()
@@ -212,7 +214,7 @@ def patch(name: str, driver: str | None, kernel: bool, microcode: bool, all_: bo
         cli_output.emit_json(data)
     else:
         cli_output.patch_table(name, check, data)
-    return 0 if data["ok"] else 1
+    return 0 if data.ok else 1
 
 
 @cli.command()
@@ -230,11 +232,12 @@ def verify(name: str, level: str, output: str) -> int:
     from gpuprov import core
 
     data = core.verify(name, console=_console(), level=level)
+    cli_output.eol_warning_of(name)
     if output == "json":
         cli_output.emit_json(data)
     else:
         cli_output.verify_table(name, data)
-    return 0 if data["ok"] else 1
+    return 0 if data.ok else 1
 
 
 # -- exec / inventory / types ------------------------------------------------------------------
@@ -278,9 +281,9 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
     if output == "json":
         cli_output.emit_json(data)
     else:
-        cli_output.settings_table(data["settings"])
-        if data["changed"]:
-            click.echo(f"changed: {', '.join(data['changed'])}; `gpuprov provision {name}` applies them")
+        cli_output.settings_table(data.settings)
+        if data.changed:
+            click.echo(f"changed: {', '.join(data.changed)}; `gpuprov provision {name}` applies them")
     return 0
 
 
@@ -332,15 +335,19 @@ def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> in
 @cli.command()
 @click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
 @click.option("--cuda", default="11.8", show_default=True, help="CUDA release.")
-@click.option("--driver", metavar="BRANCH", help="Driver branch (535) or exact release.")
+@click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
+              "the newest supported long-term branch for the type).")
+@click.option("--kernel-module", type=click.Choice(["open", "proprietary"]), help="Default: from the GPU.")
 @click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]), default="nvidia",
               show_default=True, help="Package source the nodes install from.")
 @output_option
-def stack(instance_type: str, cuda: str, driver: str | None, source: str, output: str) -> int:
-    """Show the version lock for a type: driver, fabric manager, CUDA, cuDNN, NCCL, EFA."""
+def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str | None, source: str,
+          output: str) -> int:
+    """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA."""
     from gpuprov import stack as stack_mod
 
-    lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source)
+    lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module)
+    cli_output.eol_warning(lock.as_dict())
     data = lock.public()
     if output == "json":
         cli_output.emit_json(data)

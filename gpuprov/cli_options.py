@@ -88,6 +88,8 @@ UP_OPTIONS = [
     click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]),
         help="Package source for the NVIDIA stack (default: distro for docker, else nvidia)."),
     click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's)."),
+    click.option("--kernel-module", type=click.Choice(["open", "proprietary"]),
+        help="Kernel module flavour (default: from the GPUs: proprietary for V100, else open)."),
     click.option("--cuda", metavar="X.Y", help="CUDA release (default 11.8)."),
     click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror)."),
     click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint."),

@@ -1,18 +1,39 @@
-"""How the CLI prints: JSON for programs, rich tables for people (rich loads on first use)."""
+"""How the CLI prints: JSON for programs, rich tables for people (rich loads on first use).
+
+Every `--output json` goes through ``emit_json`` (gpuprov.core.results.serialise: the shapes
+of docs/json-output.md); the tables read the same results' attributes.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from gpuprov.core.results import (
+        Bootstrap,
+        ClusterRow,
+        NodeRow,
+        PatchResult,
+        ProvisionResult,
+        Setting,
+        StatusResult,
+        UpResult,
+        VerifyResult,
+    )
 
 NODE_COLUMNS = ["node", "id", "address", "ssh", "state", "zone", "type"]
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    """One JSON document on stdout: a command's result (a dataclass of core.results), or plain
+    data (types, stack, inventory)."""
+    from gpuprov.core.results import serialise
+
+    click.echo(json.dumps(serialise(data), indent=2, sort_keys=False))
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
@@ -27,80 +48,76 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(out)
 
 
-def node_rows(nodes: list[dict[str, Any]]) -> list[list[Any]]:
-    return [[n["name"], n["id"], n["address"], n["ssh_port"], n["state"], n["zone"], n["instance_type"]]
-            for n in nodes]
+def node_rows(nodes: list[NodeRow]) -> list[list[Any]]:
+    return [[n.name, n.id, n.address, n.ssh_port, n.state, n.zone, n.instance_type] for n in nodes]
 
 
-def up_result(result: dict[str, Any], output: str) -> None:
+def up_result(result: UpResult, output: str) -> None:
     if output == "json":
         emit_json(result)
         return
-    table(f"cluster {result['cluster']} ({result['provider']})", NODE_COLUMNS, node_rows(result["nodes"]))
-    if result["bootstrap"] is not None:
-        provision_table(result["cluster"], result["bootstrap"])
+    table(f"cluster {result.cluster} ({result.provider})", NODE_COLUMNS, node_rows(result.nodes))
+    if result.bootstrap is not None:
+        provision_table(result.cluster, result.bootstrap)
 
 
-def provision_table(cluster: str, data: dict[str, Any]) -> None:
+def provision_table(cluster: str, data: ProvisionResult | Bootstrap) -> None:
     table(
-        f"bootstrap {cluster}: {'ok' if data['ok'] else 'FAILED'}",
+        f"bootstrap {cluster}: {'ok' if data.ok else 'FAILED'}",
         ["node", "ok", "changed", "failed", "unreachable"],
-        [[h, s["ok"], s["changed"], s["failed"], s["unreachable"]] for h, s in data["hosts"].items()],
+        [[h, s.ok, s.changed, s.failed, s.unreachable] for h, s in data.hosts.items()],
     )
 
 
-def cluster_list(rows: list[dict[str, Any]]) -> None:
+def cluster_list(rows: list[ClusterRow]) -> None:
     table(None, ["name", "provider", "nodes", "created", "state"],
-          [[r["name"], r["provider"], r["nodes"], r["created"], r["state"]] for r in rows])
+          [[r.name, r.provider, r.nodes, r.created, r.state] for r in rows])
 
 
-def status(name: str, data: dict[str, Any]) -> None:
+def status(name: str, data: StatusResult) -> None:
     table(
-        f"{name} ({data['provider']}): {data['state']}"
-        + (f" ({data['failed_step']} failed)" if data.get("failed_step") else ""),
+        f"{name} ({data.provider}): {data.state}" + (f" ({data.failed_step} failed)" if data.failed_step else ""),
         NODE_COLUMNS,
-        node_rows(data["nodes"]),
+        node_rows(data.nodes),
     )
-    lock = data.get("stack")
+    lock = data.stack
     if lock:
         click.echo(
             f"stack [lock {lock['hash']}]: driver {lock['driver']} ({lock['source']}), "
             f"CUDA {lock['cuda']}, cuDNN {lock['cudnn']}"
             + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
         )
-    settings_table(data.get("settings"))
+    settings_table(data.settings)
     table(
         "recent runs",
         ["id", "kind", "started", "ok", "artifacts"],
-        [[r["id"], r["kind"], r["started"], {True: "yes", False: "no", None: "running"}[r["ok"]],
-          r["artifact_dir"]] for r in data["runs"]],
+        [[r.id, r.kind, r.started, {True: "yes", False: "no", None: "running"}[r.ok], r.artifact_dir]
+         for r in data.runs],
     )
 
 
-def patch_table(name: str, check: bool, data: dict[str, Any]) -> None:
+def patch_table(name: str, check: bool, data: PatchResult) -> None:
     table(
-        f"patch {name}{' (check)' if check else ''}: {'ok' if data['ok'] else 'STOPPED'}",
+        f"patch {name}{' (check)' if check else ''}: {'ok' if data.ok else 'STOPPED'}",
         ["node", "status", "changed", "rebooted", "detail"],
-        [[h, s["status"], s["changed"], "yes" if s["rebooted"] else "no",
-          s.get("error") or "; ".join(s.get("moved") or s.get("plan") or [])]
-         for h, s in data["hosts"].items()],
+        [[h, s.status, s.changed, "yes" if s.rebooted else "no", s.error or "; ".join(s.moved or s.plan)]
+         for h, s in data.hosts.items()],
     )
 
 
-def verify_table(name: str, data: dict[str, Any]) -> None:
-    rows = [[host, r["probe"], r["status"].upper(), r["detail"]]
-            for host, results in data["hosts"].items() for r in results]
-    s = data["summary"]
-    table(f"verify {name}: {s['pass']} pass, {s['fail']} fail, {s['skip']} skip",
+def verify_table(name: str, data: VerifyResult) -> None:
+    rows = [[host, r.probe, r.status.upper(), r.detail] for host, results in data.hosts.items() for r in results]
+    s = data.summary
+    table(f"verify {name}: {s.pass_} pass, {s.fail} fail, {s.skip} skip",
           ["node", "probe", "status", "detail"], rows)
 
 
-def settings_table(recorded: dict[str, Any] | None) -> None:
+def settings_table(recorded: dict[str, Setting] | None) -> None:
     if recorded is None:
         click.echo("settings: not recorded yet (the next `up` records them)")
         return
     table("settings (recorded with the cluster)", ["setting", "value", "from"],
-          [[k, v["value"], v["from"]] for k, v in recorded.items()] or [["(none)", "", ""]])
+          [[k, v.value, v.from_] for k, v in recorded.items()] or [["(none)", "", ""]])
 
 
 def types_table(rows: list[dict[str, Any]], price_date: str) -> None:
@@ -126,7 +143,25 @@ def types_table(rows: list[dict[str, Any]], price_date: str) -> None:
 
 def stack_table(instance_type: str, data: dict[str, Any]) -> None:
     rows = [[key, "-" if data[key] is None else data[key]] for key in (
-        "instance_type", "gpu", "arch", "source", "driver_branch", "driver", "fabricmanager",
-        "cuda", "cudnn", "nccl", "efa_installer", "hash")]
+        "instance_type", "gpu", "arch", "source", "driver_branch", "driver_branch_kind", "driver_eol",
+        "driver", "kernel_module", "fabricmanager", "cuda", "cudnn", "nccl", "efa_installer", "hash")
+        if key in data]
     rows += [["note", note] for note in data["notes"]]
     table(f"stack for {instance_type}", ["", "version"], rows)
+
+
+def eol_warning(lock: dict[str, Any] | None) -> None:
+    """Say once, on stderr, that a lock's driver branch is past its end of life."""
+    from gpuprov import stack
+
+    line = stack.eol_warning(lock)
+    if line:
+        click.echo(f"gpuprov: warning: {line}", err=True)
+
+
+def eol_warning_of(name: str) -> None:
+    """``eol_warning`` for the lock recorded with cluster ``name`` (none recorded: nothing)."""
+    from gpuprov.state import Store
+
+    record = Store().get_cluster(name)
+    eol_warning(record.lock if record is not None else None)

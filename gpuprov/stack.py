@@ -12,31 +12,36 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from pathlib import Path
+from datetime import date
 from typing import Any
 
 from gpuprov import catalog
+from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stack.X is the API)
+    _LIFECYCLE_FIELDS,
+    CUDA_MIN_DRIVER,
+    GPU_LAST_BRANCH,
+    GPU_MIN_DRIVER,
+    KERNEL_MODULES,
+    LIFECYCLE_DOC,
+    _kernel_module,
+    _v,
+    data,
+    default_branch,
+    eol_warning,
+    lifecycle,
+    past_eol,
+    pinned_branches,
+    today,
+)
 from gpuprov.errors import BadInput
 
-_DATA = Path(__file__).parent / "data" / "stack.toml"
 SOURCES = ("nvidia", "distro", "mirror")
-
-# Minimum driver for each CUDA release.
-# Source: CUDA Toolkit Release Notes, Table 3 "CUDA Toolkit and Corresponding
-# Driver Versions" (Linux x86_64, "Toolkit Driver Version").
-CUDA_MIN_DRIVER = {
-    "11.7": "515.43.04",
-    "11.8": "520.61.05",
-    "12.0": "525.60.13",
-    "12.2": "535.54.03",
-}
 
 # Minimum CUDA for each GPU architecture (compute capability).
 # Source: CUDA 11.8 release notes ("adds support for NVIDIA Hopper and Ada
-# Lovelace", i.e. sm_90 and sm_89) and the CUDA GPUs compute-capability table.
+# Lovelace", i.e. sm_90 and sm_89), CUDA 12.8 release notes (adds Blackwell, sm_100)
+# and the CUDA GPUs compute-capability table.
 ARCH_MIN_CUDA = {
     "sm_70": "9.0",
     "sm_75": "10.0",
@@ -44,32 +49,8 @@ ARCH_MIN_CUDA = {
     "sm_86": "11.1",
     "sm_89": "11.8",
     "sm_90": "11.8",
+    "sm_100": "12.8",
 }
-
-# Minimum driver for each GPU model.
-# Source: NVIDIA Data Center GPU Driver release notes, "Hardware supported"
-# (H100 and L4 from R525, L40S from R535, H200 from R550).
-GPU_MIN_DRIVER = {
-    "V100": "396.26",
-    "T4": "410.48",
-    "A100": "450.80.02",
-    "A10G": "470.57.02",
-    "L4": "525.60.13",
-    "L40S": "535.54.03",
-    "H100": "525.60.13",
-    "H200": "550.54.14",
-}
-
-
-def _v(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
-
-
-@lru_cache(maxsize=1)
-def data() -> dict[str, Any]:
-    with _DATA.open("rb") as fh:
-        return tomllib.load(fh)
-
 
 @dataclass(frozen=True)
 class Lock:
@@ -105,6 +86,17 @@ class Lock:
     # The site image's pip requirements, each "NAME==VERSION --hash=sha256:..." (pip
     # --require-hashes); added with digest pinning, read with `| default([])`.
     site_pip_requirements: tuple[str, ...] = ()
+    # Added with the lifecycle data: the kernel module flavour ("open" | "proprietary"),
+    # the branch's designation ("long-term" | "production" | "feature") and its end of
+    # life (YYYY-MM). Locks stored before lack them: their driver packages were the
+    # proprietary ones (``flavour``), and the lifecycle comes from the data (``lifecycle``).
+    kernel_module: str = ""
+    driver_branch_kind: str = ""
+    driver_eol: str = ""
+
+    @property
+    def flavour(self) -> str:
+        return self.kernel_module or "proprietary"
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -113,7 +105,10 @@ class Lock:
         return out
 
     def public(self) -> dict[str, Any]:
-        """DESIGN.md's `stack` JSON shape (plus the resolved source and lock hash)."""
+        """DESIGN.md's `stack` JSON shape (plus the resolved source, branch lifecycle, kernel
+        module flavour and lock hash). The lifecycle is read from the data, so a date NVIDIA
+        moved shows as it is now."""
+        life = lifecycle(self.driver_branch)
         return {
             "instance_type": self.instance_type,
             "gpu": self.gpu,
@@ -126,12 +121,16 @@ class Lock:
             "efa_installer": self.efa_installer,
             "notes": list(self.notes),
             "driver_branch": self.driver_branch,
+            "driver_branch_kind": life.get("kind") or self.driver_branch_kind or None,
+            "driver_eol": life.get("eol") or self.driver_eol or None,
+            "kernel_module": self.flavour,
             "source": self.source,
             "hash": self.short_hash(),
         }
 
     def short_hash(self) -> str:
-        body = {k: v for k, v in asdict(self).items() if k != "notes"}
+        body = {k: v for k, v in asdict(self).items()
+                if k != "notes" and not (k in _LIFECYCLE_FIELDS and not v)}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -141,19 +140,22 @@ def default_source(provider: str) -> str:
 
 
 def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = None,
-            source: str = "nvidia") -> Lock:
+            source: str = "nvidia", kernel_module: str | None = None,
+            on: date | None = None) -> Lock:
     """The lock for ``instance_type`` (None: hosts of unknown type, no GPU rules apply)."""
     itype = catalog.get(instance_type) if instance_type else catalog.get("docker-node")
     return resolve_types([itype], cuda=cuda, driver=driver, source=source,
-                         label=instance_type or "unknown")
+                         label=instance_type or "unknown", kernel_module=kernel_module, on=on)
 
 
 def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver: str | None = None,
-                  source: str = "nvidia", label: str | None = None) -> Lock:
+                  source: str = "nvidia", label: str | None = None,
+                  kernel_module: str | None = None, on: date | None = None) -> Lock:
     """One lock for every host of a cluster, each described by ``types`` (declared or read
     off its PCI bus): the driver serves every GPU model, CUDA every architecture, fabric
     manager comes with any NVSwitch host and the EFA installer with any EFA host (the plays
-    install each only on the hosts that have the hardware)."""
+    install each only on the hosts that have the hardware). ``on``: the date lifecycle
+    rules are judged on (default: today)."""
     facts = data()
     if source not in SOURCES:
         raise BadInput(f"unknown package source '{source}'; choose one of: {', '.join(SOURCES)}")
@@ -176,15 +178,16 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
         if _v(cuda) < _v(need):
             raise BadInput(
                 f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}) on {itype.name}: "
-                f"{itype.arch} needs CUDA >= {need} (CUDA 11.8 release notes: Hopper/Ada support)"
+                f"{itype.arch} needs CUDA >= {need} (CUDA release notes: the first CUDA for "
+                f"{itype.arch} is {need})"
             )
     if cuda not in facts["cuda"]:
         known = ", ".join(sorted(facts["cuda"]))
         raise BadInput(f"gpuprov's stack data has no CUDA {cuda} (available: {known})")
 
-    # 2. Driver: requested branch or exact version, else the default branch.
+    # 2. Driver: requested branch or exact version, else the default branch (computed).
     branches: dict[str, str] = facts["driver"]["branches"]
-    requested = driver or facts["driver"]["default_branch"]
+    requested = driver or default_branch(gpus, cuda, source, on)
     branch = requested.split(".")[0]
     exact = requested if "." in requested else branches.get(branch)
     if exact is None:
@@ -199,19 +202,16 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
         )
     for gpu in sorted(gpus, key=lambda g: _v(GPU_MIN_DRIVER[g]), reverse=True)[:1]:
         # The GPU that needs the newest driver decides for every host.
-        if _v(exact) >= _v(GPU_MIN_DRIVER[gpu]):
-            continue
-        if driver is None:
-            # The default branch is too old for this GPU: take the oldest pinned branch that works.
-            fits = [b for b in sorted(branches, key=int)
-                    if _v(branches[b]) >= _v(GPU_MIN_DRIVER[gpu])]
-            branch, exact = fits[0], branches[fits[0]]
-            notes.append(f"{gpu} needs driver >= {GPU_MIN_DRIVER[gpu]}: branch {branch}")
-        else:
+        if _v(exact) < _v(GPU_MIN_DRIVER[gpu]):
             raise BadInput(
                 f"driver {requested} does not support {gpu}: it needs driver >= "
                 f"{GPU_MIN_DRIVER[gpu]} (NVIDIA data center driver release notes)"
             )
+    for gpu in gpus:
+        last = GPU_LAST_BRANCH.get(gpu)
+        if last and int(branch) > int(last):
+            raise BadInput(f"driver {requested} does not support {gpu}: R{last} is its last branch "
+                           "(NVIDIA: the 580 series is the last for Maxwell, Pascal and Volta)")
     if branch not in branches:
         raise BadInput(f"gpuprov pins no release of driver branch {branch} "
                        f"(pinned: {', '.join(sorted(branches, key=int))})")
@@ -227,7 +227,10 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
             f"not {branch}; use --source nvidia or mirror"
         )
 
-    # 3. Fabric manager: on NVSwitch systems, exactly the driver's version
+    # 3. Kernel module flavour, from the GPUs' architecture.
+    module = _kernel_module(kernel_module, archs, gpus, branch, src, source)
+
+    # 4. Fabric manager: on NVSwitch systems, exactly the driver's version
     # (NVIDIA Fabric Manager user guide: "the versions must match", else
     # CUDA_ERROR_SYSTEM_NOT_READY, error 802).
     fabricmanager = exact if nvswitch else None
@@ -239,8 +242,10 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
         notes.append(f"NVSwitch: fabric manager pinned to driver {exact}")
 
     cudnn = facts["cudnn"]
+    names_key = "driver_packages_open" if module == "open" else "driver_packages"
+    pin_from = src.get("pinning_from_branch")
     packages = {
-        "driver": [p.format(branch=branch) for p in src["driver_packages"]],
+        "driver": [p.format(branch=branch) for p in src[names_key]],
         "driver_version": src["driver_version"].format(version=exact),
         "fabricmanager": src["fabricmanager_package"].format(branch=branch) or None,
         "fabricmanager_version": src["fabricmanager_version"].format(version=exact) or None,
@@ -250,9 +255,15 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
         "cudnn_version": src["cudnn_version"],
         "cudnn_method": src["cudnn_method"],
     }
+    if src.get("pinning_package") and pin_from and int(branch) >= int(pin_from):
+        # NVIDIA's own version lock (installed before the driver): this exact release.
+        packages["pinning"] = src["pinning_package"].format(branch=branch, version=exact)
     if source == "distro":
         notes.append("Debian's archive keeps only its newest 535 release: the lock fails loudly "
                      "if that moves, instead of drifting")
+        notes.append(f"distro source: {src.get('support', 'the distribution')} applies to these "
+                     "packages, not NVIDIA's branch lifecycle")
+    life = lifecycle(branch)
     return Lock(
         instance_type=label,
         gpu=", ".join(gpus) or None,
@@ -279,6 +290,9 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
         container_toolkit=facts["container_toolkit"]["version"],
         base_images=tuple(facts["cuda"][cuda].get("base_images", ())),
         site_pip_requirements=tuple(facts["cuda"][cuda].get("site_pip_requirements", ())),
+        kernel_module=module,
+        driver_branch_kind=life.get("kind", ""),
+        driver_eol=life.get("eol", ""),
     )
 
 

@@ -40,10 +40,12 @@ ARCH_BY_GPU = {
     "L40S": "sm_89",
     "H100": "sm_90",
     "H200": "sm_90",
+    "B200": "sm_100",
 }
 # GPU models by PCI device id (vendor 10de), for hosts that declare nothing: what the
 # PCI bus says. Source: the PCI ID Repository (pci-ids.ucw.cz, vendor 10de), and for
-# 2330 and 2335 the real H100 and H200 machines recorded in tests/fixtures/recordings/.
+# 2330 and 2335 the real H100 and H200 machines recorded in tests/fixtures/recordings/
+# (2901: "GB100 [B200]" in the PCI ID Repository).
 GPU_BY_PCI_DEVICE = {
     "0x1db1": "V100", "0x1db4": "V100", "0x1db5": "V100", "0x1db6": "V100",
     "0x1eb8": "T4",
@@ -53,9 +55,10 @@ GPU_BY_PCI_DEVICE = {
     "0x26b9": "L40S",
     "0x2330": "H100", "0x2331": "H100", "0x2321": "H100",
     "0x2335": "H200",
+    "0x2901": "B200",
 }
 # Families whose GPUs sit on NVSwitch: fabric manager must run, matching the driver.
-NVSWITCH_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en"})
+NVSWITCH_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"})
 # vCPU-based EC2 quotas (Service Quotas, service code "ec2"), by family letter.
 QUOTAS_ON_DEMAND = {
     "p": ("L-417A185B", "Running On-Demand P instances"),

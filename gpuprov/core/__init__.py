@@ -5,7 +5,8 @@ removal: down, reading: list/status/inventory/settings, converge: provision/veri
 
 Each public function is what one CLI command calls. They validate first
 (``BadInput`` before anything is created or changed), then act, then return
-plain data in the JSON shapes of DESIGN.md.
+a frozen dataclass of core/results.py (the JSON shapes of docs/json-output.md; `down`,
+which prints no JSON, a small dict).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
@@ -16,6 +17,15 @@ from gpuprov.core import (
     reachable_nodes,
     refresh,
     version_lock,
+)
+from gpuprov.core.results import (
+    UNREACHED,
+    HostStats,
+    ProbeRow,
+    ProvisionResult,
+    VerifyResult,
+    VerifySummary,
+    serialise,
 )
 from gpuprov.core.settings import play_secrets, playbook_vars
 from gpuprov.providers import ClusterFiles, Provider
@@ -39,19 +49,14 @@ def check_reachable(
     return [n for n in nodes if n.name not in down], down
 
 
-def unreachable_stats() -> dict[str, int]:
-    """A provision host entry for a node that was not reached: nothing ran there."""
-    return {"ok": 0, "changed": 0, "failed": 0, "unreachable": 1, "tasks": 0}
-
-
-def unreachable_row(why: str) -> dict[str, str]:
-    return {"probe": REACHABLE_PROBE, "status": "fail", "detail": f"unreachable: {why}"}
+def unreachable_row(why: str) -> ProbeRow:
+    return ProbeRow(probe=REACHABLE_PROBE, status="fail", detail=f"unreachable: {why}")
 
 
 # -- provision --------------------------------------------------------------------------
 def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None
-) -> dict[str, Any]:
+) -> ProvisionResult:
     from gpuprov.ansible.runner import parse_tags
 
     tag_list = parse_tags(tags)
@@ -74,9 +79,9 @@ def _provision(
     console: Console,
     check: bool = False,
     tags: list[str] | None = None,
-) -> dict[str, Any]:
+) -> ProvisionResult:
     from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir, run_playbook
+    from gpuprov.ansible.runner import new_run_dir
 
     lock = version_lock(store, cluster)
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files)
@@ -86,55 +91,64 @@ def _provision(
     kind = "provision-check" if check else "provision"
     run_dir = new_run_dir(files, kind)
     run_id = store.start_run(cluster.name, kind, str(run_dir))
-    ok = False
-    summary: dict[str, Any] = {}
-    hosts: dict[str, dict[str, int]] = {}
-    errors: dict[str, str] = {}
-    result = None
+    ok, summary = False, {}
     try:
-        # Each node is checked once; an unreachable one is reported once and left out of the
-        # play (--limit), and the others are still served.
-        reachable, down = check_reachable(files, nodes, console)
-        errors = {host: f"unreachable: {why}" for host, why in down.items()}
-        if reachable:
-            result = run_playbook(
-                paths.playbooks_dir() / "site.yml",
-                files,
-                [n.name for n in reachable],
-                run_dir,
-                title=f"{'check' if check else 'provision'} {cluster.name}",
-                check=check,
-                tags=tags or (),
-                limit=[n.name for n in reachable] if down else (),
-                extravars=extravars,
-                secrets=play_secrets(),
-                console=console.rich,
-            )
-            errors |= result.errors
-        played = result.hosts if result is not None else {}
-        hosts = {n.name: unreachable_stats() if n.name in down else played.get(n.name, unreachable_stats())
-                 for n in nodes}
-        ok = not down and result is not None and result.ok
-        summary = {"hosts": hosts, "errors": errors}
+        outcome, artifacts = _site(cluster.name, files, nodes, run_dir, extravars, console=console,
+                                   check=check, tags=tags)
+        ok, summary = outcome.ok, serialise({"hosts": outcome.hosts, "errors": outcome.errors})
     finally:
         store.finish_run(run_id, ok, summary)
     if not check and ok and not tags:
         store.set_cluster_state(cluster.name, "bootstrapped")
     elif not check and not ok:
         store.set_failed_step(cluster.name, "bootstrap")
-    if result is not None and console.rich.is_terminal:
-        # The live table shows counts only: say what went wrong, once per node. (Elsewhere the
-        # progress has already printed each failure as its own line.)
-        for host, error in result.errors.items():
-            console.say(f"  {host}: {error}")
-    console.say(f"  artifacts: {result.artifact_dir if result is not None else run_dir}")
-    return {"cluster": cluster.name, "ok": ok, "hosts": hosts}
+    console.say(f"  artifacts: {artifacts}")
+    return outcome
+
+
+def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path,
+          extravars: dict[str, Any], *, console: Console, check: bool,
+          tags: list[str] | None) -> tuple[ProvisionResult, Path]:
+    """site.yml on the nodes that answer SSH: each is checked once; an unreachable one is
+    reported once and left out of the play (--limit), and the others are still served.
+    The result, and where the run's artifacts are."""
+    from gpuprov.ansible.runner import run_playbook
+
+    reachable, down = check_reachable(files, nodes, console)
+    errors = {host: f"unreachable: {why}" for host, why in down.items()}
+    result = None
+    if reachable:
+        result = run_playbook(
+            paths.playbooks_dir() / "site.yml",
+            files,
+            [n.name for n in reachable],
+            run_dir,
+            title=f"{'check' if check else 'provision'} {name}",
+            check=check,
+            tags=tags or (),
+            limit=[n.name for n in reachable] if down else (),
+            extravars=extravars,
+            secrets=play_secrets(),
+            console=console.rich,
+        )
+        errors |= result.errors
+        if console.rich.is_terminal:
+            # The live table shows counts only: say what went wrong, once per node. (Elsewhere
+            # the progress has already printed each failure as its own line.)
+            for host, error in result.errors.items():
+                console.say(f"  {host}: {error}")
+    played = result.hosts if result is not None else {}
+    hosts = {n.name: UNREACHED if n.name in down or n.name not in played else HostStats.of(played[n.name])
+             for n in nodes}
+    ok = not down and result is not None and result.ok
+    return (ProvisionResult(cluster=name, ok=ok, hosts=hosts, errors=errors),
+            result.artifact_dir if result is not None else run_dir)
 
 
 # -- verify --------------------------------------------------------------------------------
 def verify(
     name: str, *, console: Console, store: Store | None = None, level: str = "quick"
-) -> dict[str, Any]:
+) -> VerifyResult:
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir
     from gpuprov.probes.run import run_probes
@@ -148,8 +162,8 @@ def verify(
     run_dir = new_run_dir(files, f"verify-{level}")
     run_id = store.start_run(cluster.name, f"verify-{level}", str(run_dir))
     ok = False
-    summary = {"pass": 0, "fail": 0, "skip": 0}
-    hosts: dict[str, list[dict[str, str]]] = {}
+    counts = {"pass": 0, "fail": 0, "skip": 0}
+    hosts: dict[str, list[ProbeRow]] = {}
     try:
         # Each node is checked once: an unreachable one is one failed row with the SSH
         # error, not a failure per probe; the probes run on the nodes that answer.
@@ -165,17 +179,19 @@ def verify(
                 level=level,
                 console=console.rich,
             )
-        hosts = {n.name: [unreachable_row(down[n.name])] if n.name in down else probed.get(n.name, [])
+        rows = {h: [ProbeRow.of(r) for r in found] for h, found in probed.items()}
+        hosts = {n.name: [unreachable_row(down[n.name])] if n.name in down else rows.get(n.name, [])
                  for n in nodes}
-        hosts |= {h: rows for h, rows in probed.items() if h not in hosts}
+        hosts |= {h: found for h, found in rows.items() if h not in hosts}
         for results in hosts.values():
             for r in results:
-                summary[r["status"]] += 1
-        ok = summary["fail"] == 0 and all(hosts.get(n.name) for n in nodes)
+                counts[r.status] += 1
+        ok = counts["fail"] == 0 and all(hosts.get(n.name) for n in nodes)
     finally:
-        store.finish_run(run_id, ok, summary)
+        store.finish_run(run_id, ok, counts)
     if ok and phase_at_least(cluster, "bootstrapped"):
         store.set_cluster_state(name, "verified")
     elif not ok:
         store.set_failed_step(name, "verify")
-    return {"cluster": name, "ok": ok, "hosts": hosts, "summary": summary}
+    summary = VerifySummary(pass_=counts["pass"], fail=counts["fail"], skip=counts["skip"])
+    return VerifyResult(cluster=name, ok=ok, hosts=hosts, summary=summary)

@@ -20,6 +20,7 @@ from gpuprov.core import (
 )
 from gpuprov.core import settings as cluster_settings
 from gpuprov.core.converge import _provision
+from gpuprov.core.results import Bootstrap, UpResult, node_rows
 from gpuprov.errors import BadInput, GpuprovError, PartialLaunch
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
@@ -61,7 +62,7 @@ def up(
     confirm: Callable[[Plan], bool] | None = None,
     name_generated: bool = False,
     rollback: bool | None = None,
-) -> dict[str, Any]:
+) -> UpResult:
     """Launch (or complete) a cluster and bootstrap it.
 
     ``rollback``: when the nodes never answer SSH or the bootstrap fails,
@@ -76,7 +77,7 @@ def up(
     show_plan(run.plan, run.lock, console, provider)
     if dry_run:
         provider.dry_run(run.plan, run.report)
-        return {"cluster": spec.name, "provider": spec.provider, "nodes": [], "bootstrap": None, "dry_run": True}
+        return UpResult(cluster=spec.name, provider=spec.provider, nodes=[], bootstrap=None, dry_run=True)
     if run.plan.billable and run.plan.to_create and confirm is not None and not confirm(run.plan):
         raise GpuprovError("aborted; nothing was created")
     run.rollback = (run.existing is None and run.plan.billable) if rollback is None else rollback
@@ -123,27 +124,25 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
 
 
 # -- under the cluster lock ------------------------------------------------------------------
-def launch_and_bootstrap(run: Run, bootstrap: bool) -> dict[str, Any]:
+def launch_and_bootstrap(run: Run, bootstrap: bool) -> UpResult:
     record(run)
     nodes = launch(run)
-    result: dict[str, Any] = {
-        "cluster": run.name,
-        "provider": run.spec.provider,
-        "nodes": [n.public() for n in nodes],
-        "bootstrap": None,
-    }
     if not bootstrap and not run.provider.pins_without_bootstrap:
         run.console.say(
             f"{run.name}: {len(nodes)} node(s) running (--no-bootstrap: no SSH wait, no playbooks)"
         )
-        return result
+        return up_result(run, nodes)
     nodes = wait_ready(run, nodes)
-    result["nodes"] = [n.public() for n in nodes]
     if not bootstrap:
         run.console.say(f"{run.name}: {len(nodes)} node(s) reachable with pinned host keys "
                         "(--no-bootstrap: no playbooks)")
-        return result
-    return bootstrap_nodes(run, nodes, result)
+        return up_result(run, nodes)
+    return bootstrap_nodes(run, nodes)
+
+
+def up_result(run: Run, nodes: list[NodeRecord], bootstrap: Bootstrap | None = None) -> UpResult:
+    return UpResult(cluster=run.name, provider=run.spec.provider, nodes=node_rows(nodes),
+                    bootstrap=bootstrap)
 
 
 def record(run: Run) -> None:
@@ -229,27 +228,24 @@ def relock_from_hosts(run: Run, nodes: list[NodeRecord]) -> None:
         run.store.set_lock(run.name, seen)
 
 
-def bootstrap_nodes(run: Run, nodes: list[NodeRecord], result: dict[str, Any]) -> dict[str, Any]:
+def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
     """The playbooks, unless the cluster got that far already and gained no node."""
     assert run.files is not None
     cluster = load(run.store, run.name)
     if not run.added and phase_at_least(cluster, "bootstrapped"):
         run.console.say(f"{run.name}: already {cluster.state}; nothing to resume "
                         f"(`gpuprov provision {run.name}` converges again)")
-        result["bootstrap"] = {"ok": True, "hosts": {}, "resumed_from": cluster.state}
-        return result
+        return up_result(run, nodes, Bootstrap(ok=True, hosts={}, errors={}, resumed_from=cluster.state))
     try:
         outcome = _provision(run.store, cluster, run.provider, run.files, nodes, console=run.console)
     except BaseException:
         if run.rollback:
             rollback(run, nodes, whole=run.created_record)
         raise
-    if not outcome["ok"] and run.rollback:
+    if not outcome.ok and run.rollback:
         run.report("bootstrap failed and --rollback is on: removing what this run launched")
         nodes = rollback(run, nodes, whole=run.created_record)
-    result["nodes"] = [n.public() for n in nodes]
-    result["bootstrap"] = {"ok": outcome["ok"], "hosts": outcome["hosts"]}
-    return result
+    return up_result(run, nodes, Bootstrap.of(outcome))
 
 
 def reach(store: Store, name: str, phase: str, *, reset: bool = False) -> None:
@@ -290,11 +286,14 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
     from gpuprov import stack
 
     validate.stack_options(spec.options)
-    asked = {k: spec.options[k] for k in ("cuda", "driver", "source") if spec.options.get(k)}
+    asked = {k: spec.options[k] for k in ("cuda", "driver", "source", "kernel_module")
+             if spec.options.get(k)}
     if existing is not None and existing.lock:
         lock = existing.lock
+        # Locks stored before the kernel_module field installed the proprietary modules.
+        held = {**lock, "kernel_module": lock.get("kernel_module") or "proprietary"}
         moved = {k: v for k, v in asked.items()
-                 if not (v == lock.get(k) or (k == "driver" and v == lock.get("driver_branch")))}
+                 if not (v == held.get(k) or (k == "driver" and v == lock.get("driver_branch")))}
         if moved:
             raise BadInput(
                 f"cluster '{spec.name}' is locked to driver {lock['driver']} ({lock['source']}), "
@@ -314,6 +313,7 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
         cuda=asked.get("cuda", "11.8"),
         driver=asked.get("driver"),
         source=source,
+        kernel_module=asked.get("kernel_module"),
         label=spec.instance_type if kinds and len({k.name for k in kinds}) == 1 and spec.instance_type
         else None,
     ).as_dict()

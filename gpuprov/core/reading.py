@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from gpuprov import providers
 from gpuprov.core import Console, cluster_lock, expectations, load, refresh
 from gpuprov.core import settings as cluster_settings
+from gpuprov.core.results import ClusterRow, RunRow, SettingsResult, StatusResult, node_rows, settings_of
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import Provider
 from gpuprov.state import Store
@@ -14,7 +16,7 @@ from gpuprov.state import Store
 
 def list_clusters(
     store: Store | None = None, *, region: str | None = None, console: Console | None = None
-) -> list[dict[str, Any]]:
+) -> list[ClusterRow]:
     """Clusters in state, reconciled with what each provider that lists by label finds
     (AWS tags, when AWS is set up here).
 
@@ -24,34 +26,35 @@ def list_clusters(
     """
     store = store or Store()
     clusters = store.list_clusters()
-    rows = [
-        {"name": c.name, "provider": c.provider, "nodes": len(c.nodes), "created": c.created,
-         "state": c.state_text}
-        for c in clusters
-    ]
+    rows = [ClusterRow(name=c.name, provider=c.provider, nodes=len(c.nodes), created=c.created,
+                       state=c.state_text) for c in clusters]
     for provider in providers.supporting("list_tagged_clusters"):
-        mine = [r for r in rows if r["provider"] == provider.name]
+        mine = any(r.provider == provider.name for r in rows)
         regions = {region} if region else {
             c.spec.get("region") for c in clusters if c.provider == provider.name} | {None}
         tagged = _tagged(provider, regions, bool(region or mine), console)
         if tagged is not None:
-            rows += _reconcile(provider, mine, tagged)
+            rows = _reconcile(provider, rows, tagged)
     return rows
 
 
-def _reconcile(provider: Provider, mine: list[dict[str, Any]],
-               tagged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Update ``mine`` (the provider's rows in state) from ``tagged``; the untracked rows."""
-    for row in mine:
-        found = tagged.pop(row["name"], None)
+def _reconcile(provider: Provider, rows: list[ClusterRow],
+               tagged: dict[str, dict[str, Any]]) -> list[ClusterRow]:
+    """``rows`` with the provider's rows in state updated from ``tagged``, then the untracked
+    rows."""
+    out = []
+    for row in rows:
+        if row.provider != provider.name:
+            out.append(row)
+            continue
+        found = tagged.pop(row.name, None)
         if found is None or not found["nodes"]:
-            row["nodes"] = 0
-            row["state"] = f"{row['state']} (missing at {provider.name})"
+            out.append(dataclasses.replace(row, nodes=0, state=f"{row.state} (missing at {provider.name})"))
         else:
-            row["nodes"] = found["nodes"]
-    return [
-        {"name": name, "provider": provider.name, "nodes": found["nodes"], "created": found["created"],
-         "state": "untracked (tags only)"}
+            out.append(dataclasses.replace(row, nodes=found["nodes"]))
+    return out + [
+        ClusterRow(name=name, provider=provider.name, nodes=found["nodes"], created=found["created"],
+                   state="untracked (tags only)")
         for name, found in sorted(tagged.items())
     ]
 
@@ -69,31 +72,20 @@ def _tagged(provider: Provider, regions: set[str | None], asked: bool,
     return None
 
 
-def status(name: str, store: Store | None = None) -> dict[str, Any]:
+def status(name: str, store: Store | None = None) -> StatusResult:
     store = store or Store()
     cluster = load(store, name)
     _, _, nodes = refresh(store, cluster)
-    runs = store.runs(name, limit=5)
-    return {
-        "cluster": name,
-        "provider": cluster.provider,
-        "state": cluster.state,
-        "failed_step": cluster.failed_step,
-        "created": cluster.created,
-        "spec": cluster.spec,
-        "stack": cluster.lock,
-        "settings": cluster_settings.recorded(cluster),
-        "nodes": [n.public() for n in nodes],
-        "runs": [
-            {"id": r.id, "kind": r.kind, "started": r.started, "finished": r.finished, "ok": r.ok,
-             "artifact_dir": r.artifact_dir}
-            for r in runs
-        ],
-    }
+    return StatusResult(
+        cluster=name, provider=cluster.provider, state=cluster.state, failed_step=cluster.failed_step,
+        created=cluster.created, spec=cluster.spec, stack=cluster.lock,
+        settings=settings_of(cluster_settings.recorded(cluster)), nodes=node_rows(nodes),
+        runs=[RunRow.of(r) for r in store.runs(name, limit=5)],
+    )
 
 
 def change_settings(name: str, changes: dict[str, str] | None = None, *, record: bool = False,
-                    store: Store | None = None) -> dict[str, Any]:
+                    store: Store | None = None) -> SettingsResult:
     """The cluster's settings; ``changes`` ({key: value}, "" removes one) or ``record`` (take
     what the environment and the settings file say now) change them, under the cluster lock.
     The next `provision` or `patch` converges the nodes to them."""
@@ -101,7 +93,8 @@ def change_settings(name: str, changes: dict[str, str] | None = None, *, record:
     cluster = load(store, name)
     changes = {k: cluster_settings.check(k, v, "--set") for k, v in (changes or {}).items()}
     if not changes and not record:
-        return {"cluster": name, "settings": cluster_settings.recorded(cluster), "changed": []}
+        return SettingsResult(cluster=name, settings=settings_of(cluster_settings.recorded(cluster)),
+                              changed=[])
     with cluster_lock(name):
         cluster = load(store, name)
         before = cluster_settings.recorded(cluster) or {}
@@ -115,7 +108,7 @@ def change_settings(name: str, changes: dict[str, str] | None = None, *, record:
         store.set_spec(name, {**cluster.spec, "options": options})
     changed = sorted(k for k in set(before) | set(after)
                      if (before.get(k) or {}).get("value") != (after.get(k) or {}).get("value"))
-    return {"cluster": name, "settings": after, "changed": changed}
+    return SettingsResult(cluster=name, settings=settings_of(after), changed=changed)
 
 
 def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:

@@ -117,12 +117,29 @@ def values(cluster: ClusterRecord) -> dict[str, str]:
     return have
 
 
+def complete_lock(lock: dict[str, Any]) -> dict[str, Any]:
+    """A stored lock with every field today's plays read: a lock stored by an older gpuprov
+    lacks the fields added since (container toolkit, base images, ...); they are taken from
+    the same request resolved against today's stack data, and what the lock has always wins
+    (the plays map it to the roles' variables: playbooks/vars/lock.yml)."""
+    from gpuprov import stack
+
+    try:
+        fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock.get("cuda", "11.8"),
+                                    driver=lock.get("driver_branch"), source=lock.get("source", "nvidia"))
+        current = fresh.as_dict()
+    except BadInput:
+        # A request today's data refuses (a branch no longer pinned): the fields' empty defaults.
+        current = stack.from_dict({**lock, "packages": lock.get("packages", {})}).as_dict()
+    return {**current, **lock}
+
+
 def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any]:
     """The extra variables every play of a cluster gets: the lock and where packages come from."""
     options = cluster.spec.get("options") or {}
     have = values(cluster)
     return {
-        "gpuprov_stack": lock,
+        "gpuprov_stack": complete_lock(lock),
         "gpuprov_artifact_mirror": have.get("artifact_mirror", ""),
         "gpuprov_registry_mirror": have.get("registry_mirror", ""),
         "gpuprov_registry_digests": json.loads(have.get("registry_digests") or "{}"),

@@ -1,12 +1,38 @@
-"""Probes for the GPUs themselves."""
+"""Probes for the GPUs themselves, and for the kernel module flavour the node runs."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from gpuprov.probes.nodefacts import nvidia_pci
+from gpuprov.probes.nodefacts import installed_kernels, nvidia_pci
 
 pytestmark = pytest.mark.gpu
+
+# /proc/driver/nvidia/version's first line names the flavour: "NVRM version: NVIDIA UNIX
+# Open Kernel Module for x86_64  580.159.04  Release Build ..." (the open modules, as the
+# real H100 in tests/fixtures/recordings/h100-sxm5-580/proc-driver.txt prints it) or
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.309.01  <build date>" (proprietary).
+_NVRM = re.compile(r"NVRM version: NVIDIA UNIX (?:(Open) Kernel Module for \S+|\S+ Kernel Module)"
+                   r"\s+(\d+(?:\.\d+)+)")
+# modinfo's license field of the built nvidia module: the open modules are "Dual MIT/GPL"
+# (NVIDIA/open-gpu-kernel-modules), the proprietary ones "NVIDIA".
+_LICENSES = {"Dual MIT/GPL": "open", "NVIDIA": "proprietary"}
+
+
+def parse_nvrm_version(text: str) -> dict[str, str] | None:
+    """{"kernel_module": "open"|"proprietary", "driver": "580.159.04"} from the text of
+    /proc/driver/nvidia/version; None when it names no NVIDIA kernel module."""
+    match = _NVRM.search(text)
+    if match is None:
+        return None
+    return {"kernel_module": "open" if match.group(1) else "proprietary", "driver": match.group(2)}
+
+
+def flavour_of_license(license_field: str) -> str | None:
+    """The kernel module flavour a module's license field (modinfo -F license) means."""
+    return _LICENSES.get(license_field.strip())
 
 
 def test_gpus_on_pci_bus(host, expect, report):
@@ -79,3 +105,48 @@ def test_cuda_context_can_be_created(host, expect, report):
     count = int(out.stdout.split()[-1])
     assert count == want, f"expected the CUDA driver to see {want} device(s), it sees {count}"
     report(f"CUDA context created on GPU 0; the CUDA driver sees {count} device(s)")
+
+
+def _lock_flavour(lock: dict) -> str:
+    # Locks stored before the kernel_module field installed the proprietary modules.
+    return lock.get("kernel_module") or "proprietary"
+
+
+def test_running_kernel_module_flavour_matches_the_lock(host, expect, report):
+    _gpus_expected(host, expect)
+    lock = expect.lock()
+    version = host.file("/proc/driver/nvidia/version")
+    assert version.exists, (
+        f"expected the NVIDIA kernel module ({_lock_flavour(lock)}, {lock['driver']}) loaded, "
+        "found no /proc/driver/nvidia/version (no NVIDIA module loaded)"
+    )
+    seen = parse_nvrm_version(version.content_string)
+    assert seen is not None, (
+        f"expected /proc/driver/nvidia/version to name the NVIDIA kernel module, found: "
+        f"{version.content_string.strip()[:200]}"
+    )
+    want = {"kernel_module": _lock_flavour(lock), "driver": lock["driver"]}
+    assert seen == want, (
+        f"expected the {want['kernel_module']} kernel module {want['driver']} running, found the "
+        f"{seen['kernel_module']} module {seen['driver']} (/proc/driver/nvidia/version)"
+    )
+    report(f"{seen['kernel_module']} kernel module {seen['driver']} loaded")
+
+
+@pytest.mark.dkms
+def test_dkms_module_flavour_matches_the_lock(host, expect, report):
+    lock = expect.lock()
+    want = _lock_flavour(lock)
+    kernels = installed_kernels(host)
+    assert kernels, "expected at least one kernel with headers for DKMS, found none"
+    found: dict[str, str | None] = {}
+    for kernel in kernels:
+        # Debian's packages build the module as nvidia-current, NVIDIA's as nvidia.
+        out = host.run(f"modinfo -k {kernel} -F license nvidia 2>/dev/null || "
+                       f"modinfo -k {kernel} -F license nvidia-current 2>/dev/null")
+        found[kernel] = flavour_of_license(out.stdout) if out.rc == 0 else None
+    missing = sorted(k for k, v in found.items() if v is None)
+    assert not missing, f"expected the {want} nvidia module built for {kernels}, none for {missing}"
+    wrong = {k: v for k, v in found.items() if v != want}
+    assert not wrong, f"expected the {want} kernel module built (lock), found {wrong}"
+    report(f"{want} nvidia module built for {', '.join(kernels)}")

@@ -77,6 +77,7 @@ def test_kernel_headers_for_running_kernel(host, report):
     report(f"headers present for {kernel}")
 
 
+@pytest.mark.base
 def test_gpu_fact_matches_pci_bus(host, report):
     fact = host.file("/etc/ansible/facts.d/gpu.fact")
     assert fact.exists and fact.mode & 0o111, "expected an executable /etc/ansible/facts.d/gpu.fact"

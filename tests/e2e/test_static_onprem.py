@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 def repos():
     from gpuprov.providers.docker import bridge_gateway
 
-    r = aptrepo.start(bridge_gateway(), ["535.309.01"])
+    r = aptrepo.start(bridge_gateway(), ["535.309.01", "580.159.04"])
     yield r
     r.close()
 

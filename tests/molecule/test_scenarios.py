@@ -1,7 +1,9 @@
 """Every role's molecule scenarios, run for real (docker driver, systemd node image).
 
-The scenario's own sequence includes the idempotence and check steps and the
-shared probes as its testinfra verifier.
+Every scenario shares one base config (.config/molecule/config.yml: driver,
+platform, provisioner, the probes as testinfra verifier, the test sequence with
+its idempotence and check steps); its own molecule.yml holds only what differs.
+The meta-tests below keep it so without Docker.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, require_docker
 from tests.fixtures import aptrepo
@@ -20,6 +24,109 @@ SCENARIOS = sorted(
     (p.parent.parent.parent.name, p.parent.name)
     for p in (ROOT / "roles").glob("*/molecule/*/molecule.yml")
 )
+# Molecule finds it on its own at the repository root; the runner passes it anyway,
+# so a copy of the tree without its .git (molecule's root search) runs the same.
+BASE_CONFIG = ROOT / ".config" / "molecule" / "config.yml"
+# Steps every scenario's effective sequence runs, in this order (house rule: every
+# role idempotent and honouring --check).
+REQUIRED_STEPS = ("converge", "idempotence", "check", "verify")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict), f"{path}: expected a mapping"
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Molecule's merge of a scenario onto its base config (molecule/util.py merge_dicts:
+    mappings merged key by key, anything else, lists included, replaced whole)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(out.get(key), dict) and isinstance(value, dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def repeats_of_base(base: dict[str, Any], scenario: dict[str, Any], path: str = "") -> list[str]:
+    """What a scenario file sets that the base config owns and it does not change.
+
+    A value equal to the base's repeats it; ``platforms`` is never a scenario's (a list:
+    setting it replaces the shared platform whole, so its definition would be in two
+    places).
+    """
+    found = []
+    for key, value in scenario.items():
+        where = f"{path}{key}"
+        if where == "platforms":
+            found.append("platforms (the platform is the base config's alone)")
+        elif key not in base:
+            continue
+        elif isinstance(base[key], dict) and isinstance(value, dict):
+            found += repeats_of_base(base[key], value, f"{where}.")
+        elif base[key] == value:
+            found.append(f"{where} (same as the base config)")
+    return found
+
+
+def missing_steps(config: dict[str, Any]) -> list[str]:
+    """The required steps an effective config's test sequence lacks or runs out of order."""
+    sequence = list((config.get("scenario") or {}).get("test_sequence") or [])
+    missing, at = [], -1
+    for step in REQUIRED_STEPS:
+        later = [i for i, s in enumerate(sequence) if s == step and i > at]
+        if later:
+            at = later[0]
+        else:
+            missing.append(step)
+    return missing
+
+
+def test_base_config_holds_the_shared_settings() -> None:
+    base = _load(BASE_CONFIG)
+    assert base["driver"]["name"] == "docker"
+    assert len(base["platforms"]) == 1 and base["platforms"][0]["image"] == "gpuprov/node:bookworm"
+    assert base["verifier"]["name"] == "testinfra"
+    assert not missing_steps(base), missing_steps(base)
+
+
+@pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{r}:{s}" for r, s in SCENARIOS])
+def test_scenario_holds_only_what_differs(role: str, scenario: str) -> None:
+    path = ROOT / "roles" / role / "molecule" / scenario / "molecule.yml"
+    own = _load(path)
+    repeated = repeats_of_base(_load(BASE_CONFIG), own)
+    assert not repeated, f"{path.relative_to(ROOT)} repeats the base config: {repeated}"
+    missing = missing_steps(_merge(_load(BASE_CONFIG), own))
+    assert not missing, f"{role}:{scenario}: its test sequence lacks {missing} (in this order)"
+
+
+def test_molecule_finds_the_base_config_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`molecule test` in a role's directory loads it with no flag (README: Development)."""
+    util = pytest.importorskip("molecule.util")
+    if not (ROOT / ".git").exists():
+        pytest.skip("no .git here: molecule looks for .config/molecule/ at the VCS root")
+    monkeypatch.chdir(ROOT / "roles" / "cudnn")
+    assert util.lookup_config_file(".config/molecule/config.yml") == str(BASE_CONFIG)
+
+
+def test_merge_is_molecules() -> None:
+    """The merge above is the one molecule applies (its own function, when installed)."""
+    util = pytest.importorskip("molecule.util")
+    base, own = _load(BASE_CONFIG), _load(ROOT / "roles" / "cudnn" / "molecule" / "default" / "molecule.yml")
+    assert _merge(base, own) == util.merge_dicts(base, own)
+
+
+def test_meta_checks_catch_a_repeating_or_short_scenario() -> None:
+    base = _load(BASE_CONFIG)
+    assert repeats_of_base(base, {"driver": {"name": "docker"}}) == ["driver.name (same as the base config)"]
+    assert repeats_of_base(base, {"platforms": [{"name": "x"}]})
+    assert repeats_of_base(base, {"scenario": {"test_sequence": base["scenario"]["test_sequence"]}})
+    assert not repeats_of_base(base, {"verifier": {"options": {"m": "cuda"}}})
+    short = [s for s in base["scenario"]["test_sequence"] if s != "idempotence"]
+    assert missing_steps(_merge(base, {"scenario": {"test_sequence": short}})) == ["idempotence"]
+    assert missing_steps({"scenario": {"test_sequence": ["verify", "check", "idempotence", "converge"]}})
 
 
 def test_every_role_has_a_scenario() -> None:
@@ -33,7 +140,7 @@ def fixture_repo():
     require_docker()
     from gpuprov.providers.docker import bridge_gateway
 
-    repos = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01"])
+    repos = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01", "580.159.04"])
     yield repos
     repos.close()
 
@@ -60,10 +167,12 @@ def test_molecule_scenario(role: str, scenario: str, tmp_path: Path, fixture_rep
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["ANSIBLE_NOCOLOR"] = "1"
     env["NO_COLOR"] = "1"
+    # The node's container name (the base config's platform): one per role.
+    env["GPUPROV_MOLECULE_NODE"] = "gpuprov-molecule-" + role.replace("_", "-")
     log = tmp_path / "molecule.log"
     with log.open("w") as fh:
         proc = subprocess.run(
-            ["molecule", "test", "--scenario-name", scenario],
+            ["molecule", "--base-config", str(BASE_CONFIG), "test", "--scenario-name", scenario],
             cwd=ROOT / "roles" / role, env=env, stdout=fh, stderr=subprocess.STDOUT,
             check=False, timeout=1800,
         )

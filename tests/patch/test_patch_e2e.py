@@ -43,7 +43,7 @@ def old_lock() -> dict:
     """The lock the previous gpuprov release pinned: driver 535.288.01 from a mirror."""
     from gpuprov import stack
 
-    lock = stack.resolve(None, source="mirror").as_dict()
+    lock = stack.resolve(None, source="mirror", driver="535", kernel_module="proprietary").as_dict()
     lock.update(driver=OLD, packages={**lock["packages"], "driver_version": f"{OLD}-*"})
     lock.pop("microcode")  # stored before the microcode pins existed
     lock["hash"] = stack.from_dict({k: v for k, v in lock.items() if k != "hash"}).short_hash()

@@ -69,7 +69,7 @@ def test_new_lock_without_driver_keeps_the_driver_and_adds_microcode_pins() -> N
 
 
 def test_plan_lists_what_would_move() -> None:
-    lock = stack.resolve(None, source="mirror").as_dict()
+    lock = stack.resolve(None, source="mirror", driver="535", kernel_module="proprietary").as_dict()
     report = {"before": {"nvidia-driver-535": "535.288.01-1", "nvidia-dkms-535": f"{lock['driver']}-1",
                          "intel-microcode": "3.20230808.1~deb12u1"},
               "kernel_upgradable": ["linux-image-amd64"], "cpu_vendor": "intel"}

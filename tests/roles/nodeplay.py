@@ -21,14 +21,16 @@ def inventory(cdir: Path) -> Path:
 
 def play(env, cdir: Path, tmp_path: Path, roles: list[dict],
          tasks: list[dict] | None = None, check: bool = False,
-         messages: list[str] | None = None) -> tuple[int, dict, str]:
+         messages: list[str] | None = None, pci: str | None = None) -> tuple[int, dict, str]:
     """Run a play of ``roles`` (then ``tasks``: e.g. an include_role of one task file) on the
     node; return rc, per-host stats, and all failure messages (with a failed command's stderr).
     ``check``: run with --check --diff. ``messages``: a list that receives every task's msg
-    (debug reports included), failed or not."""
+    (debug reports included), failed or not. ``pci``: a recorded PCI tree in the node that
+    gpuprov_base reads instead of sysfs (its internal test knob, set for the whole play)."""
     book = tmp_path / f"play-{secrets.token_hex(2)}.yml"
     book.write_text(yaml.safe_dump([{
         "name": "roles under test", "hosts": "all", "become": True, "gather_facts": True,
+        "vars": {"__gpuprov_base_pci_devices": pci} if pci else {},
         "roles": roles, "tasks": tasks or [],
     }]))
     proc = subprocess.run(

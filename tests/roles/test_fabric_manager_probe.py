@@ -22,7 +22,7 @@ from gpuprov.probes.conftest import Expectation
 from gpuprov.probes.test_stack import test_fabric_manager_matches_driver as probe
 
 NVSWITCH_BUS = Path(__file__).parent / "fixtures" / "pci" / "hgx-h100-nvswitch"
-NVSWITCH_LOCK = stack.resolve("p4d.24xlarge", source="mirror").as_dict()
+NVSWITCH_LOCK = stack.resolve("p4d.24xlarge", source="mirror", driver="535", kernel_module="proprietary").as_dict()
 PLAIN_LOCK = stack.resolve(None).as_dict()
 
 

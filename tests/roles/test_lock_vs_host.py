@@ -34,7 +34,7 @@ pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).parent / "fixtures"
 NVSWITCH_BUS = FIXTURES / "pci" / "hgx-h100-nvswitch"
 PCI_IN_NODE = "/opt/gpuprov-fixture-pci"
-NVSWITCH_LOCK = stack.resolve("p4d.24xlarge", source="mirror").as_dict()
+NVSWITCH_LOCK = stack.resolve("p4d.24xlarge", source="mirror", driver="535", kernel_module="proprietary").as_dict()
 PLAIN_LOCK = stack.resolve(None).as_dict()
 
 
@@ -61,16 +61,13 @@ def node(env):
     run_cli("down", name, "--yes", env=env)
 
 
-def preflight(lock: dict, pci: str | None = None) -> list[dict]:
-    params = {"gpu_preflight_lock": lock}
-    if pci:
-        params["__gpu_preflight_pci_devices"] = pci
-    return [{"role": "gpu_preflight", "vars": params}]
+def preflight(lock: dict) -> list[dict]:
+    return [{"role": "gpu_preflight", "vars": {"gpu_preflight_lock": lock}}]
 
 
 def test_preflight_stops_an_nvswitch_host_whose_lock_has_no_fabric_manager(env, node, tmp_path) -> None:
     _name, cdir = node
-    rc, stats, msgs = play(env, cdir, tmp_path, preflight(PLAIN_LOCK, PCI_IN_NODE))
+    rc, stats, msgs = play(env, cdir, tmp_path, preflight(PLAIN_LOCK), pci=PCI_IN_NODE)
     assert rc != 0 and stats["failures"] == 1, (stats, msgs)
     assert ("has 4 NVSwitch(es) on its PCI bus but the cluster's lock (resolved for unknown) has no "
             "fabric manager: CUDA would fail with error 802; declare the host's instance_type "
@@ -80,7 +77,7 @@ def test_preflight_stops_an_nvswitch_host_whose_lock_has_no_fabric_manager(env, 
 def test_preflight_passes_a_lock_that_fits_the_bus(env, node, tmp_path) -> None:
     _name, cdir = node
     # NVSwitches and a lock with fabric manager.
-    rc, stats, msgs = play(env, cdir, tmp_path, preflight(NVSWITCH_LOCK, PCI_IN_NODE))
+    rc, stats, msgs = play(env, cdir, tmp_path, preflight(NVSWITCH_LOCK), pci=PCI_IN_NODE)
     assert rc == 0 and stats["failures"] == 0, msgs
     # The node's real bus (no NVIDIA device) and a lock without fabric manager: converged,
     # a second run and --check change nothing.
@@ -90,7 +87,7 @@ def test_preflight_passes_a_lock_that_fits_the_bus(env, node, tmp_path) -> None:
     assert stats["changed"] == 0, stats
 
 
-def fabricmanager(lock: dict, pci: str | None = None, declared_nvswitch: bool = True) -> list[dict]:
+def fabricmanager(lock: dict, declared_nvswitch: bool = True) -> list[dict]:
     """The role as driver.yml runs it on a host the hosts file declares with (or without) NVSwitch
     (gpuprov's inventory says it per host: gpuprov_expected_nvswitch)."""
     params = {"nvidia_fabricmanager_package": lock["packages"]["fabricmanager"],
@@ -98,8 +95,6 @@ def fabricmanager(lock: dict, pci: str | None = None, declared_nvswitch: bool = 
               "nvidia_fabricmanager_version": lock["fabricmanager"],
               "nvidia_fabricmanager_package_version": lock["packages"]["fabricmanager_version"],
               "nvidia_fabricmanager_instance_type": lock["instance_type"]}
-    if pci:
-        params["__nvidia_fabricmanager_pci_devices"] = pci
     return [{"role": "nvidia_fabricmanager", "vars": params}]
 
 
@@ -206,7 +201,7 @@ def test_secure_boot_stops_a_dkms_build_with_the_enrolment_steps(env, repos, nod
 def test_fabric_manager_installs_where_nvswitches_are(env, repos, node, tmp_path) -> None:
     name, cdir = node
     for _ in range(2):
-        rc, stats, msgs = play(env, cdir, tmp_path, fabricmanager(NVSWITCH_LOCK, PCI_IN_NODE))
+        rc, stats, msgs = play(env, cdir, tmp_path, fabricmanager(NVSWITCH_LOCK), pci=PCI_IN_NODE)
         assert rc == 0 and stats["failures"] == 0, msgs
     assert stats["changed"] == 0, stats
     assert versions(cdir, name)["nvidia-fabricmanager-535"] == "535.309.01-1"

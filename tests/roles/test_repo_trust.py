@@ -22,6 +22,9 @@ from tests.roles.nodeplay import copy_in, play, sh
 pytestmark = pytest.mark.e2e
 
 
+# The recorded NVSwitch bus inside the node, read by gpuprov_base instead of sysfs.
+FIXTURE_PCI = "/opt/gpuprov-fixture-pci"
+
 @pytest.fixture(scope="module")
 def repos():
     from gpuprov.providers.docker import bridge_gateway
@@ -41,7 +44,7 @@ def node(env):
     # Fabric manager installs only where NVSwitches are: this node gets the fixture PCI bus of
     # an HGX H100 board (tests/roles/fixtures/pci/README.md says what was edited).
     sh(cdir, name, "mkdir -p /opt")
-    copy_in(name, Path(__file__).parent / "fixtures/pci/hgx-h100-nvswitch", "/opt/gpuprov-fixture-pci")
+    copy_in(name, Path(__file__).parent / "fixtures/pci/hgx-h100-nvswitch", FIXTURE_PCI)
     yield name, cdir
     run_cli("down", name, "--yes", env=env)
 
@@ -56,7 +59,7 @@ def driver_roles(url: str, fingerprint: str, version: str, key_url: str = "") ->
             "nvidia_driver_packages": ["nvidia-driver-535", "nvidia-dkms-535"],
             "nvidia_driver_package_version": f"{version}-*"}},
         {"role": "nvidia_fabricmanager", "vars": {
-            "__nvidia_fabricmanager_pci_devices": "/opt/gpuprov-fixture-pci",
+            "nvidia_fabricmanager_package": f"nvidia-fabricmanager-{version.split('.')[0]}",
             "nvidia_fabricmanager_version": version,
             "nvidia_fabricmanager_package_version": f"{version}-*"}},
         {"role": "cudnn", "vars": {"cudnn_method": "packages"}},
@@ -68,7 +71,7 @@ def test_pinned_repository_install_hold_and_move(env, repos, node, tmp_path) -> 
     # A leftover entry for the same repository, as cuda-keyring or an old guide leaves it.
     sh(cdir, name, f"echo 'deb {repos.good_url} /' > /etc/apt/sources.list.d/cuda-debian12-x86_64.list")
 
-    rc, stats, msgs = play(env, cdir, tmp_path, driver_roles(repos.good_url, repos.fingerprint,
+    rc, stats, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=driver_roles(repos.good_url, repos.fingerprint,
                                                              "535.288.01"))
     assert rc == 0 and stats["failures"] == 0, msgs
     keyring = sh(cdir, name, "gpg --show-keys --with-colons /etc/apt/keyrings/gpuprov-nvidia-mirror.gpg")
@@ -88,12 +91,12 @@ def test_pinned_repository_install_hold_and_move(env, repos, node, tmp_path) -> 
             "libcudnn8-dev"} <= held
 
     # Converged: a second run changes nothing.
-    rc, stats, msgs = play(env, cdir, tmp_path, driver_roles(repos.good_url, repos.fingerprint,
+    rc, stats, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=driver_roles(repos.good_url, repos.fingerprint,
                                                              "535.288.01"))
     assert rc == 0 and stats["changed"] == 0, (stats, msgs)
 
     # A new lock moves the held driver, and fabric manager moves with it.
-    rc, stats, msgs = play(env, cdir, tmp_path, driver_roles(repos.good_url, repos.fingerprint,
+    rc, stats, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=driver_roles(repos.good_url, repos.fingerprint,
                                                              "535.309.01"))
     assert rc == 0, msgs
     versions = sh(cdir, name, "dpkg-query -W nvidia-driver-535 nvidia-fabricmanager-535")
@@ -107,7 +110,7 @@ def test_fabric_manager_mismatch_found_on_a_node_is_fixed(env, repos, node, tmp_
     sh(cdir, name, "apt-mark unhold nvidia-fabricmanager-535 >/dev/null; "
                    "apt-get install -y -q --allow-downgrades nvidia-fabricmanager-535=535.288.01-1 >/dev/null")
     assert "535.288.01-1" in sh(cdir, name, "dpkg-query -W nvidia-fabricmanager-535")
-    rc, stats, msgs = play(env, cdir, tmp_path, driver_roles(repos.good_url, repos.fingerprint,
+    rc, stats, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=driver_roles(repos.good_url, repos.fingerprint,
                                                              "535.309.01"))
     assert rc == 0 and stats["changed"] >= 1, msgs
     assert "535.309.01-1" in sh(cdir, name, "dpkg-query -W nvidia-fabricmanager-535")
@@ -115,7 +118,7 @@ def test_fabric_manager_mismatch_found_on_a_node_is_fixed(env, repos, node, tmp_
 
 def test_key_that_is_not_the_pinned_one_is_refused(env, repos, node, tmp_path) -> None:
     _name, cdir = node
-    rc, _, msgs = play(env, cdir, tmp_path, driver_roles(repos.good_url, repos.other_fingerprint,
+    rc, _, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=driver_roles(repos.good_url, repos.other_fingerprint,
                                                          "535.309.01")[:1])
     assert rc != 0
     assert "refusing to trust" in msgs and repos.good_url in msgs and repos.other_fingerprint in msgs
@@ -123,7 +126,7 @@ def test_key_that_is_not_the_pinned_one_is_refused(env, repos, node, tmp_path) -
 
 def test_repository_signed_with_another_key_is_refused(env, repos, node, tmp_path) -> None:
     _name, cdir = node
-    rc, _, msgs = play(env, cdir, tmp_path, driver_roles(repos.wrong_url, repos.fingerprint,
+    rc, _, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=driver_roles(repos.wrong_url, repos.fingerprint,
                                                          "535.309.01")[:1])
     assert rc != 0
     assert f"repository {repos.wrong_url} did not verify" in msgs, msgs
@@ -178,7 +181,7 @@ def test_keyring_holding_another_key_is_rewritten(env, repos, node, tmp_path) ->
     fetch = f"import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('{repos.bundled_key_url}').read().decode())"
     sh(cdir, name, f'python3 -c "{fetch}" | gpg --batch --yes --dearmor -o {keyring}')
     assert sorted(primary_keys(cdir, name, keyring)) == sorted([repos.fingerprint, repos.other_fingerprint])
-    rc, stats, msgs = play(env, cdir, tmp_path, driver_roles(repos.good_url, repos.fingerprint,
+    rc, stats, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=driver_roles(repos.good_url, repos.fingerprint,
                                                              "535.309.01", repos.bundled_key_url)[:1])
     assert rc == 0 and stats["changed"] >= 1, (stats, msgs)
     assert primary_keys(cdir, name, keyring) == [repos.fingerprint]
@@ -189,12 +192,12 @@ def test_container_toolkit_repository_keyring_holds_only_the_pinned_key(env, rep
     # The fixture serves the toolkit from the driver tests' repository: drop their entry,
     # two entries for one URL with different Signed-By keyrings are an apt error.
     sh(cdir, name, "rm -f /etc/apt/sources.list.d/gpuprov-nvidia-mirror.sources")
+    # The one pinned-repository task file, as container_runtime includes it for the toolkit.
     tasks = [{"name": "the toolkit repository", "ansible.builtin.include_role": {
-        "name": "container_runtime", "tasks_from": "repository.yml"},
-        "vars": {"__container_runtime_repo_name": "nvidia-container-toolkit",
-                 "container_runtime_toolkit_repo_url": repos.good_url,
-                 "container_runtime_toolkit_repo_key_url": repos.bundled_key_url,
-                 "container_runtime_toolkit_repo_key_fingerprint": repos.fingerprint}}]
+        "name": "gpuprov_base", "tasks_from": "apt_repository"},
+        "vars": {"gpuprov_base_repo": {"name": "nvidia-container-toolkit", "url": repos.good_url,
+                                       "suites": "/", "key_url": repos.bundled_key_url,
+                                       "fingerprint": repos.fingerprint}}}]
     rc, stats, msgs = play(env, cdir, tmp_path, [], tasks)
     assert rc == 0 and stats["failures"] == 0, msgs
     keyring = "/etc/apt/keyrings/gpuprov-nvidia-container-toolkit.gpg"

@@ -25,3 +25,28 @@ def test_unknown_type_suggests_close_names() -> None:
 def test_filter_by_gpu_is_case_insensitive() -> None:
     names = {t.name for t in catalog.by_gpu("h100")}
     assert names == {"p5.48xlarge", "dgx-h100", "hgx-h100-8gpu"}
+
+
+def test_h200_and_b200_types() -> None:
+    # DescribeInstanceTypes-derived facts (gpuprov/catalog/instance_types.json's _about).
+    for name, efa in (("p5e.48xlarge", 32), ("p5en.48xlarge", 16)):
+        t = catalog.get(name)
+        assert (t.gpu_model, t.gpu_count, t.gpu_memory_gib, t.arch, t.vcpus, t.memory_gib) == (
+            "H200", 8, 141, "sm_90", 192, 2048)
+        assert t.nvswitch and t.efa and t.efa_max_interfaces == efa
+    b200 = catalog.get("p6-b200.48xlarge")
+    assert (b200.gpu_model, b200.gpu_count, b200.arch, b200.nvswitch, b200.efa) == (
+        "B200", 8, "sm_100", True, True)
+    assert catalog.family("p6-b200.48xlarge") in catalog.NVSWITCH_FAMILIES
+    assert catalog.ARCH_BY_GPU["B200"] == "sm_100"
+    assert {t.name for t in catalog.by_gpu("b200")} == {"p6-b200.48xlarge"}
+
+
+def test_b200_from_the_api_keeps_nvswitch_and_arch() -> None:
+    record = {"InstanceType": "p6-b200.48xlarge",
+              "GpuInfo": {"Gpus": [{"Name": "B200", "Count": 8, "MemoryInfo": {"SizeInMiB": 183359}}]},
+              "VCpuInfo": {"DefaultVCpus": 192}, "MemoryInfo": {"SizeInMiB": 2097152},
+              "NetworkInfo": {"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": 8},
+                              "MaximumNetworkCards": 8}}
+    t = catalog.from_api(record, "us-east-1")
+    assert (t.arch, t.nvswitch, t.gpu_memory_gib, t.efa_max_interfaces) == ("sm_100", True, 179, 8)

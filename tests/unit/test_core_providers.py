@@ -82,7 +82,7 @@ def test_list_reconciles_with_every_provider_that_lists_by_label(fake: FakeProvi
     store = Store()
     store.create_cluster("kept", "fake", {})
     store.create_cluster("gone", "fake", {})
-    rows = {r["name"]: r for r in core.list_clusters(store)}
-    assert rows["kept"]["nodes"] == 2
-    assert rows["gone"]["state"].endswith("(missing at fake)")
-    assert rows["stray"]["state"] == "untracked (tags only)" and rows["stray"]["provider"] == "fake"
+    rows = {r.name: r for r in core.list_clusters(store)}
+    assert rows["kept"].nodes == 2
+    assert rows["gone"].state.endswith("(missing at fake)")
+    assert rows["stray"].state == "untracked (tags only)" and rows["stray"].provider == "fake"

@@ -9,12 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROLE_FILES = Path(__file__).resolve().parents[2] / "roles" / "gpu_preflight" / "files"
+ROLES = Path(__file__).resolve().parents[2] / "roles"
+PREFLIGHT_FILES = ROLES / "gpu_preflight" / "files"
+BASE_FILES = ROLES / "gpuprov_base" / "files"
 
 
 def _wait(locks: list[Path], timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROLE_FILES / "wait_dpkg_locks.py"), "--timeout", str(timeout),
+        [sys.executable, str(PREFLIGHT_FILES / "wait_dpkg_locks.py"), "--timeout", str(timeout),
          *map(str, locks)],
         capture_output=True, text=True, check=False, timeout=60,
     )
@@ -52,7 +54,7 @@ def test_wait_for_held_lock_times_out_naming_the_holder(tmp_path: Path) -> None:
 
 
 def test_gpu_fact_reads_this_machines_pci_bus() -> None:
-    out = subprocess.run([sys.executable, str(ROLE_FILES / "gpu.fact")], capture_output=True,
+    out = subprocess.run([sys.executable, str(BASE_FILES / "gpu.fact")], capture_output=True,
                          text=True, check=True)
     data = json.loads(out.stdout)
     nvidia = 0

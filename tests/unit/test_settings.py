@@ -60,10 +60,10 @@ def test_a_different_value_is_refused_with_the_way_to_change_it(clean, monkeypat
                                        r"gpuprov settings c1 --set artifact_mirror=VALUE"):
         settings.playbook_vars(store.get_cluster("c1"), {})
     out = core.change_settings("c1", {"artifact_mirror": "http://10.9.9.9:8089"})
-    assert out["changed"] == ["artifact_mirror"]
+    assert out.changed == ["artifact_mirror"]
     assert settings.playbook_vars(store.get_cluster("c1"), {})["gpuprov_artifact_mirror"] == \
         "http://10.9.9.9:8089"
-    assert core.status("c1")["settings"]["artifact_mirror"]["from"] == "gpuprov settings --set"
+    assert core.status("c1").settings["artifact_mirror"].from_ == "gpuprov settings --set"
 
 
 @pytest.mark.parametrize("key,value", [

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import pytest
 
 from gpuprov import stack
 from gpuprov.errors import BadInput
 
+# The day lifecycle rules are judged on in these tests (R535 past its end of life, R580 not).
+ON = date(2026, 11, 23)
+
 
 @pytest.mark.parametrize(
     ("itype", "kwargs", "driver", "fabricmanager", "efa"),
     [
-        ("p4d.24xlarge", {}, "535.309.01", "535.309.01", "1.34.0"),
-        ("p4de.24xlarge", {}, "535.309.01", "535.309.01", "1.34.0"),
-        ("p5.48xlarge", {}, "535.309.01", "535.309.01", "1.34.0"),
-        ("p5e.48xlarge", {}, "550.163.01", "550.163.01", "1.34.0"),  # H200 needs R550
+        ("p4d.24xlarge", {}, "580.159.04", "580.159.04", "1.34.0"),
+        ("p4de.24xlarge", {}, "580.159.04", "580.159.04", "1.34.0"),
+        ("p5.48xlarge", {}, "580.159.04", "580.159.04", "1.34.0"),
+        ("p5e.48xlarge", {}, "580.159.04", "580.159.04", "1.34.0"),
         ("p5en.48xlarge", {"driver": "550"}, "550.163.01", "550.163.01", "1.34.0"),
-        ("g5.xlarge", {}, "535.309.01", None, None),
+        ("p4d.24xlarge", {"driver": "535"}, "535.309.01", "535.309.01", "1.34.0"),
+        ("g5.xlarge", {}, "580.159.04", None, None),
+        ("p3.2xlarge", {}, "580.159.04", None, None),
         ("g6.xlarge", {"driver": "525"}, "525.147.05", None, None),
         ("p3.2xlarge", {"driver": "535.309.01"}, "535.309.01", None, None),
         ("docker-node", {"source": "distro"}, "535.309.01", None, None),
@@ -24,7 +31,7 @@ from gpuprov.errors import BadInput
     ],
 )
 def test_resolves(itype, kwargs, driver, fabricmanager, efa) -> None:
-    lock = stack.resolve(itype, **kwargs)
+    lock = stack.resolve(itype, on=ON, **kwargs)
     assert (lock.driver, lock.fabricmanager, lock.efa_installer) == (driver, fabricmanager, efa)
     assert lock.cuda == "11.8" and lock.cudnn.startswith("8.9.")
     if lock.nvswitch:
@@ -46,6 +53,10 @@ def test_resolves(itype, kwargs, driver, fabricmanager, efa) -> None:
         ("g5.xlarge", {"driver": "470"}, r"needs driver >= 520"),
         ("g5.xlarge", {"driver": "560"}, "pins no release of driver branch 560"),
         ("g5.xlarge", {"driver": "535.54.03"}, "not the release gpuprov pins"),
+        ("p6-b200.48xlarge", {}, r"CUDA 11\.8 cannot drive B200 \(sm_100\).*needs CUDA >= 12\.8"),
+        ("p3.2xlarge", {"kernel_module": "open"}, r"open kernel modules cannot drive V100.*Volta"),
+        ("g5.xlarge", {"source": "distro", "kernel_module": "open"}, r"535\.261\.03.*does not match"),
+        ("g5.xlarge", {"kernel_module": "closed"}, "unknown kernel module 'closed'"),
         ("g5.xlarge", {"cuda": "12.0"}, "has no CUDA 12.0"),
         ("g5.xlarge", {"source": "apt"}, "unknown package source"),
         ("p9.huge", {}, "unknown instance type"),
@@ -53,7 +64,7 @@ def test_resolves(itype, kwargs, driver, fabricmanager, efa) -> None:
 )
 def test_refuses_with_the_rule(itype, kwargs, rule) -> None:
     with pytest.raises(BadInput, match=rule):
-        stack.resolve(itype, **kwargs)
+        stack.resolve(itype, on=ON, **kwargs)
 
 
 def test_same_request_same_lock_and_round_trip() -> None:
@@ -65,21 +76,23 @@ def test_same_request_same_lock_and_round_trip() -> None:
 
 
 def test_package_names_follow_the_source() -> None:
-    nvidia = stack.resolve("p4d.24xlarge").packages
-    assert nvidia["driver"] == ["nvidia-driver-535", "nvidia-dkms-535"]
-    assert nvidia["fabricmanager"] == "nvidia-fabricmanager-535"
-    assert nvidia["fabricmanager_version"] == nvidia["driver_version"] == "535.309.01-*"
+    nvidia = stack.resolve("p4d.24xlarge", on=ON).packages
+    assert nvidia["driver"] == ["nvidia-driver-580-open", "nvidia-dkms-580-open"]
+    assert nvidia["pinning"] == "nvidia-driver-pinning-580.159.04"
+    assert nvidia["fabricmanager"] == "nvidia-fabricmanager-580"
+    assert nvidia["fabricmanager_version"] == nvidia["driver_version"] == "580.159.04-*"
+    volta = stack.resolve("p3.2xlarge", on=ON).packages
+    assert volta["driver"] == ["nvidia-driver-580", "nvidia-dkms-580"]
+    # NVIDIA's pinning packages exist from the 570 series on: none for R535.
+    assert "pinning" not in stack.resolve("p4d.24xlarge", driver="535", on=ON).packages
     assert nvidia["cudnn_version"] == "8.9.6.50-1+cuda11.8" and nvidia["cudnn_method"] == "packages"
     distro = stack.resolve("docker-node", source="distro").packages
     assert distro["driver"] == ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi"]
     assert distro["cuda"] == "nvidia-cuda-toolkit" and distro["cudnn_method"] == "tarball"
 
 
-def test_cudnn_scenario_pins_the_locks_checksum() -> None:
-    from pathlib import Path
-
-    scenario = Path(__file__).resolve().parents[2] / "roles/cudnn/molecule/default/molecule.yml"
-    assert f"cudnn_tarball_sha256: {stack.data()['cudnn']['archive_sha256']}" in scenario.read_text()
+# The cudnn scenario takes the archive's checksum from the lock through the plays' mapping
+# (tests/unit/test_lock_mapping.py: no version or checksum outside the lock).
 
 
 # Finding 16: images are pinned by digest in the lock and pulled by digest only; the site

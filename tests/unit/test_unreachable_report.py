@@ -13,6 +13,7 @@ from gpuprov import ssh
 from gpuprov.ansible.progress import PlaybookProgress, unreachable_reason
 from gpuprov.core.converge import check_reachable, unreachable_row
 from gpuprov.core.patch import mark_unreachable
+from gpuprov.core.results import serialise
 from gpuprov.probes.collect import command_failure
 from gpuprov.providers import ClusterFiles
 from gpuprov.state import NodeRecord
@@ -104,7 +105,7 @@ def test_check_reachable_splits_and_says_each_unreachable_node_once(monkeypatch,
     up, down = check_reachable(ClusterFiles(tmp_path), nodes, console)  # type: ignore[arg-type]
     assert [n.name for n in up] == ["n1", "n3"] and down == {"n2": "Connection refused"}
     assert console.lines == ["  n2: UNREACHABLE Connection refused"]
-    assert unreachable_row("Connection refused") == {
+    assert serialise(unreachable_row("Connection refused")) == {
         "probe": "reachable", "status": "fail", "detail": "unreachable: Connection refused"}
 
 

@@ -1,0 +1,161 @@
+"""`gpuprov patch`'s request and plan: what to move (validated before anything is touched),
+the lock after the roll, what would move on each node, what moved, and the drain and resume
+hooks. The roll itself is in patch.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+from gpuprov.errors import BadInput
+from gpuprov.state import NodeRecord
+
+REPORT_TASK = "Report the patch"
+
+HOOK_TIMEOUT = 1800
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to move; validated by ``request`` before anything is touched."""
+
+    driver: str | None = None  # target branch or release; None: the lock's branch
+    move_driver: bool = False
+    kernel: bool = False
+    microcode: bool = False
+    batch: int = 1
+    check: bool = False
+    reboot: bool = True
+    drain: str | None = None
+    resume: str | None = None
+    mirror_url: str | None = None
+    mirror_key_fingerprint: str | None = None
+
+
+def request(*, all_: bool = False, **kw: Any) -> Request:
+    """A validated request; ``all_`` moves the driver (to the lock's branch pin unless
+    ``driver`` says otherwise), the kernel and microcode."""
+    if all_:
+        kw.update(kernel=True, microcode=True)
+    kw["move_driver"] = bool(kw.get("driver")) or all_
+    from gpuprov import validate
+
+    validate.stack_options(kw)
+    req = Request(**kw)
+    if not (req.move_driver or req.kernel or req.microcode):
+        raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel, --microcode or --all")
+    if req.batch < 1:
+        raise BadInput(f"--batch must be at least 1, not {req.batch}")
+    for flag, hook in (("--drain", req.drain), ("--resume", req.resume)):
+        if hook is not None and not hook.strip():
+            raise BadInput(f"{flag} is empty: give a shell command, or leave the option out")
+    return req
+
+
+def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
+    """The lock after the patch: a new driver through the resolver (fabric manager moves
+    with it); microcode pins from the current stack data; everything else as it was."""
+    from gpuprov import stack
+
+    # The kernel module flavour stays what the cluster runs (a lock from before flavours
+    # installed the proprietary one).
+    fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock["cuda"],
+                                driver=req.driver or lock["driver_branch"], source=lock["source"],
+                                label=lock.get("instance_type") or "unknown",
+                                kernel_module=lock.get("kernel_module") or "proprietary").as_dict()
+    if req.move_driver:
+        moved = {k: fresh[k] for k in ("driver_branch", "driver", "fabricmanager", "kernel_module",
+                                       "driver_branch_kind", "driver_eol") if k in fresh}
+        packages = {k: v for k, v in lock.get("packages", {}).items() if k != "pinning"}
+        packages.update({k: fresh["packages"][k] for k in
+                         ("driver", "driver_version", "fabricmanager", "fabricmanager_version", "pinning")
+                         if k in fresh["packages"]})
+        out = {**lock, **moved, "packages": packages}
+    else:
+        out = dict(lock)
+    if req.microcode or "microcode" not in out:
+        out["microcode"] = fresh["microcode"]
+    body = {k: v for k, v in out.items() if k != "hash"}
+    out["hash"] = stack.from_dict(body).short_hash()
+    return out
+
+
+# -- what the playbook reports ------------------------------------------------------------
+def host_reports(artifact_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each host's ``Report the patch`` message from ansible-runner's job events."""
+    out: dict[str, dict[str, Any]] = {}
+    events = artifact_dir / "job_events"
+    for path in sorted(events.glob("*.json")) if events.is_dir() else ():
+        try:
+            event = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_ok" and data.get("task") == REPORT_TASK:
+            msg = (data.get("res") or {}).get("msg")
+            if isinstance(msg, dict):
+                out[data.get("host", "?")] = msg
+    return out
+
+
+def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request) -> list[str]:
+    """What would move on a node, read from its report of the check-mode run."""
+    before: dict[str, str] = report.get("before") or {}
+    plan = []
+    if req.move_driver:
+        pattern = lock["packages"]["driver_version"]
+        names = list(lock["packages"]["driver"])
+        if lock.get("fabricmanager"):
+            names.append(lock["packages"]["fabricmanager"])
+        for name in names:
+            have = before.get(name)
+            if have is None or not fnmatch(have, pattern):
+                plan.append(f"{name} {have or 'not installed'} -> {pattern}")
+    if req.kernel:
+        plan += [f"{name} -> newest" for name in report.get("kernel_upgradable") or []]
+    if req.microcode:
+        vendor = report.get("cpu_vendor")
+        package = {"intel": "intel-microcode", "amd": "amd64-microcode"}.get(str(vendor))
+        pin = (lock.get("microcode") or {}).get(str(vendor))
+        have = before.get(package or "")
+        if package and (have is None or (pin and have != pin)):
+            plan.append(f"{package} {have or 'not installed'} -> {pin or 'newest'}")
+    return plan
+
+
+def moved_of(report: dict[str, Any]) -> list[str]:
+    before: dict[str, str] = report.get("before") or {}
+    after: dict[str, str] = report.get("after") or {}
+    moved = [f"{k} {before.get(k, 'none')} -> {v}" for k, v in sorted(after.items()) if before.get(k) != v]
+    return moved + [f"{k} {v} -> removed" for k, v in sorted(before.items()) if k not in after]
+
+
+def regressions(before: Sequence[dict[str, str]], after: Sequence[dict[str, str]]) -> list[str]:
+    """Probes that fail after the patch but did not fail before it."""
+    failed_before = {r["probe"] for r in before if r["status"] == "fail"}
+    return [f"{r['probe']}: {r['detail']}" for r in after
+            if r["status"] == "fail" and r["probe"] not in failed_before]
+
+
+def batches_of(names: Sequence[str], size: int) -> list[list[str]]:
+    return [list(names[i:i + size]) for i in range(0, len(names), size)]
+
+
+# -- hooks ------------------------------------------------------------------------------------
+def run_hook(command: str, cluster: str, node: NodeRecord, phase: str) -> tuple[bool, str]:
+    """A drain or resume hook: a shell command on this machine, told which node it is for."""
+    env = {**os.environ, "GPUPROV_CLUSTER": cluster, "GPUPROV_NODE": node.name,
+           "GPUPROV_NODE_ADDRESS": node.address, "GPUPROV_HOOK": phase}
+    try:
+        proc = subprocess.run(["/bin/sh", "-c", command], env=env, capture_output=True, text=True,
+                              timeout=HOOK_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False, f"{phase} hook timed out after {HOOK_TIMEOUT}s"
+    tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+    return proc.returncode == 0, f"{phase} hook exited {proc.returncode}: {tail[0]}".rstrip(": ")

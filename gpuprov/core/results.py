@@ -1,0 +1,257 @@
+"""What the commands return: frozen dataclasses, turned into JSON in one place (``serialise``).
+
+The JSON shapes are documented for users in docs/json-output.md;
+tests/unit/test_json_shapes.py holds the two equal, both ways. A field's JSON name is its
+own unless its metadata says otherwise (``pass``, ``from`` are Python keywords); an
+``OPTIONAL`` field is left out of the JSON while it is None (present only when it applies).
+
+This module imports nothing heavy: the CLI's `-o json` path loads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuprov.state import NodeRecord, RunRecord
+
+OPTIONAL = "optional"  # metadata key: leave the field out of the JSON while it is None
+JSON_NAME = "json"  # metadata key: the field's name in the JSON, where it is no Python name
+
+
+def json_name(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata.get(JSON_NAME, f.name))
+
+
+def serialise(obj: Any) -> Any:
+    """The JSON form of a result (dataclasses, their lists and maps, plain data): the one path
+    every `--output json` takes."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        values = vars(obj)
+        return {json_name(f): serialise(values[f.name]) for f in dataclasses.fields(obj)
+                if not (f.metadata.get(OPTIONAL) and values[f.name] is None)}
+    if isinstance(obj, Mapping):
+        return {str(k): serialise(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [serialise(v) for v in obj]
+    return obj
+
+
+# -- nodes, list, status ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeRow:
+    """A node as its provider sees it."""
+
+    name: str
+    id: str
+    address: str
+    ssh_port: int
+    state: str
+    zone: str
+    instance_type: str
+
+    @classmethod
+    def of(cls, node: NodeRecord) -> NodeRow:
+        return cls(name=node.name, id=node.id, address=node.address, ssh_port=node.ssh_port,
+                   state=node.state, zone=node.zone, instance_type=node.instance_type)
+
+
+def node_rows(nodes: list[NodeRecord]) -> list[NodeRow]:
+    return [NodeRow.of(n) for n in nodes]
+
+
+@dataclass(frozen=True)
+class ClusterRow:
+    """One `list` row."""
+
+    name: str
+    provider: str
+    nodes: int
+    created: str
+    state: str
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One recorded cluster setting and where its value came from."""
+
+    value: str
+    from_: str = field(metadata={JSON_NAME: "from"})
+
+
+def settings_of(recorded: Mapping[str, Mapping[str, str]] | None) -> dict[str, Setting] | None:
+    if recorded is None:
+        return None
+    return {k: Setting(value=v["value"], from_=v["from"]) for k, v in recorded.items()}
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One recorded run (up's bootstrap, provision, verify, patch) of a cluster."""
+
+    id: int
+    kind: str
+    started: str
+    finished: str | None
+    ok: bool | None
+    artifact_dir: str | None
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunRow:
+        return cls(id=run.id, kind=run.kind, started=run.started, finished=run.finished, ok=run.ok,
+                   artifact_dir=run.artifact_dir)
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    cluster: str
+    provider: str
+    state: str
+    failed_step: str | None
+    created: str
+    spec: dict[str, Any]
+    stack: dict[str, Any] | None
+    settings: dict[str, Setting] | None
+    nodes: list[NodeRow]
+    runs: list[RunRow]
+
+
+@dataclass(frozen=True)
+class SettingsResult:
+    cluster: str
+    settings: dict[str, Setting] | None
+    changed: list[str]
+
+
+# -- provision and up -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostStats:
+    """What one playbook run did on one node (Ansible's final stats)."""
+
+    ok: int
+    changed: int
+    failed: int
+    unreachable: int
+    tasks: int
+
+    @classmethod
+    def of(cls, counts: Mapping[str, int]) -> HostStats:
+        return cls(ok=int(counts.get("ok", 0)), changed=int(counts.get("changed", 0)),
+                   failed=int(counts.get("failed", 0)), unreachable=int(counts.get("unreachable", 0)),
+                   tasks=int(counts.get("tasks", 0)))
+
+
+# A node that was not reached: nothing ran there.
+UNREACHED = HostStats(ok=0, changed=0, failed=0, unreachable=1, tasks=0)
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    cluster: str
+    ok: bool
+    hosts: dict[str, HostStats]
+    errors: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """`up`'s bootstrap: provision's per-node counts, or where a finished cluster was left."""
+
+    ok: bool
+    hosts: dict[str, HostStats]
+    errors: dict[str, str]
+    resumed_from: str | None = field(default=None, metadata={OPTIONAL: True})
+
+    @classmethod
+    def of(cls, done: ProvisionResult) -> Bootstrap:
+        return cls(ok=done.ok, hosts=done.hosts, errors=done.errors)
+
+
+@dataclass(frozen=True)
+class UpResult:
+    cluster: str
+    provider: str
+    nodes: list[NodeRow]
+    bootstrap: Bootstrap | None
+    dry_run: bool | None = field(default=None, metadata={OPTIONAL: True})
+
+
+# -- verify ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProbeRow:
+    probe: str
+    status: str  # "pass" | "fail" | "skip"
+    detail: str
+
+    @classmethod
+    def of(cls, row: Mapping[str, str]) -> ProbeRow:
+        return cls(probe=row["probe"], status=row["status"], detail=row["detail"])
+
+
+@dataclass(frozen=True)
+class VerifySummary:
+    pass_: int = field(metadata={JSON_NAME: "pass"})
+    fail: int
+    skip: int
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    cluster: str
+    ok: bool
+    hosts: dict[str, list[ProbeRow]]
+    summary: VerifySummary
+
+
+# -- patch -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PatchHost:
+    """One node of a roll. ``status``: patched | unchanged | failed | not-started."""
+
+    status: str
+    changed: int
+    rebooted: bool
+    plan: list[str] = field(default_factory=list)
+    plan_error: str | None = field(default=None, metadata={OPTIONAL: True})
+    moved: list[str] | None = field(default=None, metadata={OPTIONAL: True})
+    error: str | None = field(default=None, metadata={OPTIONAL: True})
+    reboot_skipped: str | None = field(default=None, metadata={OPTIONAL: True})
+
+    @classmethod
+    def of(cls, state: Mapping[str, Any]) -> PatchHost:
+        """From the roll's working record of the node (patch.py keeps it as it goes)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: (list(v) if isinstance(v, (list, tuple)) else v)
+                      for k, v in state.items() if k in known})
+
+
+@dataclass(frozen=True)
+class LockMove:
+    """The stored version lock's hash before the roll and the one it moves to."""
+
+    from_: str | None = field(metadata={JSON_NAME: "from"})
+    to: str
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    cluster: str
+    ok: bool
+    batches: list[list[str]]
+    hosts: dict[str, PatchHost]
+    lock: LockMove
+
+
+# What each command prints with `--output json`: docs/json-output.md documents these.
+SHAPES: dict[str, Any] = {
+    "up": UpResult,
+    "list": list[ClusterRow],
+    "status": StatusResult,
+    "settings": SettingsResult,
+    "provision": ProvisionResult,
+    "verify": VerifyResult,
+    "patch": PatchResult,
+}

@@ -1,0 +1,260 @@
+"""The `--output json` shapes: docs/json-output.md against the result dataclasses, both ways.
+
+Each command's section in the document has one table, a row per field: its path
+(``nodes[].name``: a field of each element of ``nodes``; ``hosts.<node>.ok``: a field of the
+object under each node's name), its type and its meaning. The same rows are derived here from
+the dataclasses of gpuprov/core/results.py; a field in code and not in the document fails, and
+so does a documented field the code does not have, or a type that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuprov.core import results
+from gpuprov.core.results import SHAPES, serialise
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
+SCALARS = {str: "string", int: "integer", bool: "boolean"}
+TYPE_GRAMMAR = re.compile(r"(optional )?((array|map) of )*(string|integer|number|boolean|object)( or null)?")
+
+
+# -- the document ---------------------------------------------------------------------------------
+def documented() -> dict[str, dict[str, str]]:
+    """{command: {path: type}} from each `## `gpuprov COMMAND`` section's table (sections
+    without one, such as `inventory` whose JSON is Ansible's, are left out)."""
+    out: dict[str, dict[str, str]] = {}
+    command = None
+    for line in DOC.read_text().splitlines():
+        heading = re.match(r"## `gpuprov (\w+)", line)
+        if heading:
+            command = heading.group(1)
+            out[command] = {}
+        elif line.startswith("| `") and command is not None:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            path = _normal(cells[0].strip("`"))
+            assert path not in out[command], f"{command}: {path} documented twice"
+            out[command][path] = cells[1]
+    return {command: rows for command, rows in out.items() if rows}
+
+
+def _normal(path: str) -> str:
+    """``hosts.<node>`` and ``hosts.<host>`` name the same thing: any map key."""
+    return re.sub(r"<[^>]*>", "<>", path)
+
+
+# -- the code ---------------------------------------------------------------------------------------
+def render(tp: Any) -> tuple[str, list[tuple[str, type]]]:
+    """A type's words in the document, and the dataclasses inside it with their path suffixes."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        assert len(inner) == 1, tp
+        text, inside = render(inner[0])
+        return f"{text} or null", inside
+    if dataclasses.is_dataclass(tp):
+        return "object", [("", tp)]  # type: ignore[list-item]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (list, tuple):
+        text, inside = render(args[0])
+        return f"array of {text}", [("[]" + s, d) for s, d in inside]
+    if origin is dict:
+        if args[1] is Any:
+            return "object", []  # free-form: its meaning says what it holds
+        text, inside = render(args[1])
+        return f"map of {text}", [(".<>" + s, d) for s, d in inside]
+    assert tp in SCALARS, f"no JSON type for {tp!r}"
+    return SCALARS[tp], []
+
+
+def rows_of(cls: type, path: str, out: dict[str, str]) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = results.json_name(f)
+        here = f"{path}.{name}" if path else name
+        text, inside = render(hints[f.name])
+        if f.metadata.get(results.OPTIONAL):
+            # Left out while None: never null in the JSON.
+            text = "optional " + text.removesuffix(" or null")
+        out[here] = text
+        for suffix, sub in inside:
+            rows_of(sub, here + suffix, out)
+
+
+def in_code(command: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    _, inside = render(SHAPES[command])
+    for suffix, cls in inside:
+        rows_of(cls, suffix, out)
+    return out
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+def test_every_command_with_a_result_has_a_section_and_no_section_is_unknown() -> None:
+    doc = documented()
+    assert set(SHAPES) <= set(doc), f"undocumented: {sorted(set(SHAPES) - set(doc))}"
+    assert set(doc) - set(SHAPES) == set(PLAIN), "a section for a command that prints no JSON"
+
+
+def test_types_follow_the_documents_grammar() -> None:
+    bad = {(cmd, path, t) for cmd, rows in documented().items() for path, t in rows.items()
+           if not TYPE_GRAMMAR.fullmatch(t)}
+    assert bad == set()
+
+
+@pytest.mark.parametrize("command", sorted(SHAPES))
+def test_fields_in_code_are_documented(command: str) -> None:
+    doc, code = documented()[command], in_code(command)
+    assert {p: t for p, t in code.items() if p not in doc} == {}, f"{command}: not in {DOC.name}"
+
+
+@pytest.mark.parametrize("command", sorted(SHAPES))
+def test_documented_fields_are_in_code(command: str) -> None:
+    doc, code = documented()[command], in_code(command)
+    assert {p: t for p, t in doc.items() if p not in code} == {}, f"{command}: documented, not in code"
+
+
+@pytest.mark.parametrize("command", sorted(SHAPES))
+def test_documented_types_are_the_codes(command: str) -> None:
+    doc, code = documented()[command], in_code(command)
+    assert {p: (doc[p], t) for p, t in code.items() if p in doc and doc[p] != t} == {}
+
+
+# -- commands whose JSON is plain data (not a result dataclass): checked on a real result ---------
+def _stack() -> dict[str, Any]:
+    from gpuprov import stack
+
+    return stack.resolve("p4d.24xlarge").public()  # type: ignore[no-any-return]
+
+
+def _types() -> dict[str, Any]:
+    from gpuprov import catalog
+
+    return catalog.get("p4d.24xlarge").row()  # type: ignore[no-any-return]
+
+
+PLAIN = {"stack": _stack, "types": _types}
+
+
+@pytest.mark.parametrize("command", sorted(PLAIN))
+def test_plain_shapes_match_a_real_result(command: str) -> None:
+    """`types` prints an array of these rows, `stack` one: the fields by name, both ways, and
+    each value's JSON type (null where the type allows it)."""
+    doc = documented()[command]
+    row = PLAIN[command]()
+    prefix = "[]." if command == "types" else ""
+    top = {p.removeprefix(prefix): t for p, t in doc.items() if "." not in p.removeprefix(prefix)}
+    assert set(row) == set(top)
+    for key, value in row.items():
+        words = top[key]
+        if value is None:
+            assert words.endswith(" or null"), (key, words)
+        elif isinstance(value, list):
+            assert words.startswith("array of"), (key, words)
+        elif isinstance(value, dict):
+            assert words.removesuffix(" or null") in ("object", "map of string"), (key, words)
+        else:
+            base = words.removesuffix(" or null")
+            expected = {"boolean"} if isinstance(value, bool) else {"integer", "number"} \
+                if isinstance(value, int) else {SCALARS.get(type(value), "number")}
+            assert base in expected, (key, words, value)
+
+
+# -- real results through the one serialiser ---------------------------------------------------------
+def _paths(value: Any, path: str = "") -> set[str]:
+    """The document's paths of a JSON value (map keys of ``hosts``-like maps become ``<>``)."""
+    out: set[str] = set()
+    if isinstance(value, list):
+        for item in value:
+            out |= _paths(item, path + "[]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else key
+            out.add(here)
+            out |= _paths(item, here)
+    return out
+
+
+def _built() -> dict[str, Any]:
+    from gpuprov.core.results import (
+        UNREACHED,
+        Bootstrap,
+        ClusterRow,
+        HostStats,
+        LockMove,
+        NodeRow,
+        PatchHost,
+        PatchResult,
+        ProbeRow,
+        ProvisionResult,
+        RunRow,
+        Setting,
+        SettingsResult,
+        StatusResult,
+        UpResult,
+        VerifyResult,
+        VerifySummary,
+    )
+
+    node = NodeRow(name="n1", id="i-1", address="10.0.0.1", ssh_port=22, state="running",
+                   zone="us-east-1a", instance_type="p4d.24xlarge")
+    stats = {"n1": HostStats.of({"ok": 40, "changed": 2, "failed": 0, "unreachable": 0, "tasks": 41}),
+             "n2": UNREACHED}
+    provision = ProvisionResult(cluster="c", ok=False, hosts=stats, errors={"n2": "unreachable: refused"})
+    settings = {"apt_proxy": Setting(value="http://10.0.0.5:3142", from_="GPUPROV_APT_PROXY")}
+    return {
+        "up": UpResult(cluster="c", provider="aws", nodes=[node], bootstrap=Bootstrap.of(provision)),
+        "list": [ClusterRow(name="c", provider="aws", nodes=1, created="2025-01-01T00:00:00+00:00",
+                            state="bootstrapped (verify failed)")],
+        "status": StatusResult(
+            cluster="c", provider="aws", state="verified", failed_step=None, created="2025",
+            spec={"count": 1}, stack={"driver": "535.309.01"}, settings=settings, nodes=[node],
+            runs=[RunRow(id=1, kind="provision", started="2025", finished=None, ok=None,
+                         artifact_dir="/x")]),
+        "settings": SettingsResult(cluster="c", settings=settings, changed=["apt_proxy"]),
+        "provision": provision,
+        "verify": VerifyResult(cluster="c", ok=False, hosts={"n1": [ProbeRow("gpu", "fail", "0 GPUs")]},
+                               summary=VerifySummary(pass_=3, fail=1, skip=2)),
+        "patch": PatchResult(
+            cluster="c", ok=False, batches=[["n1"], ["n2"]], lock=LockMove(from_="abc", to="def"),
+            hosts={"n1": PatchHost.of({"status": "failed", "changed": 3, "rebooted": True,
+                                       "plan": ["nvidia-driver-535 535.1 -> 535.2"], "moved": ["x 1 -> 2"],
+                                       "error": "probes failed", "reboot_skipped": "container",
+                                       "plan_error": "check run failed", "nothing_to_move": True}),
+                   "n2": PatchHost(status="not-started", changed=0, rebooted=False)}),
+    }
+
+
+@pytest.mark.parametrize("command", sorted(SHAPES))
+def test_a_real_result_round_trips_and_shows_only_documented_fields(command: str) -> None:
+    data = serialise(_built()[command])
+    assert json.loads(json.dumps(data)) == data
+    doc = documented()[command]
+    found = {_normal(re.sub(r"\.(n1|n2|apt_proxy)(?=$|[.\[])", ".<>", p)) for p in _paths(data)}
+    # A map's keys are names, not fields; spec and stack are free-form objects.
+    found = {p for p in found if not p.endswith(".<>") and not re.match(r"(spec|stack)\.", p)}
+    assert found - set(doc) == set()
+    required = {p for p, t in doc.items() if not t.startswith("optional") and "<>" not in p
+                and "[]" not in p}
+    assert required - found == set()
+
+
+def test_keywords_and_absent_fields_serialise_as_documented() -> None:
+    built = _built()
+    verify = serialise(built["verify"])
+    assert verify["summary"] == {"pass": 3, "fail": 1, "skip": 2}
+    patch = serialise(built["patch"])
+    assert patch["lock"] == {"from": "abc", "to": "def"}
+    assert patch["hosts"]["n2"] == {"status": "not-started", "changed": 0, "rebooted": False, "plan": []}
+    assert "nothing_to_move" not in patch["hosts"]["n1"]
+    up = serialise(built["up"])
+    assert "dry_run" not in up and "resumed_from" not in up["bootstrap"]
+    assert serialise(results.UpResult(cluster="c", provider="docker", nodes=[], bootstrap=None,
+                                      dry_run=True))["dry_run"] is True
