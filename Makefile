@@ -46,7 +46,7 @@ demo-down: $(STAMP)
 # Two workers, one test file each at a time: the molecule scenarios run beside
 # the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
 test: $(STAMP) host-setup mirror registry settings lint
-	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadfile
+	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadfile --durations=30
 
 lint: $(STAMP)
 	ruff check gpuprov tests benchmarks

@@ -105,7 +105,7 @@ class Lock:
         return out
 
     def public(self) -> dict[str, Any]:
-        """DESIGN.md's `stack` JSON shape (plus the resolved source, branch lifecycle, kernel
+        """The `stack` JSON shape of docs/json-output.md (plus the resolved source, branch lifecycle, kernel
         module flavour and lock hash). The lifecycle is read from the data, so a date NVIDIA
         moved shows as it is now."""
         life = lifecycle(self.driver_branch)

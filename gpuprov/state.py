@@ -88,7 +88,7 @@ class NodeRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
-        """The node as DESIGN.md's JSON shape has it."""
+        """The node as docs/json-output.md's node shape has it."""
         return {
             "name": self.name,
             "id": self.id,

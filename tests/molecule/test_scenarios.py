@@ -8,25 +8,15 @@ The meta-tests below keep it so without Docker.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, require_docker
-from tests.fixtures import aptrepo
+from tests.conftest import ROOT
+from tests.molecule.scenarios import BASE_CONFIG, FIRST_HALF, SCENARIOS, SECOND_HALF, run_scenario
 
-SCENARIOS = sorted(
-    (p.parent.parent.parent.name, p.parent.name)
-    for p in (ROOT / "roles").glob("*/molecule/*/molecule.yml")
-)
-# Molecule finds it on its own at the repository root; the runner passes it anyway,
-# so a copy of the tree without its .git (molecule's root search) runs the same.
-BASE_CONFIG = ROOT / ".config" / "molecule" / "config.yml"
 # Steps every scenario's effective sequence runs, in this order (house rule: every
 # role idempotent and honouring --check).
 REQUIRED_STEPS = ("converge", "idempotence", "check", "verify")
@@ -134,49 +124,12 @@ def test_every_role_has_a_scenario() -> None:
     assert roles and roles == sorted({role for role, _ in SCENARIOS})
 
 
-@pytest.fixture(scope="module")
-def fixture_repo():
-    """FIXTURE: the signed repository with NVIDIA's package names, for scenarios that need one."""
-    require_docker()
-    from gpuprov.providers.docker import bridge_gateway
-
-    repos = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01", "580.159.04"])
-    yield repos
-    repos.close()
-
-
-@pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{r}:{s}" for r, s in SCENARIOS])
+# The scenarios themselves run in two files, each half of them (every other role, sorted),
+# so that the suite's two workers share them (tests/molecule/scenarios.py runs one).
+@pytest.mark.parametrize(("role", "scenario"), FIRST_HALF, ids=[f"{r}:{s}" for r, s in FIRST_HALF])
 def test_molecule_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None:
-    require_docker()
-    if not os.environ.get("GPUPROV_ARTIFACT_MIRROR"):
-        pytest.fail("GPUPROV_ARTIFACT_MIRROR is not set: run through `make test` or `make molecule`")
-    env = dict(os.environ)
-    env["GPUPROV_FIXTURE_REPO_URL"] = fixture_repo.good_url
-    env["GPUPROV_FIXTURE_REPO_FPR"] = fixture_repo.fingerprint
-    mirror = env.get("GPUPROV_REGISTRY_MIRROR", "")
-    if mirror and not env.get("GPUPROV_REGISTRY_DIGESTS"):
-        # The fixture registry serves its own image under the lock's names: the roles must
-        # pull the digests it serves (read from it here), not NVIDIA's from the lock.
-        import json
+    run_scenario(role, scenario, tmp_path, fixture_repo)
 
-        from gpuprov import stack
-        from tests.fixtures import registry
 
-        env["GPUPROV_REGISTRY_DIGESTS"] = json.dumps(registry.digests(
-            mirror.split("://", 1)[-1].rstrip("/"), list(stack.resolve(None, source="distro").base_images)))
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["ANSIBLE_NOCOLOR"] = "1"
-    env["NO_COLOR"] = "1"
-    # The node's container name (the base config's platform): one per role.
-    env["GPUPROV_MOLECULE_NODE"] = "gpuprov-molecule-" + role.replace("_", "-")
-    log = tmp_path / "molecule.log"
-    with log.open("w") as fh:
-        proc = subprocess.run(
-            ["molecule", "--base-config", str(BASE_CONFIG), "test", "--scenario-name", scenario],
-            cwd=ROOT / "roles" / role, env=env, stdout=fh, stderr=subprocess.STDOUT,
-            check=False, timeout=1800,
-        )
-    text = log.read_text()
-    assert proc.returncode == 0, f"molecule test {role}:{scenario} failed:\n{text[-6000:]}"
-    for step in ("converge", "idempotence", "verify"):
-        assert f"{step}: Executed: Successful" in text, f"{step} did not run:\n{text[-3000:]}"
+def test_the_halves_are_every_scenario() -> None:
+    assert sorted(FIRST_HALF + SECOND_HALF) == SCENARIOS and not set(FIRST_HALF) & set(SECOND_HALF)

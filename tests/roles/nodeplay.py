@@ -40,6 +40,9 @@ def play(env, cdir: Path, tmp_path: Path, roles: list[dict],
         env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "json",
              "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
     )
+    if "{" not in proc.stdout:
+        raise AssertionError(f"ansible-playbook printed no result (rc {proc.returncode}): "
+                             f"{proc.stdout[-1500:]} {proc.stderr[-2000:]}")
     data = json.loads(proc.stdout[proc.stdout.index("{"):])
     msgs = []
     for p in data["plays"]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov import stack
 from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import play, sh
@@ -71,6 +72,8 @@ def node(env):
 def efa_role(url: str, digest: str) -> list[dict]:
     return [{"role": "rdma", "vars": {
         "rdma_fabric": "efa", "rdma_efa_installer_version": VERSION,
+        # What the lock says the installer brings (playbooks/vars/lock.yml maps it).
+        "rdma_aws_ofi_nccl_version": stack.data()["efa"]["aws_ofi_nccl"],
         "rdma_efa_installer_url": url, "rdma_efa_installer_sha256": digest}}]
 
 

@@ -135,8 +135,10 @@ def test_driver_installed_by_another_is_refused_adopted_or_replaced(env, repos, 
     # The repository only (no driver from the role), then a driver installed by hand, as a
     # vendor image ships one.
     tasks = [{"name": "the fixture repository", "ansible.builtin.include_role": {
-        "name": "nvidia_driver", "tasks_from": "repository.yml"},
-        "vars": driver(repos, "535.288.01")[0]["vars"]}]
+        "name": "gpuprov_base", "tasks_from": "apt_repository"},
+        "vars": {"gpuprov_base_repo": {"name": "nvidia-mirror", "url": repos.good_url, "suites": "/",
+                                       "key_url": f"{repos.good_url}repo.key",
+                                       "fingerprint": repos.fingerprint}}}]
     rc, _, msgs = play(env, cdir, tmp_path, [], tasks)
     assert rc == 0, msgs
     sh(cdir, name, "apt-get install -y -q nvidia-driver-535=535.261.03-1 >/dev/null 2>&1")

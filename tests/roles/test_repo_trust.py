@@ -15,12 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov import stack
 from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import copy_in, play, sh
 
 pytestmark = pytest.mark.e2e
 
+
+# The lock of source nvidia (package names and versions as NVIDIA's repository has them).
+NVIDIA_LOCK = stack.resolve("p4d.24xlarge", source="nvidia").as_dict()
 
 # The recorded NVSwitch bus inside the node, read by gpuprov_base instead of sysfs.
 FIXTURE_PCI = "/opt/gpuprov-fixture-pci"
@@ -62,7 +66,9 @@ def driver_roles(url: str, fingerprint: str, version: str, key_url: str = "") ->
             "nvidia_fabricmanager_package": f"nvidia-fabricmanager-{version.split('.')[0]}",
             "nvidia_fabricmanager_version": version,
             "nvidia_fabricmanager_package_version": f"{version}-*"}},
-        {"role": "cudnn", "vars": {"cudnn_method": "packages"}},
+        # cuDNN from NVIDIA's repository as the lock of source nvidia names it.
+        {"role": "cudnn", "vars": {"cudnn_method": "packages", "cudnn_packages": NVIDIA_LOCK["packages"]["cudnn"],
+                                   "cudnn_package_version": NVIDIA_LOCK["packages"]["cudnn_version"]}},
     ]
 
 
@@ -209,8 +215,8 @@ def test_container_toolkit_repository_keyring_holds_only_the_pinned_key(env, rep
     assert rc == 0 and stats["changed"] == 0, (stats, msgs)
     # A key file without the pinned key is still refused, the keyring left as it was.
     sh(cdir, name, f"rm -f {keyring}")
-    tasks[0]["vars"]["container_runtime_toolkit_repo_key_url"] = f"{repos.wrong_url}repo.key"
-    tasks[0]["vars"]["container_runtime_toolkit_repo_key_fingerprint"] = repos.other_fingerprint
+    tasks[0]["vars"]["gpuprov_base_repo"]["key_url"] = f"{repos.wrong_url}repo.key"
+    tasks[0]["vars"]["gpuprov_base_repo"]["fingerprint"] = repos.other_fingerprint
     rc, _, msgs = play(env, cdir, tmp_path, [], tasks)
     assert rc != 0 and "refusing to trust" in msgs, msgs
     assert not primary_keys(cdir, name, keyring)
