@@ -26,8 +26,8 @@ from gpuprov import ssh
 from gpuprov.providers import ClusterFiles, ClusterSpec
 from gpuprov.state import Store
 from tests.aws.conftest import REGION, instances
+from tests.aws.helpers import up
 from tests.aws.moto_shim import Shim
-from tests.aws.test_up import up
 from tests.conftest import require_docker
 
 # base64 of "openssh-key-v1\0": how every OpenSSH private key body starts, PEM-wrapped or not.

@@ -18,9 +18,8 @@ import pytest
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles, ClusterSpec
 from tests.aws.conftest import REGION, instances
+from tests.aws.helpers import CIDR, assert_refused, invoke
 from tests.aws.moto_shim import Shim
-from tests.aws.test_preflight import assert_refused
-from tests.aws.test_up import CIDR, invoke
 from tests.conftest import run_cli
 
 UNREACHABLE = "http://127.0.0.1:9"

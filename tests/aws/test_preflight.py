@@ -12,19 +12,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from gpuprov.state import Store
+from tests.aws.helpers import CIDR, assert_refused, invoke, up
 from tests.aws.moto_shim import Fault, Shim
-from tests.aws.test_up import CIDR, invoke, up
 
 UBUNTU = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-
-
-def assert_refused(code: int, out: str, err: str, needle: str, shim: Shim) -> None:
-    assert code == 2, (code, err)
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpuprov: ") and needle in lines[0], err
-    assert shim.mutating() == [], shim.mutating()
-    assert Store().list_clusters() == []
 
 
 @pytest.mark.parametrize(

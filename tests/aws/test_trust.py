@@ -13,8 +13,8 @@ import yaml
 from gpuprov.state import Store
 from tests.aws import iam
 from tests.aws.conftest import ROOT_POLICY, instances
+from tests.aws.helpers import CIDR, assert_nothing_left, invoke, up
 from tests.aws.moto_shim import Shim
-from tests.aws.test_up import CIDR, assert_nothing_left, invoke, up
 
 
 def _user_data(shim: Shim) -> dict:

@@ -9,37 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from gpuprov.cli import main
 from gpuprov.state import Store
 from tests.aws.conftest import instances
+from tests.aws.helpers import CIDR, assert_nothing_left, assert_whole_cluster, invoke, up
 from tests.aws.moto_shim import Fault, Shim
-
-CIDR = "203.0.113.7/32"
-
-
-def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
-
-
-def up(capsys, ami: str, name: str, *extra: str, count: int = 4, itype: str = "p4d.24xlarge"):
-    return invoke(capsys, "up", "--name", name, "--type", itype, "--count", str(count), "--image", ami,
-                  "--ssh-cidr", CIDR, "--no-bootstrap", "--yes", "-o", "json", *extra)
-
-
-def assert_whole_cluster(name: str, count: int) -> list[dict]:
-    running = instances(name)
-    assert len(running) == count, [i["InstanceId"] for i in running]
-    assert len({i["Placement"]["AvailabilityZone"] for i in running}) == 1
-    return running
-
-
-def assert_nothing_left(name: str) -> None:
-    assert instances(name) == []
 
 
 def test_up_launches_exactly_count_in_one_zone_with_everything_tagged(capsys, shim: Shim, ami: str) -> None:

@@ -1,7 +1,7 @@
 """`provision`, `verify`, `patch`, `status`, `settings` and `list` with `-o json`, end to end
 through the CLI on a static cluster, with Ansible, the probes and the SSH check replaced by
 fakes: each document is what docs/json-output.md says, and the exit codes follow `ok`.
-(The real thing, with real nodes, is tests/e2e and tests/patch.)"""
+(The real thing, with real nodes, is tests/e2e.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gpuprov.cli import main
 from gpuprov.core import patch as patching
 from gpuprov.probes import run as probes
 from gpuprov.state import NodeRecord, Store
-from tests.unit.test_json_shapes import _normal, _paths, documented
+from tests.json_doc import _normal, _paths, documented
 
 NODES = ("n1", "n2", "n3")
 

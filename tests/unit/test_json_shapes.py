@@ -14,41 +14,16 @@ import json
 import re
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuprov.core import results
 from gpuprov.core.results import SHAPES, serialise
+from tests.json_doc import DOC, _normal, _paths, documented
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
 SCALARS = {str: "string", int: "integer", bool: "boolean"}
 TYPE_GRAMMAR = re.compile(r"(optional )?((array|map) of )*(string|integer|number|boolean|object)( or null)?")
-
-
-# -- the document ---------------------------------------------------------------------------------
-def documented() -> dict[str, dict[str, str]]:
-    """{command: {path: type}} from each `## `gpuprov COMMAND`` section's table (sections
-    without one, such as `inventory` whose JSON is Ansible's, are left out)."""
-    out: dict[str, dict[str, str]] = {}
-    command = None
-    for line in DOC.read_text().splitlines():
-        heading = re.match(r"## `gpuprov (\w+)", line)
-        if heading:
-            command = heading.group(1)
-            out[command] = {}
-        elif line.startswith("| `") and command is not None:
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            path = _normal(cells[0].strip("`"))
-            assert path not in out[command], f"{command}: {path} documented twice"
-            out[command][path] = cells[1]
-    return {command: rows for command, rows in out.items() if rows}
-
-
-def _normal(path: str) -> str:
-    """``hosts.<node>`` and ``hosts.<host>`` name the same thing: any map key."""
-    return re.sub(r"<[^>]*>", "<>", path)
 
 
 # -- the code ---------------------------------------------------------------------------------------
@@ -168,20 +143,6 @@ def test_plain_shapes_match_a_real_result(command: str) -> None:
 
 
 # -- real results through the one serialiser ---------------------------------------------------------
-def _paths(value: Any, path: str = "") -> set[str]:
-    """The document's paths of a JSON value (map keys of ``hosts``-like maps become ``<>``)."""
-    out: set[str] = set()
-    if isinstance(value, list):
-        for item in value:
-            out |= _paths(item, path + "[]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            here = f"{path}.{key}" if path else key
-            out.add(here)
-            out |= _paths(item, here)
-    return out
-
-
 def _built() -> dict[str, Any]:
     from gpuprov.core.results import (
         UNREACHED,

@@ -111,3 +111,22 @@ def test_test_modules_have_unique_basenames() -> None:
     tests = Path(__file__).parents[1]
     names = [p.name for p in tests.rglob("test_*.py") if "fixtures" not in p.parts]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in conftest.py files, helper modules and fixtures/, never in a test
+    module another one imports (running one file must not depend on another's tests)."""
+    tests = Path(__file__).parents[1]
+    found = [f"{p.relative_to(tests)}: {line.strip()}"
+             for p in tests.rglob("*.py") if "fixtures" not in p.parts
+             for line in p.read_text().splitlines()
+             if re.match(r"\s*(from|import) tests\.(\w+\.)*test_\w+", line)]
+    assert found == []
+
+
+def test_tests_are_laid_out_by_level() -> None:
+    """unit and cli (no Docker), aws (emulated EC2), roles and molecule (integration on local
+    nodes), e2e (the whole CLI on local nodes): README's Development section names them."""
+    tests = Path(__file__).parents[1]
+    levels = {p.parent.name for p in tests.rglob("test_*.py") if "fixtures" not in p.parts}
+    assert levels == {"unit", "cli", "aws", "roles", "molecule", "e2e"}

@@ -1,0 +1,46 @@
+"""What the EC2 tests share: running the CLI in-process, `up` with the usual flags, and the
+invariants every test asserts (helpers, not tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.cli import main
+from gpuprov.state import Store
+from tests.aws.conftest import instances
+from tests.aws.moto_shim import Shim
+
+CIDR = "203.0.113.7/32"
+
+
+def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def up(capsys, ami: str, name: str, *extra: str, count: int = 4, itype: str = "p4d.24xlarge"):
+    return invoke(capsys, "up", "--name", name, "--type", itype, "--count", str(count), "--image", ami,
+                  "--ssh-cidr", CIDR, "--no-bootstrap", "--yes", "-o", "json", *extra)
+
+
+def assert_whole_cluster(name: str, count: int) -> list[dict]:
+    running = instances(name)
+    assert len(running) == count, [i["InstanceId"] for i in running]
+    assert len({i["Placement"]["AvailabilityZone"] for i in running}) == 1
+    return running
+
+
+def assert_nothing_left(name: str) -> None:
+    assert instances(name) == []
+
+
+def assert_refused(code: int, out: str, err: str, needle: str, shim: Shim) -> None:
+    """Bad input: exit 2, one line on stderr, nothing created or changed."""
+    assert code == 2, (code, err)
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuprov: ") and needle in lines[0], err
+    assert shim.mutating() == [], shim.mutating()
+    assert Store().list_clusters() == []
