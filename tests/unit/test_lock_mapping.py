@@ -161,3 +161,25 @@ def test_no_version_literal_outside_the_lock() -> None:
     for path in files:
         hits += [f"{path.relative_to(ROOT)}: {v}" for v in _versions_in(path.read_text())]
     assert not hits, "versions named outside the lock (take them from the lock instead):\n" + "\n".join(hits)
+
+
+def test_an_old_lock_is_completed_for_the_plays_and_keeps_what_it_has() -> None:
+    """A lock stored before the container roles (no container_toolkit, base_images) gets them
+    from today's data for the same request; what it pinned stays (the plays must never move
+    a stored driver)."""
+    today = stack.resolve("p4d.24xlarge", driver="535", source="nvidia").as_dict()
+    old = {k: v for k, v in today.items() if k not in ("container_toolkit", "base_images", "kernel_module")}
+    old["driver"] = old["fabricmanager"] = "535.288.01"
+    old["hash"] = "0123456789ab"
+    done = complete_lock(old)
+    assert done["container_toolkit"] == stack.data()["container_toolkit"]["version"]
+    assert done["base_images"] and all("@sha256:" in image for image in done["base_images"])
+    assert done["driver"] == done["fabricmanager"] == "535.288.01" and done["hash"] == "0123456789ab"
+
+
+def test_a_lock_todays_data_refuses_is_still_completed() -> None:
+    lock = stack.resolve("p4d.24xlarge", driver="535", source="nvidia").as_dict()
+    lock = {k: v for k, v in lock.items() if k != "container_toolkit"}
+    lock["driver_branch"] = "418"  # a branch no longer pinned: resolving it again is refused
+    done = complete_lock(lock)
+    assert done["driver_branch"] == "418" and "container_toolkit" in done
