@@ -170,6 +170,17 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
     if len(kinds) > 1:
         notes.append(f"one lock for hosts of {len(kinds)} kinds: {names}")
 
+    # 0. What gpuprov can serve at all: x86_64 hosts (the repositories, the container toolkit's,
+    # microcode and the cuDNN archive it pins are x86_64 ones) with a GPU it has driver facts for.
+    for itype in kinds:
+        if itype.cpu_arch != "x86_64":
+            raise BadInput(f"{itype.name} is an {itype.cpu_arch} type: gpuprov pins x86_64 packages "
+                           "only (NVIDIA's repositories, the container toolkit, microcode, the cuDNN "
+                           "archive); choose an x86_64 type")
+        if itype.gpu_model and itype.gpu_model not in GPU_MIN_DRIVER:
+            raise BadInput(f"gpuprov has no driver facts for {itype.gpu_model} ({itype.name}); "
+                           f"it knows {', '.join(sorted(GPU_MIN_DRIVER))}")
+
     # 1. CUDA against every GPU architecture.
     for itype in kinds:
         if itype.arch is None:

@@ -93,6 +93,8 @@ class InstanceType:
     price: dict[str, float] = field(default_factory=dict)
     # InfiniBand/RoCE compute fabric (on-prem DGX/HGX): GPUDirect RDMA through nvidia-peermem.
     infiniband: bool = False
+    # The CPU architecture (EC2's ProcessorInfo.SupportedArchitectures): x86_64 or arm64.
+    cpu_arch: str = "x86_64"
 
     def price_per_hour(self, region: str | None) -> float | None:
         if region is None:
@@ -258,6 +260,8 @@ def from_api(record: dict[str, Any], region: str) -> InstanceType:
         virtualization="metal" if record.get("BareMetal") else "vm",
         quota_code=quota_for(name)[0],
         price=price,
+        cpu_arch="x86_64" if "x86_64" in ((record.get("ProcessorInfo") or {}).get("SupportedArchitectures")
+                                          or ["x86_64"]) else "arm64",
     )
 
 

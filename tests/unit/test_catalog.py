@@ -50,3 +50,25 @@ def test_b200_from_the_api_keeps_nvswitch_and_arch() -> None:
                               "MaximumNetworkCards": 8}}
     t = catalog.from_api(record, "us-east-1")
     assert (t.arch, t.nvswitch, t.gpu_memory_gib, t.efa_max_interfaces) == ("sm_100", True, 179, 8)
+
+
+def test_an_arm64_type_from_ec2_is_refused_with_its_reason_not_a_crash() -> None:
+    """g5g (T4g, Graviton) as DescribeInstanceTypes describes it, after `types --refresh`: the
+    lock refuses it, exit 2 with the reason, instead of dying on a KeyError."""
+    from gpuprov import stack
+    from gpuprov.errors import BadInput
+
+    record = {"InstanceType": "g5g.xlarge", "ProcessorInfo": {"SupportedArchitectures": ["arm64"]},
+              "VCpuInfo": {"DefaultVCpus": 4}, "MemoryInfo": {"SizeInMiB": 8192},
+              "GpuInfo": {"Gpus": [{"Name": "T4g", "Manufacturer": "NVIDIA", "Count": 1,
+                                    "MemoryInfo": {"SizeInMiB": 15360}}]},
+              "NetworkInfo": {"EfaSupported": False, "MaximumNetworkCards": 1}}
+    itype = catalog.from_api(record, "us-east-1")
+    assert itype.cpu_arch == "arm64"
+    with pytest.raises(BadInput, match=r"g5g\.xlarge is an arm64 type: gpuprov pins x86_64 packages only"):
+        stack.resolve_types([itype])
+    x86 = catalog.from_api({**record, "InstanceType": "g9x.xlarge",
+                            "ProcessorInfo": {"SupportedArchitectures": ["x86_64", "i386"]}}, "us-east-1")
+    assert x86.cpu_arch == "x86_64"
+    with pytest.raises(BadInput, match=r"no driver facts for T4g \(g9x\.xlarge\)"):
+        stack.resolve_types([x86])
