@@ -44,3 +44,14 @@ def installed_kernels(host: Any) -> list[str]:
 def installed_version(host: Any, package: str) -> str | None:
     pkg = host.package(package)
     return pkg.version if pkg.is_installed else None
+
+
+def require_systemd(host: Any) -> None:
+    """Fail with the reason, not a shell error, on a node whose PID 1 is not systemd: gpuprov's
+    roles run services and units (sd_booted(3): systemd booted the node when
+    /run/systemd/system is a directory)."""
+    if host.file("/run/systemd/system").is_directory:
+        return
+    init = host.run("cat /proc/1/comm").stdout.strip() or "unknown"
+    raise AssertionError(f"expected a node run by systemd, found PID 1 '{init}' (no /run/systemd/system): "
+                         "gpuprov's roles need systemd for their services")

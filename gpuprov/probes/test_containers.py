@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gpuprov.probes.nodefacts import installed_version
+from gpuprov.probes.nodefacts import installed_version, require_systemd
 from gpuprov.probes.test_gpu import _gpus_expected
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -33,6 +33,7 @@ def _site_image(lock: dict) -> str:
 
 @pytest.mark.containers
 def test_docker_active(host, report):
+    require_systemd(host)
     service = host.service("docker")
     assert service.is_running, "expected the docker service active, it is not"
     assert service.is_enabled, "expected the docker service enabled at boot, it is not"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpuprov.probes.nodefacts import in_container, installed_version, nvidia_pci
+from gpuprov.probes.nodefacts import in_container, installed_version, nvidia_pci, require_systemd
 
 IB_PACKAGES = ("rdma-core", "ibverbs-utils", "infiniband-diags")
 EFA_PREFIX = "/opt/amazon"
@@ -51,6 +51,7 @@ def test_memlock_unlimited_for_users(host, report):
 @pytest.mark.rdma
 def test_memlock_unlimited_for_services(host, report):
     _skip_if_capped(host)
+    require_systemd(host)
     out = host.run("systemd-run --wait --pipe --quiet sh -c 'ulimit -l'")
     assert out.stdout.strip() == "unlimited", (
         f"expected memlock 'unlimited' in a systemd service, found {out.stdout.strip() or out.stderr.strip()}")

@@ -7,7 +7,13 @@ from fnmatch import fnmatch
 
 import pytest
 
-from gpuprov.probes.nodefacts import in_container, installed_kernels, installed_version, nvidia_pci
+from gpuprov.probes.nodefacts import (
+    in_container,
+    installed_kernels,
+    installed_version,
+    nvidia_pci,
+    require_systemd,
+)
 
 GPU_PACKAGE_PATTERNS = "'nvidia-*' 'libnvidia-*' 'cuda-*' 'libcudnn*' 'nvidia-cuda-*' 'libcuda*'"
 
@@ -94,6 +100,7 @@ def test_fabric_manager_matches_driver(host, expect, report):
     assert version and version.startswith(lock["driver"] + "-"), (
         f"expected {package} {lock['driver']} (the driver's release), found {version}"
     )
+    require_systemd(host)
     service = host.service("nvidia-fabricmanager")
     assert service.is_enabled, "expected nvidia-fabricmanager enabled"
     assert service.is_running, f"expected nvidia-fabricmanager running ({switches} NVSwitch(es) present)"
