@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from gpuprov import __version__, cli_output
+from gpuprov.cli_local import verify_options
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.errors import BadInput, GpuprovError
 
@@ -218,19 +219,19 @@ def patch(name: str, driver: str | None, kernel: bool, microcode: bool, all_: bo
 
 
 @cli.command()
-@click.argument("name")
-@click.option(
-    "--level",
-    type=click.Choice(["quick", "full"]),
-    default="quick",
-    show_default=True,
-    help="quick: fast probes; full: also the slow ones.",
-)
-@output_option
-def verify(name: str, level: str, output: str) -> int:
-    """Probe every node (testinfra) and report pass / fail / skip, each with its reason."""
-    from gpuprov import core
+@click.argument("name", required=False)
+@click.option("--level", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
+              help="quick: fast probes; full: also the slow ones.")
+@verify_options
+def verify(name: str | None, level: str, local: bool, output: str, **flags: Any) -> int:
+    """Probe every node (testinfra) and report pass / fail / skip, each with its reason.
 
+    With --local instead of NAME: this machine itself (no cluster, no SSH)."""
+    from gpuprov import cli_local, core
+
+    name = cli_local.cluster_name(name, local, output, flags)
+    if name is None:
+        return cli_local.verify_local(level, output, **flags)
     data = core.verify(name, console=_console(), level=level)
     cli_output.eol_warning_of(name)
     if output == "json":

@@ -1,0 +1,68 @@
+"""`gpuprov verify`'s target: a cluster NAME, or `--local` (this machine, gpuprov.core.local)
+with the flags only it takes, and its outputs (table, JSON, JUnit XML)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gpuprov import cli_output
+from gpuprov.errors import BadInput
+
+VERIFY_OPTIONS = [
+    click.option("--local", is_flag=True, help="Probe this machine itself instead of a cluster: no "
+                 "state, no SSH (testinfra's local connection; run as root for the whole check)."),
+    click.option("--type", "local_type", metavar="TYPE", help="--local: the instance type this machine "
+                 "is (`gpuprov types`): its GPU count and model, and the lock resolved for it."),
+    click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="--local, untyped: the NVIDIA "
+                 "GPUs this machine must show (0: none). Without --type or --gpus the count is not checked."),
+    click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...)."),
+    click.option("--driver", metavar="VERSION|BRANCH", help="--local: the driver release or branch the "
+                 "lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
+    click.option("--output", "-o", type=click.Choice(["table", "json", "junit"]), default="table",
+                 show_default=True, help="Table for people, JSON (one document on stdout) for programs; "
+                 "junit (--local): pytest's JUnit XML on stdout."),
+]
+
+# The flags of VERIFY_OPTIONS that only --local takes, as the user spells them.
+LOCAL_FLAGS = {"local_type": "--type", "gpus": "--gpus", "gpu_model": "--gpu-model", "driver": "--driver"}
+
+
+def verify_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(VERIFY_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def cluster_name(name: str | None, local: bool, output: str, flags: dict[str, Any]) -> str | None:
+    """The cluster to verify, or None for --local; BadInput where the two are mixed."""
+    if name and local:
+        raise BadInput(f"verify takes a cluster NAME or --local, not both ('{name}' and --local)")
+    if not name and not local:
+        raise BadInput("verify needs a cluster NAME, or --local to probe this machine")
+    if local:
+        return None
+    given = [flag for key, flag in LOCAL_FLAGS.items() if flags.get(key) is not None]
+    if output == "junit":
+        given.append("-o junit")
+    if given:
+        raise BadInput(f"{', '.join(given)}: only with --local (a cluster's nodes are expected to be "
+                       "what `up` recorded, with the cluster's lock)")
+    return name
+
+
+def verify_local(level: str, output: str, local_type: str | None, gpus: int | None,
+                 gpu_model: str | None, driver: str | None) -> int:
+    from gpuprov.core import Console, local
+
+    req = local.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver)
+    data, junit = local.verify_local(req, console=Console(), level=level)
+    if output == "json":
+        cli_output.emit_json(data)
+    elif output == "junit":
+        click.echo(junit, nl=not junit.endswith("\n"))
+    else:
+        cli_output.verify_table(local.LOCAL, data)
+    return 0 if data.ok else 1
