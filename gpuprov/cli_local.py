@@ -21,13 +21,16 @@ VERIFY_OPTIONS = [
     click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...)."),
     click.option("--driver", metavar="VERSION|BRANCH", help="--local: the driver release or branch the "
                  "lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
+    click.option("--only", metavar="GROUPS", help="--local: only these probe groups, a marker "
+                 "expression: gpu, 'gpu and not containers', 'driver or cuda' (the groups: gpuprov/probes/pytest.ini; a wrong one lists them)."),
     click.option("--output", "-o", type=click.Choice(["table", "json", "junit"]), default="table",
                  show_default=True, help="Table for people, JSON (one document on stdout) for programs; "
                  "junit (--local): pytest's JUnit XML on stdout."),
 ]
 
 # The flags of VERIFY_OPTIONS that only --local takes, as the user spells them.
-LOCAL_FLAGS = {"local_type": "--type", "gpus": "--gpus", "gpu_model": "--gpu-model", "driver": "--driver"}
+LOCAL_FLAGS = {"local_type": "--type", "gpus": "--gpus", "gpu_model": "--gpu-model", "driver": "--driver",
+               "only": "--only"}
 
 
 def verify_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,10 +57,10 @@ def cluster_name(name: str | None, local: bool, output: str, flags: dict[str, An
 
 
 def verify_local(level: str, output: str, local_type: str | None, gpus: int | None,
-                 gpu_model: str | None, driver: str | None) -> int:
+                 gpu_model: str | None, driver: str | None, only: str | None) -> int:
     from gpuprov.core import Console, local
 
-    req = local.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver)
+    req = local.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver, only=only)
     data, junit = local.verify_local(req, console=Console(), level=level)
     if output == "json":
         cli_output.emit_json(data)

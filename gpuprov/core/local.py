@@ -46,6 +46,7 @@ class LocalRequest:
     gpus: int | None = None
     gpu_model: str | None = None
     driver: str | None = None
+    only: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class LocalPlan:
 
 
 def request(instance_type: str | None = None, gpus: int | None = None, gpu_model: str | None = None,
-            driver: str | None = None) -> LocalRequest:
+            driver: str | None = None, only: str | None = None) -> LocalRequest:
     """The request, checked (BadInput: one line, exit 2) and the GPU model spelt as the catalog
     spells it."""
     if instance_type and (gpus is not None or gpu_model):
@@ -78,8 +79,12 @@ def request(instance_type: str | None = None, gpus: int | None = None, gpu_model
         if gpu_model.lower() not in known:
             raise BadInput(f"unknown GPU model '{gpu_model}'; known GPUs: {', '.join(sorted(known.values()))}")
         gpu_model = known[gpu_model.lower()]
+    if only is not None:
+        from gpuprov.probes.run import check_groups
+
+        only = check_groups(only)  # unknown group: one line, exit 2
     return LocalRequest(instance_type=instance_type or None, gpus=gpus, gpu_model=gpu_model or None,
-                        driver=driver or None)
+                        driver=driver or None, only=only)
 
 
 def read_pci_bus() -> dict[str, Any]:
@@ -129,7 +134,8 @@ def verify_local(req: LocalRequest, *, console: Console, level: str = "quick") -
     if os.geteuid() != 0:
         console.say(f"verify --local: not running as root (uid {os.geteuid()}): probes that read "
                     "root-only files or ask systemd may fail; run it as root for the whole check")
-    console.say(f"verify --local: {p.node}, expecting {p.expecting}")
+    console.say(f"verify --local: {p.node}, expecting {p.expecting}"
+                + (f"; probes: {req.only}" if req.only else ""))
     console.say(f"  {lock_line(p.lock)}")
     eol = stack.eol_warning(p.lock)
     if eol:
@@ -137,7 +143,7 @@ def verify_local(req: LocalRequest, *, console: Console, level: str = "quick") -
     run_dir = Path(tempfile.mkdtemp(prefix="gpuprov-verify-local-"))
     try:
         probed = run_local_probes({"*": {**p.expectation, "stack": p.lock}}, run_dir, level=level,
-                                  console=console.rich, node=p.node)
+                                  console=console.rich, node=p.node, only=req.only)
     except GpuprovError:
         raise  # the message names the log in run_dir, which stays
     except BaseException:

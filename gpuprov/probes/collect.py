@@ -64,7 +64,10 @@ def _detail(report: pytest.TestReport) -> str:
         return str(longrepr[2]).removeprefix("Skipped: ")
     crash = getattr(longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(longrepr)
-    failure = command_failure(text)
+    # A command testinfra needed failed (RuntimeError(CommandResult)): say which, in one line.
+    # A probe's own assertion keeps its message, though pytest's explanation of it below the
+    # message names a CommandResult (`assert out.rc == 0, "expected ..."`).
+    failure = None if text.startswith(("AssertionError", "Failed: ")) else command_failure(text)
     if failure is not None:
         return failure
     first = text.strip().splitlines()[0] if text.strip() else "failed"

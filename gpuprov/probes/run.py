@@ -7,8 +7,10 @@ pytest-xdist spread nodes over workers. Outcomes come back as JSON lines
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import BadInput, GpuprovError
 
 # The node name testinfra's local connection gives this machine (the `node` fixture).
 LOCAL_NODE = "local"
@@ -47,12 +49,63 @@ def run_local_probes(
     level: str = "quick",
     console: Any | None = None,
     node: str = LOCAL_NODE,
+    only: str | None = None,
 ) -> dict[str, list[dict[str, str]]]:
     """The same probes on this machine, over testinfra's local connection (no SSH, no
     inventory), in this process's environment and with its privileges; results (and
-    progress) under ``node`` (the hostname, say), expectations under ``LOCAL_NODE`` or "*"."""
+    progress) under ``node`` (the hostname, say), expectations under ``LOCAL_NODE`` or "*".
+    ``only``: a marker expression (``check_groups``) choosing the probes."""
     return _run(["--hosts=local://"], [node], expectations, run_dir, level, console, {},
-                rename={LOCAL_NODE: node})
+                rename={LOCAL_NODE: node}, only=only)
+
+
+def probe_groups() -> list[str]:
+    """The probes' markers (gpu, driver, cuda, ...), as the probes' pytest.ini declares them."""
+    ini = configparser.ConfigParser()
+    ini.read(paths.probes_dir() / "pytest.ini")
+    lines = ini.get("pytest", "markers", fallback="").splitlines()
+    return sorted(line.split(":", 1)[0].strip() for line in lines if line.strip())
+
+
+def check_groups(expr: str) -> str:
+    """A marker expression over ``probe_groups`` (``gpu``, ``gpu and not containers``,
+    ``driver or cuda``), checked here so that a typo is one line and exit 2, not a pytest run
+    that selects nothing."""
+    tokens = re.findall(r"\(|\)|[^\s()]+", expr)
+    known = probe_groups()
+    pos = 0
+
+    def bad(why: str) -> BadInput:
+        return BadInput(f"--only {expr!r}: {why}; probe groups: {', '.join(known)} "
+                        "(combined with and, or, not, parentheses)")
+
+    def operand() -> None:
+        nonlocal pos
+        if pos < len(tokens) and tokens[pos] == "not":
+            pos += 1
+            operand()
+        elif pos < len(tokens) and tokens[pos] == "(":
+            pos += 1
+            either()
+            if pos >= len(tokens) or tokens[pos] != ")":
+                raise bad("unbalanced parentheses")
+            pos += 1
+        elif pos < len(tokens) and tokens[pos] in known:
+            pos += 1
+        else:
+            raise bad(f"unknown probe group '{tokens[pos]}'" if pos < len(tokens) else "incomplete")
+
+    def either() -> None:
+        nonlocal pos
+        operand()
+        while pos < len(tokens) and tokens[pos] in ("and", "or"):
+            pos += 1
+            operand()
+
+    either()
+    if pos != len(tokens):
+        raise bad(f"unexpected '{tokens[pos]}'")
+    return " ".join(tokens)
 
 
 def _run(
@@ -64,6 +117,7 @@ def _run(
     console: Any | None,
     extra_env: Mapping[str, str],
     rename: Mapping[str, str] | None = None,
+    only: str | None = None,
 ) -> dict[str, list[dict[str, str]]]:
     rename = rename or {}
     from rich.console import Console
@@ -87,8 +141,11 @@ def _run(
         "-q",
         "-rN",
     ]
+    chosen = [f"({check_groups(only)})"] if only else []
     if level != "full":
-        cmd += ["-m", "not full"]
+        chosen.append("not full")
+    if chosen:
+        cmd += ["-m", " and ".join(chosen)]
     # A fresh pytest session: nothing of an enclosing pytest or xdist run leaks into it.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(

@@ -40,7 +40,7 @@ def test_gpus_on_pci_bus(host, expect, report):
     if expect.gpus is None:
         pytest.skip(
             f"no expected GPU count for {expect.node} (found {found}); "
-            "give instance_type or gpus for it in the hosts file"
+            "give instance_type or gpus for it in the hosts file (verify --local: --type or --gpus)"
         )
     assert found == expect.gpus, (
         f"expected {expect.gpus} NVIDIA GPU(s) on the PCI bus "
