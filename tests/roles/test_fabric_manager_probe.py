@@ -40,6 +40,11 @@ class _Package:
 
 
 @dataclass
+class _File:
+    is_directory: bool
+
+
+@dataclass
 class _Service:
     is_enabled: bool
     is_running: bool
@@ -62,6 +67,10 @@ class FakeHost:
 
     def service(self, _name: str) -> _Service:
         return _Service(True, self.running)
+
+    def file(self, path: str) -> _File:
+        # A node run by systemd (the probe checks before it asks for the service).
+        return _File(path == "/run/systemd/system")
 
 
 @pytest.fixture
