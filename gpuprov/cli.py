@@ -15,6 +15,7 @@ import click
 from gpuprov import __version__, cli_output
 from gpuprov.cli_local import verify_options
 from gpuprov.cli_options import output_option, up_options
+from gpuprov.cli_stack import stack, types
 from gpuprov.errors import BadInput, GpuprovError
 
 
@@ -303,58 +304,8 @@ def inventory(name: str, output: str) -> int:
     return 0
 
 
-@cli.command()
-@click.option("--gpu", metavar="MODEL", help="Only types with this GPU (A100, H100, ...).")
-@click.option("--region", help="aws: the region whose EC2 facts to show (and --refresh).")
-@click.option("--refresh", is_flag=True, help="aws: read EC2's current GPU types (DescribeInstanceTypes) into the cache.")
-@output_option
-def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> int:
-    """List the instance types gpuprov knows (GPUs, arch, EFA, NVSwitch, price estimate).
-
-    Facts come from EC2's DescribeInstanceTypes where cached (every aws `up`
-    caches its type; --refresh reads all GPU types), and from gpuprov's
-    bundled table for what that API lacks (NVSwitch, compute capability, price)."""
-    from gpuprov import catalog
-
-    if refresh:
-        from gpuprov.providers.aws import refresh_catalog
-
-        count, region = refresh_catalog(region)
-        _console().say(f"cached {count} GPU instance type(s) of {region} from EC2")
-    found = catalog.by_gpu(gpu, region=region)
-    if gpu and not found:
-        known = sorted({t.gpu_model for t in catalog.all_types(region) if t.gpu_model})
-        raise BadInput(f"no instance type with GPU '{gpu}'; known GPUs: {', '.join(known)}")
-    rows = [t.row() for t in found]
-    if output == "json":
-        cli_output.emit_json(rows)
-    else:
-        cli_output.types_table(rows, catalog.price_date())
-    return 0
-
-
-@cli.command()
-@click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
-@click.option("--cuda", default="11.8", show_default=True, help="CUDA release.")
-@click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
-              "the newest supported long-term branch for the type).")
-@click.option("--kernel-module", type=click.Choice(["open", "proprietary"]), help="Default: from the GPU.")
-@click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]), default="nvidia",
-              show_default=True, help="Package source the nodes install from.")
-@output_option
-def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str | None, source: str,
-          output: str) -> int:
-    """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA."""
-    from gpuprov import stack as stack_mod
-
-    lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module)
-    cli_output.eol_warning(lock.as_dict())
-    data = lock.public()
-    if output == "json":
-        cli_output.emit_json(data)
-    else:
-        cli_output.stack_table(instance_type, data)
-    return 0
+cli.add_command(types)
+cli.add_command(stack)
 
 
 # -- entry point ---------------------------------------------------------------------------------
