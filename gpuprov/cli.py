@@ -191,6 +191,8 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 @click.argument("name")
 @click.option("--driver", metavar="VERSION|BRANCH", help="Move the driver to this branch or release "
               "(checked by the resolver; fabric manager follows).")
+@click.option("--kernel-module", type=click.Choice(["open", "proprietary"]),
+              help="Move the driver's kernel module flavour (old packages out, new ones in).")
 @click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
 @click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
 @click.option("--all", "all_", is_flag=True, help="Driver (the lock's branch pin), kernel and microcode.")
@@ -202,14 +204,15 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 @click.option("--mirror-url", metavar="URL", help="The package mirror (clusters with source mirror).")
 @click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
 @output_option
-def patch(name: str, driver: str | None, kernel: bool, microcode: bool, all_: bool, batch: int,
-          check: bool, drain: str | None, resume: str | None, no_reboot: bool, mirror_url: str | None,
-          mirror_key_fingerprint: str | None, output: str) -> int:
+def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
+          all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, no_reboot: bool,
+          mirror_url: str | None, mirror_key_fingerprint: str | None, output: str) -> int:
     """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates."""
     from gpuprov.core import patch as patching
 
-    req = patching.request(all_=all_, driver=driver, kernel=kernel, microcode=microcode, batch=batch,
-                           check=check, reboot=not no_reboot, drain=drain, resume=resume,
+    req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
+                           microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
+                           resume=resume,
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
     data = patching.patch(name, req, console=_console())
     if output == "json":

@@ -226,10 +226,6 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
     if branch not in branches:
         raise BadInput(f"gpuprov pins no release of driver branch {branch} "
                        f"(pinned: {', '.join(sorted(branches, key=int))})")
-    if "." in requested and requested != branches[branch]:
-        raise BadInput(f"driver {requested} is not the release gpuprov pins for branch {branch} "
-                       f"({branches[branch]}); ask for the branch ({branch}) instead")
-
     src = facts["sources"][source]
     allowed = src.get("branches")
     if allowed and branch not in allowed:
@@ -238,8 +234,17 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
             f"not {branch}; use --source nvidia or mirror"
         )
 
-    # 3. Kernel module flavour, from the GPUs' architecture.
+    # 3. Kernel module flavour, from the GPUs' architecture; a source may carry a flavour
+    # at another release of the branch (Debian 12's open module).
     module = _kernel_module(kernel_module, archs, gpus, branch, src, source)
+    pinned = src.get(f"releases_{module}", {}).get(branch, branches[branch])
+    if "." in requested and requested != pinned:
+        raise BadInput(f"driver {requested} is not the release gpuprov pins for branch {branch} "
+                       f"({pinned}, {module} kernel modules, source {source}); ask for the branch "
+                       f"({branch}) instead")
+    exact = pinned
+    if pinned != branches[branch]:
+        notes.append(src.get(f"{module}_note") or f"{module} kernel modules: driver {pinned}")
 
     # 4. Fabric manager: on NVSwitch systems, exactly the driver's version
     # (NVIDIA Fabric Manager user guide: "the versions must match", else

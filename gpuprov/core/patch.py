@@ -121,7 +121,8 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
             done = serialise(roll.result())
             store.finish_run(run_id, roll.ok, {
                 "batches": done["batches"], "hosts": done["hosts"], "lock": done["lock"],
-                "request": {"driver": req.driver if req.move_driver else None, "kernel": req.kernel,
+                "request": {"driver": req.driver if req.move_driver else None,
+                            "kernel_module": req.kernel_module, "kernel": req.kernel,
                             "microcode": req.microcode, "batch": req.batch, "check": req.check}})
             roll.say(f"  artifacts: {roll.run_dir}")
 
@@ -168,7 +169,7 @@ def plan(roll: Roll) -> list[str]:
     todo = []
     for host in list(roll.by_name):
         stats = planned.hosts.get(host, {})
-        hosts[host]["plan"] = moves = plan_of(reports.get(host, {}), roll.lock, roll.req)
+        hosts[host]["plan"] = moves = plan_of(reports.get(host, {}), roll.lock, roll.req, roll.old)
         if stats.get("unreachable"):
             # Lost between the check and the plan: left out like the others (the progress has
             # said so, in its one line).
@@ -298,7 +299,7 @@ def _sub(run_dir: Path, part: str) -> Path:
 def _what(req: Request, lock: dict[str, Any]) -> str:
     parts = []
     if req.move_driver:
-        parts.append(f"driver {lock['driver']}"
+        parts.append(f"driver {lock['driver']} ({lock.get('kernel_module') or 'proprietary'} kernel modules)"
                      + (f" + fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else ""))
     if req.kernel:
         parts.append("kernel")

@@ -26,6 +26,7 @@ class Request:
     """What to move; validated by ``request`` before anything is touched."""
 
     driver: str | None = None  # target branch or release; None: the lock's branch
+    kernel_module: str | None = None  # target flavour (open, proprietary); None: the lock's
     move_driver: bool = False
     kernel: bool = False
     microcode: bool = False
@@ -43,13 +44,16 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
     ``driver`` says otherwise), the kernel and microcode."""
     if all_:
         kw.update(kernel=True, microcode=True)
-    kw["move_driver"] = bool(kw.get("driver")) or all_
-    from gpuprov import validate
+    kw["move_driver"] = bool(kw.get("driver")) or bool(kw.get("kernel_module")) or all_
+    from gpuprov import drivers, validate
 
     validate.stack_options(kw)
     req = Request(**kw)
+    if req.kernel_module is not None and req.kernel_module not in drivers.KERNEL_MODULES:
+        raise BadInput(f"unknown kernel module '{req.kernel_module}'; choose open or proprietary")
     if not (req.move_driver or req.kernel or req.microcode):
-        raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel, --microcode or --all")
+        raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel-module, --kernel, "
+                       "--microcode or --all")
     if req.batch < 1:
         raise BadInput(f"--batch must be at least 1, not {req.batch}")
     for flag, hook in (("--drain", req.drain), ("--resume", req.resume)):
@@ -63,12 +67,13 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
     with it); microcode pins from the current stack data; everything else as it was."""
     from gpuprov import stack
 
-    # The kernel module flavour stays what the cluster runs (a lock from before flavours
-    # installed the proprietary one).
+    # The kernel module flavour moves only when asked (--kernel-module); else it stays what the
+    # cluster runs (a lock from before flavours installed the proprietary one).
     fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock["cuda"],
                                 driver=req.driver or lock["driver_branch"], source=lock["source"],
                                 label=lock.get("instance_type") or "unknown",
-                                kernel_module=lock.get("kernel_module") or "proprietary").as_dict()
+                                kernel_module=req.kernel_module or lock.get("kernel_module")
+                                or "proprietary").as_dict()
     if req.move_driver:
         moved = {k: fresh[k] for k in ("driver_branch", "driver", "fabricmanager", "kernel_module",
                                        "driver_branch_kind", "driver_eol") if k in fresh}
@@ -104,19 +109,18 @@ def host_reports(artifact_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request) -> list[str]:
-    """What would move on a node, read from its report of the check-mode run."""
+def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request,
+            old: dict[str, Any] | None = None) -> list[str]:
+    """What would move on a node, read from its report of the check-mode run: packages in
+    (the new lock's, at its release), packages out (the old lock's and NVIDIA release pins that
+    the new lock does not name), and for a driver move the reboot it needs (or why none)."""
     before: dict[str, str] = report.get("before") or {}
     plan = []
     if req.move_driver:
-        pattern = lock["packages"]["driver_version"]
-        names = list(lock["packages"]["driver"])
-        if lock.get("fabricmanager"):
-            names.append(lock["packages"]["fabricmanager"])
-        for name in names:
-            have = before.get(name)
-            if have is None or not fnmatch(have, pattern):
-                plan.append(f"{name} {have or 'not installed'} -> {pattern}")
+        driver_moves = _driver_plan(before, lock, old or {})
+        plan += driver_moves
+        if driver_moves and "container" in report:
+            plan.append(_reboot_plan(report))
     if req.kernel:
         plan += [f"{name} -> newest" for name in report.get("kernel_upgradable") or []]
     if req.microcode:
@@ -127,6 +131,39 @@ def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request) -> list[
         if package and (have is None or (pin and have != pin)):
             plan.append(f"{package} {have or 'not installed'} -> {pin or 'newest'}")
     return plan
+
+
+def top_packages(lock: dict[str, Any]) -> list[str]:
+    """The packages a lock installs by name: the release pin, the driver's, fabric manager."""
+    packages = lock.get("packages") or {}
+    names = [packages["pinning"]] if packages.get("pinning") else []
+    names += list(packages.get("driver") or [])
+    if lock.get("fabricmanager") and packages.get("fabricmanager"):
+        names.append(packages["fabricmanager"])
+    return names
+
+
+def _driver_plan(before: dict[str, str], lock: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    packages = lock["packages"]
+    targets = dict.fromkeys(top_packages(lock), packages["driver_version"])
+    if packages.get("pinning"):
+        targets[packages["pinning"]] = "installed"
+    moves = []
+    for name, target in targets.items():
+        have = before.get(name)
+        if have is None or (target != "installed" and not fnmatch(have, target)):
+            moves.append(f"{name} {have or 'not installed'} -> {target}")
+    leaving = [n for n in top_packages(old) if n not in targets]
+    leaving += [n for n in before if n.startswith("nvidia-driver-pinning-") and n not in targets]
+    return moves + [f"{name} {before[name]} -> removed" for name in dict.fromkeys(leaving) if name in before]
+
+
+def _reboot_plan(report: dict[str, Any]) -> str:
+    if report.get("container"):
+        return "reboot: none (container node: it shares the kernel of its host)"
+    if not int(report.get("gpus") or 0):
+        return "reboot: none (no NVIDIA GPU on the PCI bus: no module to load)"
+    return "reboot: only if the nvidia module cannot be reloaded (and reboots are allowed)"
 
 
 def moved_of(report: dict[str, Any]) -> list[str]:

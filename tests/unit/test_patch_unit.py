@@ -81,6 +81,63 @@ def test_plan_lists_what_would_move() -> None:
     assert patch.plan_of(converged, lock, patch.request(driver="535")) == []
 
 
+def test_kernel_module_alone_moves_the_driver_and_is_checked() -> None:
+    req = patch.request(kernel_module="open")
+    assert req.move_driver and req.driver is None and req.kernel_module == "open"
+    with pytest.raises(BadInput, match="unknown kernel module 'closed'"):
+        patch.request(kernel_module="closed")
+    # The resolver's flavour rules hold for a move too: Volta cannot take the open modules.
+    old = stack.resolve("p3.2xlarge", source="nvidia").as_dict()
+    with pytest.raises(BadInput, match="open kernel modules cannot drive V100"):
+        patch.new_lock(old, patch.request(kernel_module="open"))
+
+
+def test_branch_and_flavour_move_plan_lists_packages_in_out_and_the_reboot() -> None:
+    """R535 proprietary (NVIDIA's names, no release pin) to R580 open (release pin first, fabric
+    manager with it on an NVSwitch type): what goes, what comes, the reboot it needs."""
+    old = stack.resolve("p4d.24xlarge", source="nvidia", driver="535", kernel_module="proprietary").as_dict()
+    new = patch.new_lock(old, patch.request(driver="580", kernel_module="open"))
+    v580, v535 = new["driver"], old["driver"]
+    assert (new["kernel_module"], new["fabricmanager"]) == ("open", v580)
+    assert new["packages"]["pinning"] == f"nvidia-driver-pinning-{v580}"
+    before = {"nvidia-driver-535": f"{v535}-1", "nvidia-dkms-535": f"{v535}-1",
+              "nvidia-fabricmanager-535": f"{v535}-1", "libnvidia-compute-535": f"{v535}-1"}
+    report = {"before": before, "container": False, "gpus": 8}
+    plan = patch.plan_of(report, new, patch.request(driver="580", kernel_module="open"), old)
+    assert plan == [
+        f"nvidia-driver-pinning-{v580} not installed -> installed",
+        f"nvidia-driver-580-open not installed -> {v580}-*",
+        f"nvidia-dkms-580-open not installed -> {v580}-*",
+        f"nvidia-fabricmanager-580 not installed -> {v580}-*",
+        f"nvidia-driver-535 {v535}-1 -> removed",
+        f"nvidia-dkms-535 {v535}-1 -> removed",
+        f"nvidia-fabricmanager-535 {v535}-1 -> removed",
+        "reboot: only if the nvidia module cannot be reloaded (and reboots are allowed)",
+    ]
+    on_container = patch.plan_of({**report, "container": True}, new, patch.request(driver="580"), old)
+    assert on_container[-1] == "reboot: none (container node: it shares the kernel of its host)"
+    # A node already there: nothing to move, no reboot line.
+    there = {"before": {f"nvidia-driver-pinning-{v580}": "1.0", "nvidia-driver-580-open": f"{v580}-1",
+                        "nvidia-dkms-580-open": f"{v580}-1", "nvidia-fabricmanager-580": f"{v580}-1"},
+             "container": False, "gpus": 8}
+    assert patch.plan_of(there, new, patch.request(driver="580"), old) == []
+
+
+def test_debian_flavour_move_swaps_the_dkms_package() -> None:
+    old = stack.resolve("g5.xlarge", source="distro").as_dict()
+    new = patch.new_lock(old, patch.request(kernel_module="open"))
+    assert (new["driver"], new["kernel_module"]) == ("535.261.03", "open")
+    before = {"nvidia-driver": "535.309.01-0+deb12u1", "nvidia-kernel-dkms": "535.309.01-0+deb12u1",
+              "nvidia-smi": "535.309.01-0+deb12u1"}
+    plan = patch.plan_of({"before": before, "container": True, "gpus": 0}, new,
+                         patch.request(kernel_module="open"), old)
+    assert plan == ["nvidia-driver 535.309.01-0+deb12u1 -> 535.261.03-*",
+                    "nvidia-open-kernel-dkms not installed -> 535.261.03-*",
+                    "nvidia-smi 535.309.01-0+deb12u1 -> 535.261.03-*",
+                    "nvidia-kernel-dkms 535.309.01-0+deb12u1 -> removed",
+                    "reboot: none (container node: it shares the kernel of its host)"]
+
+
 def test_moved_and_regressions() -> None:
     assert patch.moved_of({"before": {"a": "1", "b": "1"}, "after": {"a": "2", "c": "1"}}) == [
         "a 1 -> 2", "c none -> 1", "b 1 -> removed"]
