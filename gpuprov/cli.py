@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from gpuprov import __version__, cli_output
+from gpuprov.cli_health import health
 from gpuprov.cli_local import verify_options
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_stack import stack, types
@@ -308,6 +309,7 @@ def inventory(name: str, output: str) -> int:
 
 
 cli.add_command(types)
+cli.add_command(health)
 cli.add_command(stack)
 
 

@@ -88,12 +88,28 @@ def status(name: str, data: StatusResult) -> None:
             + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
         )
     settings_table(data.settings)
+    health_line(name)
     table(
         "recent runs",
         ["id", "kind", "started", "ok", "artifacts"],
         [[r.id, r.kind, r.started, {True: "yes", False: "no", None: "running"}[r.ok], r.artifact_dir]
          for r in data.runs],
     )
+
+
+def health_line(name: str) -> None:
+    """The cluster's last `gpuprov health` run, in one line (none yet: says so)."""
+    from gpuprov.state import Store
+
+    run = next((r for r in Store().runs(name, limit=200) if r.kind == "health"), None)
+    if run is None:
+        click.echo(f"health: never checked (`gpuprov health {name}`)")
+        return
+    s = run.summary
+    verdict = {True: "ok", False: "FAILED", None: "running"}[run.ok]
+    failed = "; ".join(s.get("failed", [])[:3]) + (" ..." if len(s.get("failed", [])) > 3 else "")
+    click.echo(f"health ({s.get('level', '?')}, {run.finished or run.started}): {verdict}, {s.get('pass', 0)} "
+               f"pass, {s.get('fail', 0)} fail, {s.get('skip', 0)} skip" + (f"; failing: {failed}" if failed else ""))
 
 
 def patch_table(name: str, check: bool, data: PatchResult) -> None:

@@ -58,3 +58,13 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600,
         raise AssertionError(f"gpuprov {' '.join(args)} exited {proc.returncode}:\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """gpuprov's entry point in this process: (exit code, stdout, stderr)."""
+    from gpuprov.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err

@@ -245,6 +245,31 @@ class PatchResult:
     lock: LockMove
 
 
+# -- health ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HealthCheck:
+    """One check on one node (gpuprov.health). ``status``: pass | fail | skip."""
+
+    node: str
+    check: str
+    status: str
+    found: str
+    expected: str
+    action: str
+    reason: str | None = field(default=None, metadata={OPTIONAL: True})
+
+
+@dataclass(frozen=True)
+class HealthResult:
+    cluster: str
+    level: str
+    ok: bool
+    started: str
+    finished: str
+    checks: list[HealthCheck]
+    summary: VerifySummary
+
+
 # What each command prints with `--output json`: docs/json-output.md documents these.
 SHAPES: dict[str, Any] = {
     "up": UpResult,
@@ -254,4 +279,5 @@ SHAPES: dict[str, Any] = {
     "provision": ProvisionResult,
     "verify": VerifyResult,
     "patch": PatchResult,
+    "health": HealthResult,
 }

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.cli import main
 from gpuprov.core.local import read_pci_bus
 from gpuprov.probes.run import check_groups
-from tests.conftest import run_cli
+from tests.conftest import invoke, run_cli
 
 # The GPU probes that need a GPU to say anything (test_gpu.py): with none expected they skip.
 NEEDS_A_GPU = ["nvidia_smi_sees_gpus", "driver_version_persistence_and_model",
@@ -27,13 +26,6 @@ NEEDS_A_GPU = ["nvidia_smi_sees_gpus", "driver_version_persistence_and_model",
 # No probe that runs a container (it could pull a CUDA image): fast, and nothing downloaded.
 NO_CONTAINERS = "gpu and not containers and not images"
 GPUS_HERE = len(read_pci_bus()["gpu_device_ids"])
-
-
-def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def files_under(path: Path) -> list[Path]:

@@ -1,0 +1,163 @@
+"""Run the health checks: on a cluster's nodes over its pinned-host-key SSH (the same
+transport and keys as `verify`'s reachability check, gpuprov.ssh), or on this machine
+(--local, as `verify --local` resolves its expectations and lock)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gpuprov.core import Console, load, reachable_nodes, refresh, version_lock
+from gpuprov.core.results import HealthCheck, HealthResult, VerifySummary
+from gpuprov.errors import BadInput
+from gpuprov.health import BUILT_LEVELS, LEVELS, evaluate, gather
+from gpuprov.health.facts import Expect, Facts
+from gpuprov.providers import ClusterFiles
+from gpuprov.state import NodeRecord, Store, now
+
+if TYPE_CHECKING:
+    from gpuprov.core.local import LocalRequest
+
+# The longest one node's readings may take (nvidia-smi's own timeouts add up to 70 s).
+NODE_TIMEOUT_S = 90
+KIND = "health"
+
+
+def check_level(level: str) -> str:
+    if level not in LEVELS:
+        raise BadInput(f"--level {level}: one of {', '.join(LEVELS)}")
+    if level not in BUILT_LEVELS:
+        raise BadInput(f"--level {level} is not built yet (DCGM diagnostics and NCCL bandwidth floors); "
+                       "--level quick is")
+    return level
+
+
+def _ssh_command(node: NodeRecord, files: ClusterFiles) -> list[str]:
+    from gpuprov.ssh import node_key, ssh_options
+
+    return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", "-o", "ControlPath=none",
+            # Options end here: nothing after this is read as one, whatever it holds.
+            "--", f"{node.user}@{node.address}", gather.REMOTE_COMMAND]
+
+
+def read_node(node: NodeRecord, files: ClusterFiles) -> tuple[str | None, str]:
+    """(the script's output, None) or (None, why the node could not be read)."""
+    from gpuprov.ssh import check_ssh, node_key, ssh_error_line
+
+    # The same check as every command's (transient failures tried again, a key mismatch final).
+    why = check_ssh(node, node_key(node, files.key), files.known_hosts)
+    if why is not None:
+        return None, why
+    try:
+        proc = subprocess.run(_ssh_command(node, files), input=gather.script(), capture_output=True, text=True,
+                              timeout=NODE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"no answer within {NODE_TIMEOUT_S}s"
+    if proc.returncode == 255 or gather.MARK not in proc.stdout:
+        return None, ssh_error_line(proc.stderr, proc.returncode)
+    return proc.stdout, ""
+
+
+def unreachable(node: str, why: str) -> HealthCheck:
+    return HealthCheck(node=node, check="reachable", status="fail", found=f"unreachable: {why}",
+                       expected="the node answers SSH with its pinned host key",
+                       action="check the node is up (console, BMC, cloud status); reboot it if it does not answer")
+
+
+def summarise(rows: Sequence[HealthCheck]) -> VerifySummary:
+    return VerifySummary(pass_=sum(r.status == "pass" for r in rows), fail=sum(r.status == "fail" for r in rows),
+                         skip=sum(r.status == "skip" for r in rows))
+
+
+def progress(console: Console, node: str, rows: Sequence[HealthCheck], seconds: float) -> None:
+    s = summarise(rows)
+    console.say(f"  {node}: {s.pass_} pass, {s.fail} fail, {s.skip} skip ({seconds:.1f}s)")
+    for r in rows:
+        if r.status == "fail":
+            console.say(f"    FAIL {r.check}: {r.found} -> {r.action}")
+
+
+def cluster_health(name: str, *, console: Console, level: str = "quick", only: Sequence[str] = (),
+                   store: Store | None = None) -> HealthResult:
+    """The checks on every node of ``name`` (``only``: these nodes), in parallel; the run is
+    recorded in state (kind ``health``) with its summary and the nodes' raw readings."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuprov.ansible.runner import new_run_dir
+
+    check_level(level)
+    store = store or Store()
+    cluster = load(store, name)
+    provider, files, nodes = refresh(store, cluster)
+    unknown = sorted(set(only) - {n.name for n in nodes})
+    if unknown:
+        raise BadInput(f"--node {', '.join(unknown)}: not a node of '{name}' (nodes: "
+                       f"{', '.join(n.name for n in nodes) or 'none'})")
+    nodes = reachable_nodes(cluster, [n for n in nodes if not only or n.name in only])
+    lock = version_lock(store, cluster)
+    run_dir = new_run_dir(files, KIND)
+    started = now()
+    run_id = store.start_run(name, KIND, str(run_dir))
+    console.say(f"health {name}: {len(nodes)} node(s), level {level}")
+    rows: list[HealthCheck] = []
+    try:
+        def one(node: NodeRecord) -> list[HealthCheck]:
+            began = time.monotonic()
+            out, why = read_node(node, files)
+            if out is None:
+                found = [unreachable(node.name, why)]
+            else:
+                (run_dir / f"{node.name}.txt").write_text(out)
+                expect = Expect.of(provider.expectations(node), lock, f"gpuprov provision {name}")
+                found = evaluate(node.name, Facts(gather.split(out)), expect)
+            progress(console, node.name, found, time.monotonic() - began)
+            return found
+
+        with ThreadPoolExecutor(max_workers=min(len(nodes), 16)) as pool:
+            for found in pool.map(one, nodes):
+                rows.extend(found)
+    finally:
+        result = _result(name, level, started, rows)
+        store.finish_run(run_id, result.ok, _stored(result))
+    console.say(f"  raw readings: {run_dir}")
+    return result
+
+
+def _result(cluster: str, level: str, started: str, rows: list[HealthCheck]) -> HealthResult:
+    summary = summarise(rows)
+    return HealthResult(cluster=cluster, level=level, ok=bool(rows) and summary.fail == 0, started=started,
+                        finished=now(), checks=rows, summary=summary)
+
+
+def _stored(result: HealthResult) -> dict[str, object]:
+    """What state keeps of a run (`gpuprov status` shows it): counts and the failures."""
+    return {"level": result.level, "pass": result.summary.pass_, "fail": result.summary.fail,
+            "skip": result.summary.skip,
+            "failed": [f"{r.node}: {r.check} ({r.action})" for r in result.checks if r.status == "fail"]}
+
+
+def local_health(req: LocalRequest, *, console: Console, level: str = "quick") -> HealthResult:
+    """The checks on this machine (no cluster, no SSH, nothing recorded): what it should have
+    and its lock as `verify --local` resolves them (gpuprov.core.local.plan)."""
+    import os
+
+    from gpuprov.core import local
+
+    check_level(level)
+    p = local.plan(req)
+    if os.geteuid() != 0:
+        console.say(f"health --local: not running as root (uid {os.geteuid()}): the kernel log and some "
+                    "limits are root's; run it as root for the whole check")
+    console.say(f"health --local: {p.node}, expecting {p.expecting}")
+    console.say(f"  {local.lock_line(p.lock)}")
+    started, began = now(), time.monotonic()
+    proc = subprocess.run(["sh", "-s"], input=gather.script(), capture_output=True, text=True,
+                          timeout=NODE_TIMEOUT_S, check=False)
+    seen = {**p.expectation, "instance_type": req.instance_type}
+    expect = Expect.of(seen, p.lock, "gpuprov provision CLUSTER")
+    rows = evaluate(p.node, Facts(gather.split(proc.stdout)), expect)
+    progress(console, p.node, rows, time.monotonic() - began)
+    return _result(local.LOCAL, level, started, rows)

@@ -1,0 +1,95 @@
+"""`gpuprov health` end to end on two local nodes, through the real CLI: real containers,
+real SSH with the pinned host keys, the real gather script on each node. A container node
+has no GPU, no kernel log of its own and no EFA: those checks skip, each with its reason;
+what a container can be checked for (its GPU count against the catalog, memlock) is
+checked for real and its verdict compared with what the node says itself."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.e2e
+
+SKIP_ON_A_CONTAINER = {"gpu_answers", "driver", "fabricmanager", "nvlink", "ecc", "row_remap", "xid", "clocks",
+                       "temperature", "efa", "peermem"}
+
+
+@pytest.fixture(scope="module")
+def cluster(env):
+    name = f"health-{secrets.token_hex(3)}"
+    try:
+        run_cli("up", "--provider", "docker", "--count", "2", "--no-bootstrap", "--name", name, env=env,
+                check=True)
+        deadline = time.monotonic() + 60  # --no-bootstrap returns once the containers run
+        while run_cli("exec", name, "--", "true", env=env).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        yield name, [f"{name}-node-1", f"{name}-node-2"]
+    finally:
+        run_cli("down", name, "--yes", env=env)
+
+
+def test_health_checks_each_node_over_ssh_and_skips_what_a_container_cannot_have(env, cluster) -> None:
+    name, nodes = cluster
+    proc = run_cli("health", name, "-o", "json", env=env, timeout=180)
+    data = json.loads(proc.stdout)
+    assert proc.returncode == (1 if data["summary"]["fail"] else 0), proc.stderr
+    assert data["cluster"] == name and data["level"] == "quick"
+    by_node = {n: {r["check"]: r for r in data["checks"] if r["node"] == n} for n in nodes}
+    memlock_here = _memlock_on_nodes(env, name)
+    for node, rows in by_node.items():
+        assert len(rows) == 13, rows
+        for check in SKIP_ON_A_CONTAINER:
+            assert rows[check]["status"] == "skip" and rows[check]["reason"], rows[check]
+        assert "container node" in rows["xid"]["reason"]
+        assert rows["gpu_answers"]["reason"] == "container node: docker-node has no GPU (catalog: 0 GPUs)"
+        # What runs, runs for real: the node's PCI bus holds no GPU, as the catalog says.
+        assert rows["gpu_count"] == {**rows["gpu_count"], "status": "pass",
+                                     "found": "0 NVIDIA GPU(s) on the PCI bus"}
+        memlock = rows["memlock"]
+        if memlock["status"] != "skip":
+            assert (memlock["status"] == "pass") == (memlock_here[node] == ["unlimited", "unlimited"]), memlock
+            if memlock["status"] == "fail":
+                assert f"gpuprov provision {name} --tags rdma" in memlock["action"]
+        assert {r["status"] for r in rows.values()} <= {"pass", "fail", "skip"}
+    for node in nodes:
+        assert re.search(rf"{node}: \d+ pass, \d+ fail, \d+ skip", proc.stderr)
+
+
+def test_the_run_is_recorded_with_the_raw_readings_and_status_shows_it(env, cluster) -> None:
+    name, nodes = cluster
+    proc = run_cli("health", name, "--node", nodes[1], "-o", "json", env=env, timeout=120)
+    data = json.loads(proc.stdout)
+    assert {r["node"] for r in data["checks"]} == {nodes[1]}
+    status = run_cli("status", name, env=env, check=True)
+    verdict = "ok" if data["ok"] else "FAILED"
+    assert re.search(rf"health \(quick, [^)]+\): {verdict}, {data['summary']['pass']} pass", status.stdout)
+    runs = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"]
+    health = next(r for r in runs if r["kind"] == "health")
+    raw = Path(health["artifact_dir"]) / f"{nodes[1]}.txt"
+    assert "@@gpuprov-health pci" in raw.read_text()
+
+
+def test_an_unknown_node_is_one_line_and_exit_2(env, cluster) -> None:
+    name, _ = cluster
+    proc = run_cli("health", name, "--node", "nosuch", env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--node nosuch: not a node of" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def _memlock_on_nodes(env, name: str) -> dict[str, list[str]]:
+    """What each node says itself (gpuprov exec, the same SSH), for memlock in a user session."""
+    proc = run_cli("exec", name, "--", "sudo", "-n", "runuser", "-u", "nobody", "--", "sh", "-c",
+                   "ulimit -l; ulimit -Hl", env=env)
+    out: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        node, _, value = line.partition(" | ")
+        out.setdefault(node.strip(), []).append(value.strip())
+    return out

@@ -1,0 +1,135 @@
+"""gpuprov health's verdicts on recordings of real machines (tests/fixtures/recordings/):
+every check passes (or skips, with its reason) on the healthy H100 and H200, and each check
+fails, with the right action, on a copy of a recording edited to show one fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuprov.health import evaluate, gather
+from gpuprov.health.checks_gpu import ALERT_C
+from gpuprov.health.checks_state import thresholds
+from gpuprov.health.facts import Expect, Facts
+from gpuprov.health.gather import Section
+
+REC = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
+LOCK = {"driver": "580.159.04", "kernel_module": "open"}
+Q_FILES = ("q-ECC.txt", "q-ROW_REMAPPER.txt", "q-TEMPERATURE.txt", "q-PERFORMANCE.txt")
+# What the recordings do not hold (the capture machines were not gpuprov nodes): a node the
+# rdma role set up, as the gather script's commands print it.
+RDMA_SET = {"memlock_user": "unlimited\nunlimited", "memlock_pid1": "unlimited unlimited", "systemd": "no",
+            "modules_load": "nvidia-peermem", "lsmod": "nvidia_peermem\nnvidia_uvm\nnvidia", "infiniband": ""}
+
+
+def body(path: Path) -> str:
+    return gather.recorded(path.read_text())
+
+
+def sections(machine: str, swap: dict[str, Path]) -> dict[str, Section]:
+    """A node's sections from a machine's recordings; ``swap``: a section's recording
+    replaced by another file (an edited copy)."""
+    rec = REC / machine
+    files = {"pci": rec / "pci.txt", "smi_ids": rec / "query-ids.txt", "proc_version": rec / "proc-driver.txt",
+             "nvlink": rec / "nvlink-s.txt", "kernel_log": rec / "dmesg.txt"}
+    q = {name: rec / name for name in Q_FILES}
+    for key, path in swap.items():
+        if key in q:
+            q[key] = path
+        else:
+            files[key] = path
+    out = {k: Section(body(p) if p.exists() else "", 0) for k, p in files.items()}
+    out["smi_q"] = Section("\n".join(body(p) for p in q.values()), 0)
+    out |= {"uid": Section("0", 0), "container": Section("", 1), "kernel_log_source": Section("dmesg", 0)}
+    return out | {k: Section(v, 0) for k, v in RDMA_SET.items()}
+
+
+def verdicts(machine: str, model: str, swap: dict[str, Path] | None = None) -> dict[str, Any]:
+    expect = Expect(gpus=1, gpu_model=model, lock=LOCK)
+    return {c.check: c for c in evaluate("n1", Facts(sections(machine, swap or {})), expect)}
+
+
+@pytest.mark.parametrize(("machine", "model"), [("h100-sxm5-580", "H100"), ("h200-580", "H200")])
+def test_every_check_passes_or_skips_with_a_reason_on_a_healthy_machine(machine: str, model: str) -> None:
+    found = verdicts(machine, model)
+    assert {k for k, c in found.items() if c.status == "fail"} == set(), [c for c in found.values()]
+    skipped = {k: c.reason for k, c in found.items() if c.status == "skip"}
+    # One GPU in a VM: no NVSwitch, no NVLink peer, an untyped host has no EFA.
+    assert set(skipped) == {"fabricmanager", "nvlink", "efa"}
+    assert all(skipped.values())
+    assert found["gpu_answers"].found == f"1 GPU(s) answer: NVIDIA {model}" + (" 80GB HBM3" if model == "H100" else "")
+    assert found["driver"].found == "kernel module 580.159.04, nvidia-smi agrees"
+
+
+def test_the_real_temperature_report_gives_nvmls_slowdown_threshold() -> None:
+    """Driver 580 prints margins, not thresholds; NVML on the same machines says slowdown
+    89 °C (nvml.txt)."""
+    from gpuprov.health import parse
+
+    for machine, current in (("h100-sxm5-580", 33), ("h200-580", 40)):
+        tree = parse.smi_q(body(REC / machine / "q-TEMPERATURE.txt"))["00000000:00:06.0"]
+        assert thresholds(tree) == (current, 89)
+        assert "threshold slowdown: 89" in (REC / machine / "nvml.txt").read_text()
+    assert ALERT_C == 85
+
+
+EDITED = [
+    ("ecc", {"q-ECC.txt": "h100-sxm5-580-edited-ecc/q-ECC.txt"}, "2 uncorrectable volatile", "reset the GPU"),
+    ("row_remap", {"q-ROW_REMAPPER.txt": "h100-sxm5-580-edited-remap-pending/q-ROW_REMAPPER.txt"},
+     "Pending: Yes", "the remap takes effect at reset"),
+    ("row_remap", {"q-ROW_REMAPPER.txt": "h100-sxm5-580-edited-remap-failure/q-ROW_REMAPPER.txt"},
+     "Remapping Failure Occurred: Yes", "RMA: isolate the node"),
+    ("temperature", {"q-TEMPERATURE.txt": "h100-sxm5-580-edited-hot/q-TEMPERATURE.txt"},
+     "86 °C (limit 85 °C)", "check its cooling"),
+    ("clocks", {"q-PERFORMANCE.txt": "h100-sxm5-580-edited-hw-slowdown/q-PERFORMANCE.txt"},
+     "HW Slowdown, HW Thermal Slowdown", "check its cooling"),
+    ("clocks", {"q-PERFORMANCE.txt": "h100-sxm5-580-edited-power-brake/q-PERFORMANCE.txt"},
+     "HW Power Brake Slowdown", "power supplies"),
+    ("gpu_count", {"pci": "h100-sxm5-580-edited-gpu-gone/pci.txt"}, "0 NVIDIA GPU(s)", "RMA: isolate the node"),
+    ("gpu_answers", {"smi_ids": "h100-sxm5-580-edited-gpu-lost/query-ids.txt"},
+     "Unable to determine the device handle", "drain and reboot the node"),
+    ("driver", {"proc_version": "h100-proprietary-edited/proc-driver.txt"}, "kernel module 535.309.01",
+     "bring the driver to the lock"),
+    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-xid79.txt"}, "Xid 79 on 0000:00:06 x1",
+     "drain and reboot the node"),
+    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-xid63.txt"}, "Xid 63", "reset the GPU"),
+    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-xid64.txt"}, "Xid 64", "RMA: isolate the node"),
+    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-fallen-no-xid.txt"}, "(no Xid line)",
+     "drain and reboot the node"),
+]
+
+
+@pytest.mark.parametrize(("check", "swap", "found", "action"), EDITED, ids=lambda v: str(v)[:40])
+def test_each_check_fails_on_its_edited_recording_with_the_right_action(check, swap, found, action) -> None:
+    healthy = verdicts("h100-sxm5-580", "H100")
+    edited = verdicts("h100-sxm5-580", "H100", {k: REC / v for k, v in swap.items()})
+    assert healthy[check].status == "pass"
+    row = edited[check]
+    assert row.status == "fail", row
+    assert found in row.found and action in row.action, row
+    # One fault shows as one failed check (a GPU gone also leaves nothing to answer for).
+    failing = {k for k, c in edited.items() if c.status == "fail"}
+    assert failing == {check} or (check == "gpu_count" and failing <= {"gpu_count", "gpu_answers"})
+
+
+def test_a_contained_ecc_xid_is_watched_not_failed() -> None:
+    row = verdicts("h100-sxm5-580", "H100", {"kernel_log": REC / "h100-sxm5-580-edited-xid/dmesg-xid94.txt"})["xid"]
+    assert row.status == "pass" and "Xid 94 on 0000:00:06 x1 (contained ECC error: watch)" in row.found
+
+
+def test_nvlink_counts_links_against_the_catalog_on_a_published_output() -> None:
+    folder = REC / "a100-sxm4-edited-nvlink-inactive"
+    expect = Expect(instance_type="p4d.24xlarge", gpus=2, gpu_model="A100", nvswitch=True, lock=LOCK)
+    assert expect.nvlink_per_gpu == 12
+    from gpuprov.health.checks_gpu import nvlink
+
+    good = nvlink(Facts({"nvlink": Section(body(folder / "nvlink-s-published.txt"), 0)}), expect)
+    assert good.status == "pass" and good.found == "24 links up on 2 GPU(s)"
+    bad = nvlink(Facts({"nvlink": Section(body(folder / "nvlink-s.txt"), 0)}), expect)
+    assert bad.status == "fail" and "GPU 1: 11 up, links 3 inactive" in bad.found
+    assert "reset the GPUs" in bad.action
+    p5 = Expect(instance_type="p5.48xlarge", gpus=2, gpu_model="H100", nvswitch=True, lock=LOCK)
+    short = nvlink(Facts({"nvlink": Section(body(folder / "nvlink-s-published.txt"), 0)}), p5)
+    assert short.status == "fail" and "GPU 0: 12 up" in short.found and short.expected.startswith("18 NVLink")
