@@ -66,6 +66,7 @@ def up(
     rollback: bool | None,
     hosts_file: str | None,
     no_bootstrap: bool,
+    health: str,
     source: str | None,
     driver: str | None,
     kernel_module: str | None,
@@ -92,10 +93,12 @@ def up(
                        count=count or 0, region=region, image=image, ssh_cidr=ssh_cidr, spot=spot,
                        hosts_file=hosts_file, options=options)
     result = core.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
-                     confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback)
+                     confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback,
+                     health=health)
     cli_output.up_result(result, output)
     cli_output.eol_warning_of(spec.name)
-    return 1 if result.bootstrap is not None and not result.bootstrap.ok else 0
+    return 1 if (result.bootstrap is not None and not result.bootstrap.ok) or (
+        result.health is not None and not result.health.ok) else 0
 
 
 def _launch_confirmation(yes: bool) -> Callable[[Any], bool]:
@@ -204,10 +207,12 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 @click.option("--no-reboot", is_flag=True, help="Never reboot; report the reboots needed.")
 @click.option("--mirror-url", metavar="URL", help="The package mirror (clusters with source mirror).")
 @click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
+@click.option("--health", default="quick", show_default=True, metavar="off|quick", help="Health checks "
+              "before the first batch and after each: a check failing only after the patch stops the roll.")
 @output_option
 def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
           all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, no_reboot: bool,
-          mirror_url: str | None, mirror_key_fingerprint: str | None, output: str) -> int:
+          mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, output: str) -> int:
     """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates."""
     from gpuprov.core import patch as patching
 
@@ -215,7 +220,7 @@ def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool
                            microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
                            resume=resume,
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
-    data = patching.patch(name, req, console=_console())
+    data = patching.patch(name, req, console=_console(), health=health)
     if output == "json":
         cli_output.emit_json(data)
     else:

@@ -85,6 +85,9 @@ UP_OPTIONS = [
         is_flag=True,
         help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
     ),
+    click.option("--health", default="quick", show_default=True, metavar="off|quick|standard",
+        help="Health checks on the nodes once bootstrapped (as `gpuprov health`); exit 1 when one "
+        "fails. standard is not built yet. None with --no-bootstrap."),
     click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]),
         help="Package source for the NVIDIA stack (default: distro for docker, else nvidia)."),
     click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's)."),

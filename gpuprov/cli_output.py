@@ -59,6 +59,14 @@ def up_result(result: UpResult, output: str) -> None:
     table(f"cluster {result.cluster} ({result.provider})", NODE_COLUMNS, node_rows(result.nodes))
     if result.bootstrap is not None:
         provision_table(result.cluster, result.bootstrap)
+    if result.health is not None:
+        import dataclasses
+
+        from gpuprov.cli_health import health_table
+
+        # The counts, and the failing rows (`gpuprov health NAME` shows every row).
+        health_table(dataclasses.replace(result.health, checks=[
+            r for r in result.health.checks if r.status == "fail"]))
 
 
 def provision_table(cluster: str, data: ProvisionResult | Bootstrap) -> None:

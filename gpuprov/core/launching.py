@@ -1,4 +1,4 @@
-"""`up`: check, plan, launch, reach, bootstrap; each step a function of one run."""
+"""`up`: check, plan, launch, reach, bootstrap, health; each step a function of one run."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gpuprov.core import (
     Console,
     cluster_lock,
     files_for,
+    health_gate,
     load,
     phase_at_least,
     reporter,
@@ -43,6 +44,7 @@ class Run:
     files: ClusterFiles | None = None
     created_record: bool = False
     added: list[NodeRecord] = field(default_factory=list)
+    health: str = "quick"  # the health gate's level after the bootstrap (`--health`), or "off"
 
     @property
     def name(self) -> str:
@@ -62,6 +64,7 @@ def up(
     confirm: Callable[[Plan], bool] | None = None,
     name_generated: bool = False,
     rollback: bool | None = None,
+    health: str = "quick",
 ) -> UpResult:
     """Launch (or complete) a cluster and bootstrap it.
 
@@ -69,9 +72,14 @@ def up(
     terminate what this run launched. ``None`` means: on for a new cluster of a
     billable provider, off otherwise (free local nodes are kept to look at).
     Failures inside the provider's launch always undo what it made.
+
+    ``health``: the health checks' level once the bootstrap went through (``off``: none);
+    a failing check leaves the cluster as it is and the result not ok (exit 1).
     """
+    health = health_gate.level(health)
     provider, spec = checked(spec)
     run = prepare(spec, provider, store or Store(), console)
+    run.health = health
     if name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     show_plan(run.plan, run.lock, console, provider)
@@ -137,7 +145,7 @@ def launch_and_bootstrap(run: Run, bootstrap: bool) -> UpResult:
         run.console.say(f"{run.name}: {len(nodes)} node(s) reachable with pinned host keys "
                         "(--no-bootstrap: no playbooks)")
         return up_result(run, nodes)
-    return bootstrap_nodes(run, nodes)
+    return check_health(run, bootstrap_nodes(run, nodes))
 
 
 def up_result(run: Run, nodes: list[NodeRecord], bootstrap: Bootstrap | None = None) -> UpResult:
@@ -246,6 +254,19 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
         run.report("bootstrap failed and --rollback is on: removing what this run launched")
         nodes = rollback(run, nodes, whole=run.created_record)
     return up_result(run, nodes, Bootstrap.of(outcome))
+
+
+def check_health(run: Run, result: UpResult) -> UpResult:
+    """The health checks (``--health``) on the bootstrapped nodes, recorded as a health run
+    (`gpuprov status` shows it). Each failing check is named with its node and action."""
+    if run.health == health_gate.OFF or result.bootstrap is None or not result.bootstrap.ok or not result.nodes:
+        return result
+    from gpuprov.health.run import cluster_health
+
+    checked = cluster_health(run.name, console=run.console, level=run.health, store=run.store)
+    for row in health_gate.failures(checked.checks):
+        run.console.say(f"{run.name}: not ready: {row.node}: health {health_gate.line(row)}")
+    return dataclasses.replace(result, health=checked)
 
 
 def reach(store: Store, name: str, phase: str, *, reset: bool = False) -> None:

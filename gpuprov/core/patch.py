@@ -8,11 +8,13 @@ The roll, in order:
 2. Plan: ``playbooks/patch.yml`` in check mode on every node at once. A node
    with nothing to move is ``unchanged`` and is not drained. ``--check`` stops
    here and prints the plan.
-3. Baseline: the probes on the nodes to patch, against the lock they run now.
+3. Baseline: the probes and health checks on the nodes to patch, against the lock
+   they run now.
 4. Batch by batch (``--batch N``): drain hook, ``patch.yml`` on the batch (the
    kernel guard and the reboot decision are in the playbook), the probes
-   against the new lock, resume hook. A node whose play fails, or whose probes
-   fail where they passed before the patch, stops the roll: nodes already done
+   against the new lock, the health checks (``--health``, gpuprov.core.health_gate),
+   resume hook. A node whose play fails, or whose probes or health checks fail
+   where they did not fail before the patch, stops the roll: nodes already done
    stay done, the failing node is reported (and stays drained), nodes not yet
    started are not touched.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
+from gpuprov.core import health_gate
 from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-exported)
     REPORT_TASK,
     Request,
@@ -75,6 +78,7 @@ class Roll:
     down: dict[str, str] = field(default_factory=dict)
     batches: list[list[str]] = field(default_factory=list)
     ok: bool = False
+    health: str = "quick"  # the health gate's level (`--health`), or "off"
 
     def say(self, text: str) -> None:
         self.console.say(text)
@@ -85,17 +89,20 @@ class Roll:
                            lock=LockMove(from_=self.old.get("hash"), to=self.lock["hash"]))
 
 
-def patch(name: str, req: Request, *, console: Any, store: Store | None = None) -> PatchResult:
+def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
+          health: str = "quick") -> PatchResult:
     from gpuprov import core
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir
 
+    health = health_gate.level(health)
     store = store or Store()
     core.validate_name(name)
     cluster = core.load(store, name)
     old = core.version_lock(store, cluster)
     lock = new_lock(old, req)
-    roll = Roll(name, req, old, lock, patch_vars(core.playbook_vars(cluster, lock), req, lock), console)
+    roll = Roll(name, req, old, lock, patch_vars(core.playbook_vars(cluster, lock), req, lock), console,
+                health=health)
     with core.cluster_lock(name):
         provider, roll.files, nodes = core.refresh(store, cluster)
         nodes = core.reachable_nodes(cluster, nodes)
@@ -123,7 +130,8 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None) 
                 "batches": done["batches"], "hosts": done["hosts"], "lock": done["lock"],
                 "request": {"driver": req.driver if req.move_driver else None,
                             "kernel_module": req.kernel_module, "kernel": req.kernel,
-                            "microcode": req.microcode, "batch": req.batch, "check": req.check}})
+                            "microcode": req.microcode, "batch": req.batch, "check": req.check,
+                            "health": roll.health}})
             roll.say(f"  artifacts: {roll.run_dir}")
 
 
@@ -196,12 +204,13 @@ def plan(roll: Roll) -> list[str]:
 
 
 def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect: dict[str, Any]) -> bool:
-    """2. The baseline (the probes against the lock the nodes run now), then 3. batch by batch:
-    drain, patch, probe, resume. True when a node stopped the roll."""
+    """2. The baseline (the probes and health checks against the lock the nodes run now), then
+    3. batch by batch: drain, patch, probe and check, resume. True when a node stopped the roll."""
     from gpuprov.probes.run import run_probes
 
     baseline = run_probes(roll.files.inventory, roll.files.ansible_cfg, todo, old_expect,
                           _sub(roll.run_dir, "probes-before"), console=roll.console.rich) if todo else {}
+    well_before = check_health(roll, todo, old_expect, "health-before", "before the patch")
     for number, batch in enumerate(roll.batches, 1):
         roll.say(f"{roll.name}: batch {number}/{len(roll.batches)}: {', '.join(batch)}")
         ready = [host for host in batch if hook(roll, host, "drain")]
@@ -209,13 +218,10 @@ def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect
         if passed:
             after = run_probes(roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
                                _sub(roll.run_dir, f"probes-batch-{number}"), console=roll.console.rich)
+            well = check_health(roll, passed, new_expect, f"health-batch-{number}", f"after batch {number}")
             for host in passed:
-                broken = regressions(baseline.get(host, []), after.get(host, []))
-                state = roll.hosts[host]
-                if broken:
-                    state.update(status="failed", error=f"probes failed after the patch: {'; '.join(broken)}")
-                else:
-                    state["status"] = "patched" if state["changed"] else "unchanged"
+                judge(roll.hosts[host], regressions(baseline.get(host, []), after.get(host, [])),
+                      health_gate.new_failures(well_before.get(host, []), well.get(host, [])))
         if not all([finish(roll, host) for host in batch]):
             rest = [h for b in roll.batches[number:] for h in b]
             if rest:
@@ -223,6 +229,35 @@ def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect
             return True
     _settle(roll.hosts)
     return False
+
+
+def check_health(roll: Roll, hosts: list[str], expect: dict[str, Any], part: str,
+                 when: str) -> dict[str, list[Any]]:
+    """The health checks (``roll.health``) on ``hosts``, held to ``expect``'s lock (the probes'
+    expectations): {node: its rows}; raw readings under the roll's run (nothing else recorded).
+    Nothing with ``--health off``."""
+    if roll.health == health_gate.OFF or not hosts:
+        return {}
+    from gpuprov.health.facts import Expect
+    from gpuprov.health.run import check_nodes
+
+    roll.say(f"{roll.name}: health checks ({roll.health}) {when}: {', '.join(hosts)}")
+    expected = {h: Expect.of(expect[h], expect[h].get("stack"), f"gpuprov provision {roll.name}") for h in hosts}
+    rows = check_nodes([roll.by_name[h] for h in hosts], expected, roll.files, _sub(roll.run_dir, part),
+                       roll.console)
+    return health_gate.by_node(rows)
+
+
+def judge(state: dict[str, Any], broken: list[str], sick: list[Any]) -> None:
+    """A patched node's verdict: failed when a probe or a health check fails that did not fail
+    before the patch (the error names each: the probe and its detail, the check, what was
+    found and the action), else patched or unchanged."""
+    errors = ([f"probes failed after the patch: {'; '.join(broken)}"] if broken else []) + (
+        [f"health failed after the patch: {'; '.join(health_gate.line(r) for r in sick)}"] if sick else [])
+    if errors:
+        state.update(status="failed", error="; ".join(errors))
+    else:
+        state["status"] = "patched" if state["changed"] else "unchanged"
 
 
 def play(roll: Roll, number: int, ready: list[str]) -> list[str]:

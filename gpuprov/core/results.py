@@ -177,6 +177,8 @@ class UpResult:
     nodes: list[NodeRow]
     bootstrap: Bootstrap | None
     dry_run: bool | None = field(default=None, metadata={OPTIONAL: True})
+    # The health checks run after the bootstrap (`--health`); left out when none ran.
+    health: HealthResult | None = field(default=None, metadata={OPTIONAL: True})
 
 
 # -- verify ----------------------------------------------------------------------------------------

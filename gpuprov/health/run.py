@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuprov.core import Console, load, reachable_nodes, refresh, version_lock
@@ -84,8 +85,6 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
                    store: Store | None = None) -> HealthResult:
     """The checks on every node of ``name`` (``only``: these nodes), in parallel; the run is
     recorded in state (kind ``health``) with its summary and the nodes' raw readings."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from gpuprov.ansible.runner import new_run_dir
 
     check_level(level)
@@ -104,26 +103,35 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
     console.say(f"health {name}: {len(nodes)} node(s), level {level}")
     rows: list[HealthCheck] = []
     try:
-        def one(node: NodeRecord) -> list[HealthCheck]:
-            began = time.monotonic()
-            out, why = read_node(node, files)
-            if out is None:
-                found = [unreachable(node.name, why)]
-            else:
-                (run_dir / f"{node.name}.txt").write_text(out)
-                expect = Expect.of(provider.expectations(node), lock, f"gpuprov provision {name}")
-                found = evaluate(node.name, Facts(gather.split(out)), expect)
-            progress(console, node.name, found, time.monotonic() - began)
-            return found
-
-        with ThreadPoolExecutor(max_workers=min(len(nodes), 16)) as pool:
-            for found in pool.map(one, nodes):
-                rows.extend(found)
+        expected = {n.name: Expect.of(provider.expectations(n), lock, f"gpuprov provision {name}") for n in nodes}
+        rows.extend(check_nodes(nodes, expected, files, run_dir, console))
     finally:
         result = _result(name, level, started, rows)
         store.finish_run(run_id, result.ok, _stored(result))
     console.say(f"  raw readings: {run_dir}")
     return result
+
+
+def check_nodes(nodes: Sequence[NodeRecord], expected: Mapping[str, Expect], files: ClusterFiles,
+                run_dir: Path, console: Console) -> list[HealthCheck]:
+    """The checks on ``nodes`` in parallel (up to 16 at a time), each held to its ``expected``;
+    each node's raw readings kept in ``run_dir``. Records nothing in state (`patch`'s gate
+    keeps them in its own run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(node: NodeRecord) -> list[HealthCheck]:
+        began = time.monotonic()
+        out, why = read_node(node, files)
+        if out is None:
+            found = [unreachable(node.name, why)]
+        else:
+            (run_dir / f"{node.name}.txt").write_text(out)
+            found = evaluate(node.name, Facts(gather.split(out)), expected[node.name])
+        progress(console, node.name, found, time.monotonic() - began)
+        return found
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 16))) as pool:
+        return [row for found in pool.map(one, nodes) for row in found]
 
 
 def _result(cluster: str, level: str, started: str, rows: list[HealthCheck]) -> HealthResult:

@@ -84,6 +84,39 @@ def test_an_unknown_node_is_one_line_and_exit_2(env, cluster) -> None:
     assert "--node nosuch: not a node of" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_up_checks_health_before_it_reports_the_cluster_ready(env, cluster) -> None:
+    """`up` on a cluster whose bootstrap is done (recorded as a finished bootstrap leaves it:
+    a full bootstrap takes minutes, and `up` resumes nothing once it has run) runs the quick
+    level on every node over SSH, prints it in its JSON and records it; a failing check is
+    exit 1 with its node, check and action; `--health off` runs none."""
+    from gpuprov.state import Store
+
+    name, nodes = cluster
+    store = Store(Path(env["GPUPROV_HOME"]) / "state.db")
+    store.set_cluster_state(name, "bootstrapped")
+    began = time.monotonic()
+    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "--health", "quick", "-o", "json",
+                   env=env, timeout=300)
+    print(f"\nFIGURE up --health quick, 2 bootstrapped nodes: {time.monotonic() - began:.1f} s")
+    data = json.loads(proc.stdout)
+    assert data["bootstrap"]["resumed_from"] == "bootstrapped", proc.stderr
+    health = data["health"]
+    assert health["cluster"] == name and health["level"] == "quick"
+    assert sorted({r["node"] for r in health["checks"]}) == nodes and len(health["checks"]) == 26
+    failing = [r for r in health["checks"] if r["status"] == "fail"]
+    assert proc.returncode == (1 if failing else 0) and health["ok"] is not failing, proc.stderr
+    for r in failing:
+        assert f"{name}: not ready: {r['node']}: health {r['check']}: {r['found']} -> {r['action']}" in proc.stderr
+    runs = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"]
+    assert runs[0]["kind"] == "health" and runs[0]["ok"] is health["ok"]
+
+    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "--health", "off", "-o", "json",
+                   env=env, timeout=300)
+    assert proc.returncode == 0 and "health" not in json.loads(proc.stdout), proc.stderr
+    again = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"]
+    assert [r["id"] for r in again if r["kind"] == "health"] == [r["id"] for r in runs if r["kind"] == "health"]
+
+
 def _memlock_on_nodes(env, name: str) -> dict[str, list[str]]:
     """What each node says itself (gpuprov exec, the same SSH), for memlock in a user session."""
     proc = run_cli("exec", name, "--", "sudo", "-n", "runuser", "-u", "nobody", "--", "sh", "-c",

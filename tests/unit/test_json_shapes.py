@@ -172,8 +172,16 @@ def _built() -> dict[str, Any]:
              "n2": UNREACHED}
     provision = ProvisionResult(cluster="c", ok=False, hosts=stats, errors={"n2": "unreachable: refused"})
     settings = {"apt_proxy": Setting(value="http://10.0.0.5:3142", from_="GPUPROV_APT_PROXY")}
+    health = HealthResult(
+        cluster="c", level="quick", ok=False, started="2025", finished="2025",
+        checks=[HealthCheck(node="n1", check="ecc", status="fail", found="2 uncorrectable",
+                            expected="0", action="drain the node and reset the GPU"),
+                HealthCheck(node="n2", check="nvlink", status="skip", found="", expected="", action="",
+                            reason="no NVIDIA GPU on the PCI bus")],
+        summary=VerifySummary(pass_=0, fail=1, skip=1))
     return {
-        "up": UpResult(cluster="c", provider="aws", nodes=[node], bootstrap=Bootstrap.of(provision)),
+        "up": UpResult(cluster="c", provider="aws", nodes=[node], bootstrap=Bootstrap.of(provision),
+                       health=health),
         "list": [ClusterRow(name="c", provider="aws", nodes=1, created="2025-01-01T00:00:00+00:00",
                             state="bootstrapped (verify failed)")],
         "status": StatusResult(
@@ -182,13 +190,7 @@ def _built() -> dict[str, Any]:
             runs=[RunRow(id=1, kind="provision", started="2025", finished=None, ok=None,
                          artifact_dir="/x")]),
         "settings": SettingsResult(cluster="c", settings=settings, changed=["apt_proxy"]),
-        "health": HealthResult(
-            cluster="c", level="quick", ok=False, started="2025", finished="2025",
-            checks=[HealthCheck(node="n1", check="ecc", status="fail", found="2 uncorrectable",
-                                expected="0", action="drain the node and reset the GPU"),
-                    HealthCheck(node="n2", check="nvlink", status="skip", found="", expected="", action="",
-                                reason="no NVIDIA GPU on the PCI bus")],
-            summary=VerifySummary(pass_=0, fail=1, skip=1)),
+        "health": health,
         "provision": provision,
         "verify": VerifyResult(cluster="c", ok=False, hosts={"n1": [ProbeRow("gpu", "fail", "0 GPUs")]},
                                summary=VerifySummary(pass_=3, fail=1, skip=2)),
@@ -226,5 +228,5 @@ def test_keywords_and_absent_fields_serialise_as_documented() -> None:
     assert "nothing_to_move" not in patch["hosts"]["n1"]
     up = serialise(built["up"])
     assert "dry_run" not in up and "resumed_from" not in up["bootstrap"]
-    assert serialise(results.UpResult(cluster="c", provider="docker", nodes=[], bootstrap=None,
-                                      dry_run=True))["dry_run"] is True
+    dry = serialise(results.UpResult(cluster="c", provider="docker", nodes=[], bootstrap=None, dry_run=True))
+    assert dry["dry_run"] is True and "health" not in dry
