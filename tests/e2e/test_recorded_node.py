@@ -1,0 +1,238 @@
+"""gpuprov's unchanged probes and health checks on recorded-hardware nodes
+(tests/fixtures/recorded_node.py, a labelled FIXTURE): local nodes whose nvidia-smi, lspci,
+PCI bus (/sys/bus/pci/devices) and /proc/driver show the real H100 recorded in
+tests/fixtures/recordings/h100-sxm5-580/, or an edited copy of it showing one fault.
+
+The nodes are adopted the way a user adopts an existing machine: a static hosts file that
+declares `gpus: 1`, `up --provider static --driver 580 --no-bootstrap` (the model, H100,
+comes from the PCI bus the host shows). The recordings are installed when every node is the
+healthy H100, so all five share the lock of a 1 x H100 host (R580, open module); the edited
+copies are swapped in after `up`: a machine that broke after it was adopted.
+
+Nothing is bootstrapped (no playbook runs: the suite's time), so the probes of installed
+packages fail on every node for that reason; the test names each probe's outcome, and on the
+edited nodes exactly the probe that reads the edited file changes.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.fixtures import recorded_node
+
+pytestmark = pytest.mark.e2e
+
+BASE = "h100-sxm5-580"
+# Node name -> the edited copy served over the H100 recording (None: the recording as taken).
+NODES = {
+    "h100": None,
+    "h100-proprietary": "h100-proprietary-edited",
+    "h100-gpu-gone": "h100-sxm5-580-edited-gpu-gone",
+    "h100-nvswitch": "hgx-h100-edited",
+    "h100-gpu-lost": "h100-sxm5-580-edited-gpu-lost",
+}
+
+# The probes of the healthy H100 node, each with its outcome and a piece of its detail.
+HEALTHY = {
+    # What the real H100 passed (probes-gpu-lock580.jsonl), and the flavour probe written
+    # since, on /proc/driver/nvidia/version as recorded.
+    "gpus_on_pci_bus": ("pass", "1 NVIDIA GPU(s) on the PCI bus, as expected"),
+    "nvidia_smi_sees_gpus": ("pass", "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-de57134f"),
+    "driver_version_persistence_and_model": ("pass", "1 x NVIDIA H100 80GB HBM3, driver 580.159.04"),
+    "running_kernel_module_flavour_matches_the_lock": ("pass", "open kernel module 580.159.04 loaded"),
+    # Passed on the real H100, cannot pass here: a CUDA context needs libcuda.so.1 and a GPU,
+    # which no recording gives (the probe's python3 ends in OSError; the one-line detail
+    # keeps only the first line of the traceback).
+    "cuda_context_can_be_created": ("fail", "expected a CUDA context on GPU 0 (all CUresult 0), found:"),
+    # No NVSwitch on the recorded bus, no EFA on an untyped host: skips, as on the real H100.
+    "fabric_manager_matches_driver": ("skip", "no NVSwitch on this node's PCI bus"),
+    "efa_interfaces_match_the_catalog": ("skip", "has no EFA"),
+    # The node's container side, not the recording's.
+    "os_supported": ("pass", "debian 12"),
+    "dpkg_consistent": ("pass", "nothing to report"),
+    "kernel_headers_for_running_kernel": ("skip", "docker container: runs the host's kernel"),
+    "memlock_unlimited_for_users": ("skip", "container node: its engine caps memlock"),
+    "memlock_unlimited_for_services": ("skip", "container node: its engine caps memlock"),
+    "memlock_unlimited_in_containers": ("skip", "container node: its engine caps memlock"),
+    # The real H100 failed the three GPU probes of the container stack too (no Docker there).
+    # Here: no bootstrap, so no docker; and /sys/module/nvidia cannot be shown in a container
+    # without hiding the host's /sys/module (the node's modules are the host kernel's).
+    "docker_run_gpus_all_sees_the_gpus": ("fail", "docker: not found"),
+    "cuda_base_image_reports_the_locked_cuda": ("fail", "docker: not found"),
+    "cdi_spec_matches_the_driver": ("fail", "cat: /sys/module/nvidia/version: No such file"),
+    # No bootstrap: what the roles install is not there.
+    "driver_packages_match_the_lock": ("fail", "expected ['nvidia-dkms-580-open', 'nvidia-driver-580-open']"),
+    "gpu_packages_are_held": ("fail", "expected NVIDIA packages installed, found none"),
+    "dkms_module_flavour_matches_the_lock": ("fail", "expected at least one kernel with headers for DKMS"),
+    "dkms_module_for_every_kernel": ("fail", "expected at least one kernel with headers for DKMS"),
+    "nouveau_blacklisted": ("fail", "expected nouveau blacklisted"),
+    "unattended_upgrades_leave_gpu_packages": ("fail", "expected unattended-upgrades to skip"),
+    "gpu_fact_matches_pci_bus": ("fail", "expected an executable /etc/ansible/facts.d/gpu.fact"),
+    "nvcc_reports_the_locked_cuda": ("fail", "expected nvcc on a login shell's PATH, found none"),
+    "cuda_prefix_and_environment": ("fail", "expected /usr/local/cuda -> /usr/local/cuda-11.8"),
+    "cudnn_matches_the_lock": ("fail", "expected cudnn_version.h to say 8.9.6"),
+    "nccl_conf_has_the_expected_keys": ("fail", "expected /etc/nccl.conf"),
+    "rdma_userspace_present": ("fail", "expected rdma-core, ibverbs-utils, infiniband-diags installed"),
+    "nvidia_peermem_configured": ("fail", "expected nvidia-peermem in /etc/modules-load.d"),
+    "microcode_package_matches_the_pin": ("fail", "microcode installed"),
+    "microcode_loaded_early": ("fail", "UCODE_INITRAMFS=early"),
+    "microcode_running_revision_or_reboot_flagged": ("fail", "gpuprov_microcode.fact"),
+    "docker_active": ("fail", "expected the docker service active"),
+    "docker_lists_the_nvidia_runtime": ("fail", "docker: not found"),
+    "container_toolkit_matches_the_lock": ("fail", "expected ['nvidia-container-toolkit'"),
+    "daemon_json_keeps_the_keys_from_before": ("fail", "daemon.json.before-gpuprov"),
+    "base_images_present": ("fail", "expected the lock's images pulled by digest"),
+    "site_image_built_from_the_lock": ("fail", "expected the site image gpuprov/base:cuda11.8-"),
+}
+
+# Each edited node: exactly these probes differ from the healthy node, with these details.
+EDITED = {
+    "h100-proprietary": {
+        "running_kernel_module_flavour_matches_the_lock": (
+            "fail", "expected the open kernel module 580.159.04 running, found the proprietary module "
+            "535.309.01 (/proc/driver/nvidia/version)"),
+    },
+    "h100-gpu-gone": {
+        "gpus_on_pci_bus": ("fail", "expected 1 NVIDIA GPU(s) on the PCI bus (configured), found 0"),
+        # The peermem probe asks the bus first and skips on a bus without GPU (the failure
+        # above is the node's verdict).
+        "nvidia_peermem_configured": ("skip", "no NVIDIA GPU on this node's PCI bus"),
+    },
+    "h100-nvswitch": {
+        "fabric_manager_matches_driver": (
+            "fail", "expected a fabric manager in the lock: 4 NVSwitch(es) on this node's PCI bus, but the "
+            "lock (resolved for detected:1xH100) has no fabric manager"),
+    },
+    # nvidia-smi's CSV of ids does not answer for the GPU, but no probe reads that query:
+    # the probes see the healthy node; gpuprov health's gpu_answers check catches it.
+    "h100-gpu-lost": {},
+}
+
+
+def _docker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=False, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def cluster(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory):
+    """The static cluster of five recorded nodes: {node name: container id}."""
+    base, name = f"recb-{secrets.token_hex(3)}", f"rec-{secrets.token_hex(3)}"
+    try:
+        up = run_cli("up", "--provider", "docker", "--count", str(len(NODES)), "--name", base,
+                     "--no-bootstrap", "-o", "json", env=env, timeout=300)
+        assert up.returncode == 0, up.stderr
+        made = json.loads(up.stdout)["nodes"]
+        containers = {node: made[i]["id"] for i, node in enumerate(NODES)}
+        for cid in containers.values():
+            recorded_node.install(cid, BASE)
+        cdir = Path(env["GPUPROV_HOME"]) / "clusters" / base
+        lines = [f"known_hosts: {cdir / 'known_hosts'}", "user: gpuprov", f"key: {cdir / 'id_ed25519'}",
+                 "hosts:"]
+        for i, node in enumerate(NODES):
+            lines += [f"  - name: {node}", "    address: 127.0.0.1", f"    port: {made[i]['ssh_port']}",
+                      "    gpus: 1"]
+        hosts = tmp_path_factory.mktemp("recorded") / "hosts.yml"
+        hosts.write_text("\n".join(lines) + "\n")
+        adopt = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", name, "--driver", "580",
+                        "--no-bootstrap", "-o", "json", env=env)
+        assert adopt.returncode == 0, adopt.stderr
+        assert adopt.stderr.count("PCI bus: 1 NVIDIA GPU(s), 0 NVSwitch(es) -> detected:1xH100") == len(NODES)
+        for node, overlay in NODES.items():
+            if overlay:
+                served = recorded_node.install(containers[node], BASE, overlay)
+                assert served == f"{BASE} + {overlay}"
+        yield name, containers
+    finally:
+        run_cli("down", name, "--yes", env=env)
+        run_cli("down", base, "--yes", env=env)
+        ids = _docker("ps", "-aq", "--filter", f"label=gpuprov.cluster={base}").stdout.split()
+        if ids:
+            _docker("rm", "-f", "-v", *ids)
+
+
+@pytest.fixture(scope="module")
+def verified(cluster, env):
+    """`gpuprov verify NAME -o json`, once: {node: {probe: row}}."""
+    name, _ = cluster
+    proc = run_cli("verify", name, "-o", "json", env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr  # the nodes are not bootstrapped: probes fail
+    hosts = json.loads(proc.stdout)["hosts"]
+    return {h: {r["probe"]: r for r in rows} for h, rows in hosts.items()}
+
+
+def _outcomes(rows: dict[str, dict[str, str]]) -> dict[str, str]:
+    return {p: r["status"] for p, r in rows.items()}
+
+
+def test_the_lock_is_r580_open_for_the_declared_h100(cluster, env) -> None:
+    status = json.loads(run_cli("status", cluster[0], "-o", "json", env=env, check=True).stdout)
+    lock = status["stack"]
+    assert (lock["instance_type"], lock["driver"], lock["kernel_module"], lock["fabricmanager"]) == (
+        "detected:1xH100", "580.159.04", "open", None), lock
+
+
+def test_the_healthy_recording_passes_what_the_real_h100_passed(verified) -> None:
+    rows = verified["h100"]
+    assert _outcomes(rows) == {p: s for p, (s, _) in HEALTHY.items()}, {
+        p: (r["status"], r["detail"][:120]) for p, r in rows.items()}
+    for probe, (_, detail) in HEALTHY.items():
+        assert detail in rows[probe]["detail"], (probe, rows[probe]["detail"])
+    # The real machine's own run (gpuprov's probes with a 580 lock, on the H100 itself): every
+    # probe it passed passes here with the very same detail, but the CUDA context (above).
+    real = [json.loads(line) for line in
+            (recorded_node.RECORDINGS / BASE / "probes-gpu-lock580.jsonl").read_text().splitlines()]
+    passed = {r["probe"]: r["detail"] for r in real if r["status"] == "pass"}
+    assert set(passed) == {"gpus_on_pci_bus", "nvidia_smi_sees_gpus", "driver_version_persistence_and_model",
+                           "cuda_context_can_be_created"}
+    for probe, detail in passed.items():
+        if probe != "cuda_context_can_be_created":
+            assert rows[probe] == {"probe": probe, "status": "pass", "detail": detail}
+
+
+@pytest.mark.parametrize("node", [n for n in NODES if NODES[n]])
+def test_an_edited_recording_fails_exactly_its_probe(verified, node: str) -> None:
+    healthy, rows = verified["h100"], verified[node]
+    changed = {p: (r["status"], r["detail"]) for p, r in rows.items()
+               if (r["status"], r["detail"]) != (healthy[p]["status"], healthy[p]["detail"])}
+    assert set(changed) == set(EDITED[node]) and set(rows) == set(healthy), changed
+    for probe, (status, detail) in EDITED[node].items():
+        assert changed[probe][0] == status and detail in changed[probe][1], (probe, changed[probe])
+
+
+def test_health_runs_its_gpu_checks_on_the_recordings(cluster, env) -> None:
+    proc = run_cli("health", cluster[0], "-o", "json", env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    checks: dict[str, dict[str, dict[str, str]]] = {}
+    for c in json.loads(proc.stdout)["checks"]:
+        checks.setdefault(c["node"], {})[c["check"]] = c
+    healthy = checks["h100"]
+    # The GPU checks run on the recorded outputs and pass; the node's kernel log is the host's
+    # (container: xid skips), and peermem fails for the missing bootstrap.
+    for check in ("gpu_count", "gpu_answers", "driver", "ecc", "row_remap", "clocks", "temperature"):
+        assert healthy[check]["status"] == "pass", healthy[check]
+    assert healthy["gpu_answers"]["found"] == "1 GPU(s) answer: NVIDIA H100 80GB HBM3"
+    assert healthy["temperature"]["found"] == "hottest GPU 33 °C"
+    assert healthy["xid"]["status"] == "skip" and "container node" in healthy["xid"]["reason"]
+    assert {k for k, c in healthy.items() if c["status"] == "fail"} == {"peermem"}
+    failing = {n: sorted(k for k, c in cs.items() if c["status"] == "fail" and k != "peermem")
+               for n, cs in checks.items()}
+    assert failing == {"h100": [], "h100-proprietary": ["driver"], "h100-gpu-gone": ["gpu_count"],
+                       "h100-nvswitch": ["fabricmanager"], "h100-gpu-lost": ["gpu_answers"]}, failing
+    lost = checks["h100-gpu-lost"]["gpu_answers"]
+    assert "Unable to determine the device handle for GPU0000:00:06.0" in lost["found"], lost
+
+
+def test_a_command_without_a_recording_fails_loudly(cluster) -> None:
+    cid = cluster[1]["h100"]
+    proc = _docker("exec", cid, "nvidia-smi", "topo", "-m", "-i", "0")
+    assert proc.returncode == recorded_node.UNANSWERED and not proc.stdout, proc
+    assert proc.stderr.startswith(f"FIXTURE nvidia-smi (recording {BASE}): no recording of "
+                                  "`nvidia-smi topo -m -i 0`"), proc.stderr
+    again = _docker("exec", cid, "nvidia-smi", "-L")
+    assert again.returncode == 0 and again.stdout.startswith("GPU 0: NVIDIA H100 80GB HBM3"), again
