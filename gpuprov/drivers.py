@@ -170,10 +170,6 @@ def _kernel_module(requested: str | None, archs: list[str], gpus: list[str], bra
                            f"{', '.join(needs_open)} needs the open modules ({KERNEL_MODULE_DOC})")
     elif requested is not None:
         choice = requested
-    elif src.get("default_kernel_module"):
-        # The flavour a source supports best (Debian 12: the proprietary one has the security
-        # update), where the GPUs take either.
-        choice = src["default_kernel_module"]
     elif archs:
         choice = "open"
     else:

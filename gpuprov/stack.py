@@ -234,17 +234,17 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
             f"not {branch}; use --source nvidia or mirror"
         )
 
-    # 3. Kernel module flavour, from the GPUs' architecture; a source may carry a flavour
-    # at another release of the branch (Debian 12's open module).
+    # 3. Kernel module flavour, from the GPUs' architecture.
     module = _kernel_module(kernel_module, archs, gpus, branch, src, source)
-    pinned = src.get(f"releases_{module}", {}).get(branch, branches[branch])
-    if "." in requested and requested != pinned:
+    earlier = src.get("earlier_releases", {}).get(branch, [])
+    if "." in requested and requested != branches[branch] and requested not in earlier:
         raise BadInput(f"driver {requested} is not the release gpuprov pins for branch {branch} "
-                       f"({pinned}, {module} kernel modules, source {source}); ask for the branch "
-                       f"({branch}) instead")
-    exact = pinned
-    if pinned != branches[branch]:
-        notes.append(src.get(f"{module}_note") or f"{module} kernel modules: driver {pinned}")
+                       f"({', '.join([branches[branch], *earlier])} with source {source}); ask for "
+                       f"the branch ({branch}) instead")
+    if requested in earlier:
+        exact = requested
+        notes.append(f"driver {requested}: an earlier release than branch {branch}'s pin "
+                     f"{branches[branch]} (a rollback: it lacks the pin's fixes)")
 
     # 4. Fabric manager: on NVSwitch systems, exactly the driver's version
     # (NVIDIA Fabric Manager user guide: "the versions must match", else

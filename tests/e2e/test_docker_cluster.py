@@ -392,6 +392,57 @@ def test_down_finds_nodes_whose_state_was_lost(env, tmp_path) -> None:
         _cleanup_labels(name)
 
 
+def _node_sh(node: str, command: str) -> str:
+    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(["docker", "exec", cid, "sh", "-c", command], capture_output=True, text=True,
+                          check=False).stdout
+
+
+def test_patch_moves_the_driver_between_two_real_package_sets(cluster, env) -> None:
+    """A running cluster moves by `gpuprov patch` between two real driver package sets, and
+    verifies after. Debian 12 carries the proprietary R535 driver at two releases that both
+    build against its kernel: 535.309.01 (bookworm-security, the pin) and 535.261.03
+    (bookworm, gpuprov's checked earlier release); the cluster rolls back to 535.261.03: the
+    whole driver (33 packages) goes down, DKMS builds the module again, the release pin and
+    the holds move. (Debian's open flavour cannot be the pair: its only module, 535.261.03,
+    does not build against bookworm's kernel; gpuprov/data/stack.toml.) Both nodes in one
+    batch: the batch mechanics are proven in test_patch_e2e.py."""
+    name, data, _ = cluster
+    nodes = [n["name"] for n in data["nodes"]]
+    versions = "dpkg-query -W -f='${Package}=${Version} ' nvidia-driver nvidia-kernel-dkms libcuda1"
+    before = {n: _node_sh(n, versions) for n in nodes}
+    assert all("nvidia-driver=535.309.01" in v for v in before.values()), before
+
+    proc = run_cli("patch", name, "--driver", "535.261.03", "--check", "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    for node in nodes:
+        assert "nvidia-kernel-dkms 535.309.01-0+deb12u1 -> 535.261.03-*" in plan["hosts"][node]["plan"], plan
+        assert "reboot: none (container node: it shares the kernel of its host)" in plan["hosts"][node]["plan"]
+        assert _node_sh(node, versions) == before[node]
+
+    proc = run_cli("patch", name, "--driver", "535.261.03", "--batch", "2", "-o", "json", env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["ok"] and result["batches"] == [nodes], result
+    for node in nodes:
+        assert result["hosts"][node]["status"] == "patched", result["hosts"][node]
+        assert _node_sh(node, versions).split() == [
+            "nvidia-driver=535.261.03-1", "nvidia-kernel-dkms=535.261.03-1", "libcuda1=535.261.03-1"]
+        dkms = _node_sh(node, "dkms status")
+        assert "nvidia-current/535.261.03" in dkms and "535.309.01" not in dkms, dkms
+        assert "Pin: version 535.261.03-*" in _node_sh(node, "cat /etc/apt/preferences.d/gpuprov-nvidia-driver.pref")
+        assert {"nvidia-driver", "nvidia-kernel-dkms", "libcuda1"} <= set(_node_sh(node, "apt-mark showhold").split())
+    assert json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]["driver"] == "535.261.03"
+    proc = run_cli("verify", name, "-o", "json", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for probes in json.loads(proc.stdout)["hosts"].values():
+        by_name = {p["probe"]: p for p in probes}
+        assert by_name["dkms_module_for_every_kernel"]["status"] == "pass"
+        assert "535.261.03" in by_name["dkms_module_for_every_kernel"]["detail"]
+
+
 def test_down_removes_containers_and_volumes(cluster, env) -> None:
     name, _, _ = cluster
     assert _labelled(name)[0]

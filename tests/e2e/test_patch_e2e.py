@@ -7,7 +7,7 @@ The nodes start as a fleet the previous gpuprov release built: driver 535.288.01
 tests run in file order: --check changes nothing; a roll stopped by a broken
 node (first node patched, failing node reported, third untouched); the roll
 completed; a no-op patch; the kernel guard refusing a node whose next kernel
-has no NVIDIA module.
+has no NVIDIA module. Between the last two: the branch and flavour move to R580 open.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.fixtures import patchrepo
 
 pytestmark = pytest.mark.e2e
 
-OLD, NEW = patchrepo.DRIVERS
+OLD, NEW, R580 = patchrepo.DRIVERS
 PACKAGES = "nvidia-driver-535 nvidia-dkms-535 linux-headers-amd64"
 
 
@@ -179,6 +179,34 @@ def test_a_noop_patch_changes_nothing(env, repo, fleet):
     assert data["ok"] and data["batches"] == []
     assert {h["status"] for h in data["hosts"].values()} == {"unchanged"}
     assert {n: state(n) for n in nodes} == before
+
+
+def test_branch_and_flavour_move(env, repo, fleet):
+    """`patch --driver 580 --kernel-module open`: the plan names what comes (NVIDIA's release pin,
+    the open flavour's packages) and what goes (the R535 packages), then the roll does it; the
+    lock records branch, release and flavour."""
+    name, nodes = fleet
+    before = {n: state(n) for n in nodes}
+    proc, data, _ = patch(env, repo, name, "--driver", "580", "--kernel-module", "open", "--check")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for n in nodes:
+        assert data["hosts"][n]["plan"] == [
+            f"nvidia-driver-pinning-{R580} not installed -> installed",
+            f"nvidia-driver-580-open not installed -> {R580}-*",
+            f"nvidia-dkms-580-open not installed -> {R580}-*",
+            f"nvidia-driver-535 {NEW}-1 -> removed",
+            f"nvidia-dkms-535 {NEW}-1 -> removed",
+            "reboot: none (container node: it shares the kernel of its host)"], data["hosts"][n]
+    assert {n: state(n) for n in nodes} == before
+    proc, data, _ = patch(env, repo, name, "--driver", "580", "--kernel-module", "open", "--batch", "3")
+    assert proc.returncode == 0 and data["ok"], proc.stderr[-3000:]
+    for n in nodes:
+        assert data["hosts"][n]["status"] == "patched"
+        assert sh(n, "dpkg-query -W -f='${db:Status-Abbrev}${Package}\\n' 'nvidia-*' | awk '/^.i/ { print $2 }'"
+                  ).split() == ["nvidia-dkms-580-open", "nvidia-driver-580-open", f"nvidia-driver-pinning-{R580}"]
+        assert {"nvidia-driver-580-open", "nvidia-dkms-580-open"} <= set(sh(n, "apt-mark showhold").split())
+    lock = json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]
+    assert (lock["driver_branch"], lock["driver"], lock["kernel_module"]) == ("580", R580, "open")
 
 
 def test_kernel_guard_refuses_a_next_kernel_without_module(env, repo, fleet):

@@ -26,6 +26,10 @@ pytestmark = pytest.mark.e2e
 # The lock of source nvidia (package names and versions as NVIDIA's repository has them).
 NVIDIA_LOCK = stack.resolve("p4d.24xlarge", source="nvidia").as_dict()
 
+# NVIDIA's R580 release gpuprov pins (its repository's packages from the 570 series on name a
+# release pinning package).
+R580 = stack.data()["driver"]["branches"]["580"]
+
 # The recorded NVSwitch bus inside the node, read by gpuprov_base instead of sysfs.
 FIXTURE_PCI = "/opt/gpuprov-fixture-pci"
 
@@ -33,7 +37,7 @@ FIXTURE_PCI = "/opt/gpuprov-fixture-pci"
 def repos():
     from gpuprov.providers.docker import bridge_gateway
 
-    r = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01"])
+    r = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01", R580])
     yield r
     r.close()
 
@@ -53,14 +57,16 @@ def node(env):
     run_cli("down", name, "--yes", env=env)
 
 
-def driver_roles(url: str, fingerprint: str, version: str, key_url: str = "") -> list[dict]:
+def driver_roles(url: str, fingerprint: str, version: str, key_url: str = "",
+                 packages: list[str] | None = None, pinning: str = "") -> list[dict]:
     return [
         {"role": "nvidia_driver", "vars": {
             "nvidia_driver_source": "mirror", "nvidia_driver_mirror_url": url,
             "nvidia_driver_mirror_key_url": key_url or f"{url}repo.key",
             "nvidia_driver_mirror_key_fingerprint": fingerprint,
             "nvidia_driver_version": version,
-            "nvidia_driver_packages": ["nvidia-driver-535", "nvidia-dkms-535"],
+            "nvidia_driver_packages": packages or ["nvidia-driver-535", "nvidia-dkms-535"],
+            "nvidia_driver_pinning_package": pinning,
             "nvidia_driver_package_version": f"{version}-*"}},
         {"role": "nvidia_fabricmanager", "vars": {
             "nvidia_fabricmanager_package": f"nvidia-fabricmanager-{version.split('.')[0]}",
@@ -220,3 +226,31 @@ def test_container_toolkit_repository_keyring_holds_only_the_pinned_key(env, rep
     rc, _, msgs = play(env, cdir, tmp_path, [], tasks)
     assert rc != 0 and "refusing to trust" in msgs, msgs
     assert not primary_keys(cdir, name, keyring)
+
+
+def test_branch_and_flavour_move_replaces_the_old_packages(env, repos, node, tmp_path) -> None:
+    """R535 proprietary to R580 open, NVIDIA's package names (fixture payloads): NVIDIA's release
+    pin goes in first, the driver packages swap in one apt transaction, the old branch's DKMS
+    package (which does not conflict with the new one) and fabric manager go out with their
+    holds, the new ones are held and apt's pin moves to the new release; a second run changes
+    nothing. Last in the file: it leaves the node on R580."""
+    name, cdir = node
+    rc, _, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI,
+                       roles=driver_roles(repos.good_url, repos.fingerprint, "535.309.01"))
+    assert rc == 0, msgs
+    new = driver_roles(repos.good_url, repos.fingerprint, R580, packages=["nvidia-driver-580-open", "nvidia-dkms-580-open"],
+                       pinning=f"nvidia-driver-pinning-{R580}")
+    rc, stats, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=new)
+    assert rc == 0 and stats["failures"] == 0, msgs
+    installed = sh(cdir, name, "dpkg-query -W -f='${db:Status-Abbrev}${Package}=${Version}\\n' 'nvidia-*' "
+                               "| awk '/^.i/ { print $2 }'").split()
+    assert sorted(installed) == sorted([f"nvidia-driver-580-open={R580}-1", f"nvidia-dkms-580-open={R580}-1",
+                                        f"nvidia-fabricmanager-580={R580}-1", f"nvidia-driver-pinning-{R580}=1.0"])
+    held = set(sh(cdir, name, "apt-mark showhold").split())
+    assert {"nvidia-driver-580-open", "nvidia-dkms-580-open", "nvidia-fabricmanager-580"} <= held
+    assert not {h for h in held if "535" in h}, held
+    assert f"Pin: version {R580}-*" in sh(cdir, name, "cat /etc/apt/preferences.d/gpuprov-nvidia-driver.pref")
+    record = sh(cdir, name, "cat /var/lib/gpuprov/nvidia_driver.json")
+    assert f'"lock_packages": ["nvidia-driver-pinning-{R580}", "nvidia-driver-580-open", "nvidia-dkms-580-open"]' in record
+    rc, stats, msgs = play(env, cdir, tmp_path, pci=FIXTURE_PCI, roles=new)
+    assert rc == 0 and stats["changed"] == 0, (stats, msgs)

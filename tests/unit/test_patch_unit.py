@@ -123,19 +123,16 @@ def test_branch_and_flavour_move_plan_lists_packages_in_out_and_the_reboot() -> 
     assert patch.plan_of(there, new, patch.request(driver="580"), old) == []
 
 
-def test_debian_flavour_move_swaps_the_dkms_package() -> None:
+def test_debian_rollback_plan_lists_the_earlier_release() -> None:
     old = stack.resolve("g5.xlarge", source="distro").as_dict()
-    new = patch.new_lock(old, patch.request(kernel_module="open"))
-    assert (new["driver"], new["kernel_module"]) == ("535.261.03", "open")
+    new = patch.new_lock(old, patch.request(driver="535.261.03"))
+    assert (new["driver"], new["kernel_module"]) == ("535.261.03", "proprietary")
     before = {"nvidia-driver": "535.309.01-0+deb12u1", "nvidia-kernel-dkms": "535.309.01-0+deb12u1",
               "nvidia-smi": "535.309.01-0+deb12u1"}
     plan = patch.plan_of({"before": before, "container": True, "gpus": 0}, new,
-                         patch.request(kernel_module="open"), old)
-    assert plan == ["nvidia-driver 535.309.01-0+deb12u1 -> 535.261.03-*",
-                    "nvidia-open-kernel-dkms not installed -> 535.261.03-*",
-                    "nvidia-smi 535.309.01-0+deb12u1 -> 535.261.03-*",
-                    "nvidia-kernel-dkms 535.309.01-0+deb12u1 -> removed",
-                    "reboot: none (container node: it shares the kernel of its host)"]
+                         patch.request(driver="535.261.03"), old)
+    assert plan == [f"{name} 535.309.01-0+deb12u1 -> 535.261.03-*" for name in before] + [
+        "reboot: none (container node: it shares the kernel of its host)"]
 
 
 def test_moved_and_regressions() -> None:
