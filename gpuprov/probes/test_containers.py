@@ -185,7 +185,12 @@ def test_cuda_base_image_reports_the_locked_cuda(host, expect, report):
 @pytest.mark.gpu
 def test_cdi_spec_matches_the_driver(host, expect, report):
     _gpus_expected(host, expect)
-    driver = host.file("/sys/module/nvidia/version").content_string.strip()
+    module = host.file("/sys/module/nvidia/version")
+    assert module.exists, (
+        f"expected the nvidia module loaded (driver {expect.lock()['driver']}) for the CDI spec to "
+        "name, found none (/sys/module/nvidia/version)"
+    )
+    driver = module.content_string.strip()
     spec = host.file("/etc/cdi/nvidia.yaml")
     assert spec.exists, "expected the CDI spec /etc/cdi/nvidia.yaml, found none"
     assert f"libcuda.so.{driver}" in spec.content_string, (
