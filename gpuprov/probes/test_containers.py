@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -28,7 +29,10 @@ def _docker(host, args: str):
 
 
 def _site_image(lock: dict) -> str:
-    return f"gpuprov/base:cuda{lock['cuda']}-{lock['hash']}"
+    """The site image of a lock, keyed by what goes into it (its CUDA images and pip
+    requirements), so that a driver move keeps it; playbooks/vars/lock.yml names it the same."""
+    content = ",".join(lock.get("base_images") or []) + "|" + ",".join(lock.get("site_pip_requirements") or [])
+    return f"gpuprov/base:cuda{lock['cuda']}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 
 
 @pytest.mark.containers

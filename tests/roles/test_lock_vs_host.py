@@ -169,7 +169,8 @@ def test_driver_installed_by_another_is_refused_adopted_or_replaced(env, repos, 
     assert rc == 0 and stats["failures"] == 0, msgs
     assert versions(cdir, name) == {"nvidia-driver-535": "535.288.01-1", "nvidia-dkms-535": "535.288.01-1"}
     record = json.loads(sh(cdir, name, "cat /var/lib/gpuprov/nvidia_driver.json"))
-    assert record == {"driver": "535.288.01", "packages": ["nvidia-dkms-535", "nvidia-driver-535"]}
+    assert record == {"driver": "535.288.01", "packages": ["nvidia-dkms-535", "nvidia-driver-535"],
+                      "lock_packages": ["nvidia-driver-535", "nvidia-dkms-535"]}
 
     # Its own driver now: a re-run without the flag is not refused and changes nothing.
     for check in (False, True):

@@ -118,6 +118,13 @@ def test_the_mapping_follows_the_lock(local_node_vars) -> None:
     assert got["container_runtime_toolkit_repo_url"] == "http://10.0.0.5:8080/nvidia/libnvidia-container/"
     assert got["container_runtime_toolkit_repo_key_fingerprint"] == "A" * 40
     assert got["cudnn_tarball_url"] == f"http://10.0.0.5:8081/cudnn/{lock['cudnn_archive']}"
+    # The site image: named from what goes into it, the same way the probes name it, and kept
+    # by a driver move (a patch does not rebuild it).
+    from gpuprov.probes.test_containers import _site_image
+
+    assert f"gpuprov/base:{got['base_images_site_tag']}" == _site_image(lock)
+    moved = _rendered(complete_lock({**lock, "driver": "580.159.04", "hash": "0" * 12}))
+    assert moved["base_images_site_tag"] == got["base_images_site_tag"]
     # A local node: no fabric manager, no EFA, NVIDIA's own toolkit repository.
     assert local_node_vars["nvidia_fabricmanager_version"] == ""
     assert local_node_vars["rdma_efa_installer_version"] == ""
