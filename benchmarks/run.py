@@ -8,7 +8,8 @@ Reports:
   - launch: `up --no-bootstrap` of N local nodes (containers + SSH-ready);
   - converge: first `provision` of the fresh nodes, total and per node;
   - no-op re-run: a second `provision` (nothing to change);
-  - verify: `verify --level quick`.
+  - verify: `verify --level quick`;
+  - health: `health` (the quick level), the gate `up` and every patch batch add.
 Writes bench-results/<timestamp>.json. Needs the Docker engine and node image
 (`make host-setup`). Uses its own GPUPROV_HOME and removes its cluster.
 """
@@ -65,6 +66,7 @@ def main() -> None:
         results["noop_rerun_s"] = round(timed("provision", name, env=env), 2)
         results["check_mode_s"] = round(timed("provision", name, "--check", env=env), 2)
         results["verify_quick_s"] = round(timed("verify", name, env=env), 2)
+        results["health_quick_s"] = round(timed("health", name, env=env), 2)
     finally:
         subprocess.run([GPUPROV, "down", name, "--yes"], env=env, capture_output=True, check=False)
 

@@ -51,6 +51,9 @@ command -v gpg >/dev/null 2>&1 || missing+=(gnupg)
 # push to it over plain HTTP without changing this machine's Docker configuration.
 [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+# promtool (Debian's prometheus package): tests/unit/test_alert_rules.py proves the
+# monitoring role's alert rules with it.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ]; then
   # shellcheck disable=SC2207
   uniq=($(printf '%s\n' "${missing[@]}" | sort -u))
@@ -61,6 +64,11 @@ fi
 # own, on the bridge gateway only (scripts/registry.sh).
 if [ -d /run/systemd/system ] && systemctl is-enabled docker-registry >/dev/null 2>&1; then
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
+# Only promtool is wanted from the prometheus package: its server would listen on every
+# interface (:9090).
+if [ -d /run/systemd/system ] && systemctl is-enabled prometheus >/dev/null 2>&1; then
+  systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 
 # --- docker engine -------------------------------------------------------
