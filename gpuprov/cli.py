@@ -58,6 +58,7 @@ def up(
     provider: str,
     region: str | None,
     image: str | None,
+    os_name: str | None,
     ssh_cidr: str | None,
     allow_wide_ssh_cidr: bool,
     spot: bool,
@@ -66,6 +67,7 @@ def up(
     rollback: bool | None,
     hosts_file: str | None,
     no_bootstrap: bool,
+    tags: str | None,
     health: str,
     source: str | None,
     driver: str | None,
@@ -86,7 +88,8 @@ def up(
         core.validate_name(name)
     options = {k: v for k, v in (
         ("disk_gb", disk_gb), ("capacity_reservation", capacity_reservation), ("source", source),
-        ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda), ("mirror_url", mirror_url),
+        ("os", os_name), ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda),
+        ("mirror_url", mirror_url),
         ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
     ) if v}
     spec = ClusterSpec(name=name or core.generate_name(), provider=provider, instance_type=instance_type,
@@ -94,7 +97,7 @@ def up(
                        hosts_file=hosts_file, options=options)
     result = core.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
                      confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback,
-                     health=health)
+                     health=health, tags=tags)
     cli_output.up_result(result, output)
     cli_output.eol_warning_of(spec.name)
     return 1 if (result.bootstrap is not None and not result.bootstrap.ok) or (

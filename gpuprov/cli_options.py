@@ -50,7 +50,10 @@ UP_OPTIONS = [
         help="Where the nodes come from.",
     ),
     click.option("--region", help="Cloud region (aws)."),
-    click.option("--image", help="Machine image, e.g. an AMI id (aws)."),
+    click.option("--image", help="Machine image, e.g. an AMI id (aws; wins over --os)."),
+    click.option("--os", "os_name", type=click.Choice(["debian12", "ubuntu22.04"]),
+        help="aws: launch the publisher's newest image of this OS (default: debian12, the one "
+        "gpuprov's suite proves; ubuntu22.04 is accepted by the roles but not proven here)."),
     click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32; "
         "at most /16 for IPv4, /48 for IPv6)."),
     click.option("--allow-wide-ssh-cidr", is_flag=True,
@@ -85,6 +88,9 @@ UP_OPTIONS = [
         is_flag=True,
         help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
     ),
+    click.option("--tags", metavar="T",
+        help="Bootstrap with only these plays/roles (comma-separated Ansible tags, as `provision "
+        "--tags`); the cluster is not marked bootstrapped, and `provision` completes it."),
     click.option("--health", default="quick", show_default=True, metavar="off|quick|standard",
         help="Health checks on the nodes once bootstrapped (as `gpuprov health`); exit 1 when one "
         "fails. standard is not built yet. None with --no-bootstrap."),

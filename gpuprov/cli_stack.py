@@ -52,7 +52,11 @@ def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> in
 @output_option
 def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str | None, source: str,
           output: str) -> int:
-    """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA."""
+    """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA.
+
+    Also which operating systems the roles are proven on here (Debian 12) and which they only
+    claim (Ubuntu)."""
+    from gpuprov import platforms
     from gpuprov import stack as stack_mod
 
     lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module)
@@ -61,5 +65,6 @@ def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str 
     if output == "json":
         cli_output.emit_json(data)
     else:
-        cli_output.stack_table(instance_type, data)
+        # The table has no platform row of its own: the platforms come last, as a note.
+        cli_output.stack_table(instance_type, {**data, "notes": [*data["notes"], f"platform: {platforms.summary()}"]})
     return 0

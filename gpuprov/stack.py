@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
 
-from gpuprov import catalog
+from gpuprov import catalog, platforms
 from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stack.X is the API)
     _LIFECYCLE_FIELDS,
     CUDA_MIN_DRIVER,
@@ -126,6 +126,8 @@ class Lock:
             "kernel_module": self.flavour,
             "source": self.source,
             "hash": self.short_hash(),
+            # Not part of the lock (nor its hash): the OS it is proven on here, and those only claimed.
+            "platforms": platforms.listing(),
         }
 
     def short_hash(self) -> str:
@@ -135,7 +137,8 @@ class Lock:
 
 
 def default_source(provider: str) -> str:
-    """Cloud images (Ubuntu) use NVIDIA's repositories; local Debian nodes use Debian's."""
+    """Cloud nodes (Debian 12 by default, Ubuntu with `up --os`) use NVIDIA's repositories; local
+    Debian nodes use Debian's."""
     return "distro" if provider == "docker" else "nvidia"
 
 

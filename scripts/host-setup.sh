@@ -51,6 +51,8 @@ command -v gpg >/dev/null 2>&1 || missing+=(gnupg)
 # push to it over plain HTTP without changing this machine's Docker configuration.
 [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+# gcc: the recorded-hardware node's FIXTURE libcuda.so.1 (tests/fixtures/recorded_node/libcuda.c).
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 # promtool (Debian's prometheus package): tests/unit/test_alert_rules.py proves the
 # monitoring role's alert rules with it.
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)

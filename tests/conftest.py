@@ -9,6 +9,17 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The probes' markers (gpu, driver, ...) are declared in the probes' own pytest.ini, read
+    when gpuprov runs them; the unit tests import the probe modules under this suite's
+    configuration, so declare the same markers here (one list, read from that file)."""
+    from gpuprov.probes.run import probe_groups
+
+    for group in probe_groups():
+        config.addinivalue_line("markers", f"{group}: a group of gpuprov's probes")
+
+
 ROOT = Path(__file__).resolve().parent.parent
 GPUPROV = [sys.executable, "-m", "gpuprov"]
 

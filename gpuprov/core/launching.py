@@ -45,6 +45,7 @@ class Run:
     created_record: bool = False
     added: list[NodeRecord] = field(default_factory=list)
     health: str = "quick"  # the health gate's level after the bootstrap (`--health`), or "off"
+    tags: list[str] = field(default_factory=list)  # only these plays (`--tags`); all when empty
 
     @property
     def name(self) -> str:
@@ -65,6 +66,7 @@ def up(
     name_generated: bool = False,
     rollback: bool | None = None,
     health: str = "quick",
+    tags: str | None = None,
 ) -> UpResult:
     """Launch (or complete) a cluster and bootstrap it.
 
@@ -75,11 +77,20 @@ def up(
 
     ``health``: the health checks' level once the bootstrap went through (``off``: none);
     a failing check leaves the cluster as it is and the result not ok (exit 1).
+
+    ``tags``: bootstrap with only these plays (``provision --tags``); checked before anything
+    is created, and the cluster stays short of ``bootstrapped``.
     """
+    from gpuprov.ansible.runner import parse_tags
+
     health = health_gate.level(health)
+    tag_list = parse_tags(tags)
+    if tag_list and not bootstrap:
+        raise BadInput("--tags chooses the bootstrap's plays; it cannot go with --no-bootstrap")
     provider, spec = checked(spec)
     run = prepare(spec, provider, store or Store(), console)
     run.health = health
+    run.tags = tag_list
     if name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     show_plan(run.plan, run.lock, console, provider)
@@ -245,7 +256,8 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
                         f"(`gpuprov provision {run.name}` converges again)")
         return up_result(run, nodes, Bootstrap(ok=True, hosts={}, errors={}, resumed_from=cluster.state))
     try:
-        outcome = _provision(run.store, cluster, run.provider, run.files, nodes, console=run.console)
+        outcome = _provision(run.store, cluster, run.provider, run.files, nodes, console=run.console,
+                             tags=run.tags or None)
     except BaseException:
         if run.rollback:
             rollback(run, nodes, whole=run.created_record)

@@ -51,6 +51,13 @@ class PrefixedStream:
         return len(data)
 
     def flush(self) -> None:
+        """Only what is whole: invoke flushes after every chunk it reads, and a line split
+        across two chunks must still come out as one prefixed line (``end`` writes the rest)."""
+        with self._lock:
+            self.target.flush()
+
+    def end(self) -> None:
+        """The last line, even without its newline."""
         if self.buffer:
             with self._lock:
                 self.target.write(f"{self.prefix}{self.buffer}\n")
@@ -92,8 +99,8 @@ def run(
         except Exception as exc:  # noqa: BLE001  (any SSH failure is reported per node)
             return ExecResult(node.name, 255, f"{type(exc).__name__}: {exc}")
         finally:
-            out.flush()
-            err.flush()
+            out.end()
+            err.end()
             conn.close()
 
     with ThreadPoolExecutor(max_workers=min(len(nodes), 32)) as pool:

@@ -11,6 +11,7 @@ failed ("Remapping Failure Occurred: Yes") means the memory cannot be repaired i
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuprov.core.results import HealthCheck
 from gpuprov.health import parse
@@ -117,38 +118,72 @@ def clocks(facts: Facts, expect: Expect) -> HealthCheck:
     return passed("clocks", f"no hardware slowdown on {len(facts.q)} GPU(s)", want)
 
 
-def thresholds(tree: parse.Tree) -> tuple[int | None, int | None]:
-    """(current °C, slowdown °C) of a GPU. Older drivers print "GPU Slowdown Temp: 90 C";
-    driver 580 prints margins instead ("GPU T.Limit Temp: 54 C" below the maximum operating
-    temperature, "GPU Slowdown T.Limit Temp: -2 C"), so slowdown = current + T.Limit -
-    Slowdown T.Limit: 33 + 54 + 2 = 89 °C on the recorded H100, the slowdown threshold NVML
-    reports for it (tests/fixtures/recordings/h100-sxm5-580/nvml.txt, q-TEMPERATURE.txt)."""
+@dataclass(frozen=True)
+class Temperatures:
+    """A GPU's temperature and its own thresholds (°C, None where not reported), absolute
+    whichever form the driver printed (``form``: "absolute", "relative" or "none")."""
+
+    current: int | None
+    shutdown: int | None = None
+    slowdown: int | None = None
+    max_operating: int | None = None
+    form: str = "none"
+
+    def limits(self) -> str:
+        """The thresholds reported, as "max operating 87 °C, slowdown 89 °C, shutdown 95 °C"."""
+        named = [("max operating", self.max_operating), ("slowdown", self.slowdown), ("shutdown", self.shutdown)]
+        return ", ".join(f"{name} {value} °C" for name, value in named if value is not None)
+
+
+# The thresholds of `nvidia-smi -q -d TEMPERATURE`, by the words both forms share.
+_THRESHOLDS = {"shutdown": "GPU Shutdown", "slowdown": "GPU Slowdown", "max_operating": "GPU Max Operating"}
+
+
+def thresholds(tree: parse.Tree) -> Temperatures:
+    """A GPU's temperature and thresholds from its `nvidia-smi -q` Temperature section.
+
+    Drivers before 580 print absolute thresholds ("GPU Shutdown Temp: 92 C", "GPU Slowdown
+    Temp: 89 C", "GPU Max Operating Temp: 87 C": the H800 on driver 525 in
+    tests/fixtures/recordings/h800-525-published/); they are read as printed, even where a
+    "GPU T.Limit Temp" line stands beside them (that H800's 35 + 51 is not its 87). Driver
+    580 prints margins instead: "GPU T.Limit Temp: 54 C" is the distance from the current
+    temperature to the T.Limit point, and "GPU Slowdown T.Limit Temp: -2 C" the distance
+    from a threshold to that point, so threshold = current + T.Limit - <threshold> T.Limit:
+    33 + 54 - (-8, -2, 0) = 95, 89, 87 °C on the recorded H100, the shutdown, slowdown and
+    max operating thresholds NVML reports for it (tests/fixtures/recordings/h100-sxm5-580/
+    nvml.txt, q-TEMPERATURE.txt)."""
     temp = parse.at(tree, "Temperature") or {}
     current = parse.number(temp.get("GPU Current Temp"))
-    slowdown = parse.number(temp.get("GPU Slowdown Temp"))
-    margin, slow_margin = parse.number(temp.get("GPU T.Limit Temp")), parse.number(temp.get("GPU Slowdown T.Limit Temp"))
-    if slowdown is None and current is not None and margin is not None and slow_margin is not None:
-        slowdown = current + margin - slow_margin
-    return current, slowdown
+    absolute = {k: parse.number(temp.get(f"{words} Temp")) for k, words in _THRESHOLDS.items()}
+    if any(v is not None for v in absolute.values()):
+        return Temperatures(current, **absolute, form="absolute")
+    margin = parse.number(temp.get("GPU T.Limit Temp"))
+    relative = {k: parse.number(temp.get(f"{words} T.Limit Temp")) for k, words in _THRESHOLDS.items()}
+    if current is None or margin is None or all(v is None for v in relative.values()):
+        return Temperatures(current)
+    return Temperatures(current, **{k: None if v is None else current + margin - v for k, v in relative.items()},
+                        form="relative")
 
 
 def temperature(facts: Facts, expect: Expect) -> HealthCheck:
     readings = {bus: thresholds(tree) for bus, tree in facts.q.items()}
 
     def problem(bus: str, _tree: parse.Tree) -> str | None:
-        current, slowdown = readings[bus]
-        if current is None:
+        t = readings[bus]
+        if t.current is None:
             return "no temperature reading"
-        limit = min(ALERT_C, slowdown) if slowdown is not None else ALERT_C
-        return f"{current} °C (limit {limit} °C)" if current >= limit else None
+        limit = min(ALERT_C, t.slowdown) if t.slowdown is not None else ALERT_C
+        if t.current < limit:
+            return None
+        return f"{t.current} °C (limit {limit} °C)" + (f"; the GPU's own {t.limits()}" if t.limits() else "")
 
     early, problems = _each_gpu("temperature", facts, expect, problem)
-    slows = sorted({s for _, s in readings.values() if s is not None})
+    slows = sorted({t.slowdown for t in readings.values() if t.slowdown is not None})
     want = f"below {ALERT_C} °C" + (f" and below the GPU's slowdown ({', '.join(map(str, slows))} °C)" if slows else "")
     if early:
         return early
     if problems:
         return failed("temperature", "; ".join(problems), want, "drain the node and check its cooling (fans, "
                       "inlet air, airflow); the GPU slows itself down at its slowdown temperature")
-    hottest = max(c for c, _ in readings.values() if c is not None)
+    hottest = max(t.current for t in readings.values() if t.current is not None)
     return passed("temperature", f"hottest GPU {hottest} °C", want)

@@ -155,3 +155,22 @@ def test_cudnn_matches_the_lock(host, expect, report):
         f"expected libcudnn.so.8 to load and report {want}, found: {(out.stdout or out.stderr).strip()[:200]}"
     )
     report(f"header {found}, libcudnn.so.8 loads and reports {out.stdout.strip()}")
+
+
+# Package sources whose repositories carry NVIDIA's libnccl2 (the cuda role installs it there).
+NCCL_SOURCES = ("nvidia", "mirror")
+
+
+@pytest.mark.cuda
+def test_nccl_matches_the_lock(host, expect, report):
+    lock = expect.lock()
+    if lock.get("source") not in NCCL_SOURCES:
+        pytest.skip(f"package source {lock.get('source')!r} carries no libnccl2 (Debian 12's archive has "
+                    f"none): NCCL {lock['nccl']} is not installed by gpuprov there")
+    want = f"{lock['nccl']}-1+cuda{lock['cuda']}"
+    found = {p: installed_version(host, p) for p in ("libnccl2", "libnccl-dev")}
+    wrong = {p: v for p, v in found.items() if v != want}
+    assert not wrong, f"expected libnccl2 and libnccl-dev at {want} (NCCL {lock['nccl']}), found {wrong}"
+    held = set(host.run("apt-mark showhold").stdout.split())
+    assert "libnccl2" in held, "expected libnccl2 held (it moves only with the lock), it is not"
+    report(f"libnccl2 and libnccl-dev {want}, held")

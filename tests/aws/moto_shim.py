@@ -15,7 +15,10 @@ moto server and adds:
 - a vCPU quota answer from Service Quotas, and the public Ubuntu SSM
   parameter, when a test asks for them;
 - injected faults: an error for an action (optionally only in one zone, only
-  N times), and a hold after RunInstances so a test can kill the client.
+  N times), and a hold after RunInstances so a test can kill the client;
+- optionally (``nodes``: ``ec2_nodes.Ec2Nodes``), instances that are real nodes: each
+  launched instance boots a systemd node container running its user-data, its public
+  address is the node's, TerminateInstances removes it, GetConsoleOutput reads it.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class Shim:
     eips: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
+    nodes: Any = None  # ec2_nodes.Ec2Nodes: launched instances become real nodes
 
     # -- what tests read -----------------------------------------------------------
     def actions(self, service: str = "ec2", include_dry_run: bool = False) -> list[str]:
@@ -131,11 +135,17 @@ class Shim:
             return self._placement(action, params)
         if action == "RunInstances":
             return self._run(method, path, headers, body, params)
+        if action == "GetConsoleOutput" and self.nodes is not None and not dry:
+            return 200, {"Content-Type": "text/xml"}, self.nodes.console(params.get("InstanceId", ""))
         status, out_headers, data = self._forward(method, path, headers, body)
+        if action == "TerminateInstances" and status == 200 and self.nodes is not None and not dry:
+            self.nodes.terminated([v for k, v in params.items() if re.fullmatch(r"InstanceId\.\d+", k)])
         if action == "AllocateAddress" and status == 200:
             self.eips.update(re.findall(rb"<publicIp>([^<]+)</publicIp>", data))
         if action == "DescribeInstances" and status == 200:
             data = self._hide_addresses(data)
+            if self.nodes is not None:
+                data = self.nodes.rewrite(data)
         return status, out_headers, data
 
     def _fault(self, action: str, params: dict[str, str]) -> Fault | None:
@@ -166,27 +176,21 @@ class Shim:
                 self.tokens[token] = data
             if sum(1 for k in params if re.fullmatch(r"NetworkInterface\.\d+\.DeviceIndex", k)) > 1:
                 self.multi_nic.update(x.decode() for x in re.findall(rb"<instanceId>([^<]+)</instanceId>", data))
+            if self.nodes is not None and params.get("DryRun") != "true":
+                self.nodes.launched(params, data)
         return status, out_headers, data
 
     def _hide_addresses(self, data: bytes) -> bytes:
         """EC2 gives multi-interface launches no public address; moto does. Hide it."""
         if not self.multi_nic:
             return data
-        import xml.etree.ElementTree as ET
-
-        ns = re.search(rb'xmlns="([^"]+)"', data)
-        uri = ns.group(1).decode() if ns else ""
-        ET.register_namespace("", uri)
-        q = (lambda tag: f"{{{uri}}}{tag}") if uri else (lambda tag: tag)
-        root = ET.fromstring(data)
-        for item in root.iter(q("item")):
-            iid = item.find(q("instanceId"))
-            address = item.find(q("ipAddress"))
+        root, items = instance_items(data)
+        for item, iid, address in items:
             if iid is None or address is None or iid.text not in self.multi_nic:
                 continue
             if (address.text or "").encode() not in self.eips:
                 item.remove(address)
-        return ET.tostring(root, xml_declaration=True, encoding="UTF-8")
+        return xml_bytes(root)
 
     def _placement(self, action: str, params: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         if params.get("DryRun") == "true":
@@ -228,6 +232,25 @@ class Shim:
             return answer.status, keep, data
         finally:
             conn.close()
+
+
+def instance_items(data: bytes) -> tuple[Any, list[tuple[Any, Any, Any]]]:
+    """A DescribeInstances answer parsed (its namespace kept for writing it back): the root,
+    and (item, instanceId, ipAddress) for every item element (None where one is missing)."""
+    import xml.etree.ElementTree as ET
+
+    ns = re.search(rb'xmlns="([^"]+)"', data)
+    uri = ns.group(1).decode() if ns else ""
+    ET.register_namespace("", uri)
+    q = (lambda tag: f"{{{uri}}}{tag}") if uri else (lambda tag: tag)
+    root = ET.fromstring(data)
+    return root, [(item, item.find(q("instanceId")), item.find(q("ipAddress"))) for item in root.iter(q("item"))]
+
+
+def xml_bytes(root: Any) -> bytes:
+    import xml.etree.ElementTree as ET
+
+    return ET.tostring(root, xml_declaration=True, encoding="UTF-8")
 
 
 def _service(headers: dict[str, str]) -> str:

@@ -78,7 +78,7 @@ def test_user_data_holds_one_bootstrap_key_for_the_whole_launch(capsys, shim: Sh
     assert " ".join(recorded[:2]) == bootstrap
     assert len(text.encode()) < 4096
     doc = yaml.safe_load(text)
-    assert doc["ssh_deletekeys"] is False and doc["ssh_genkeytypes"] == []
+    assert doc["ssh_deletekeys"] is False and doc["ssh_genkeytypes"] == ["ed25519"]
     assert "169.254.169.254" not in text  # no per-node key to pick by launch index any more
 
 

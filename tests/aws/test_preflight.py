@@ -15,7 +15,7 @@ from gpuprov.state import Store
 from tests.aws.helpers import CIDR, assert_refused, invoke, up
 from tests.aws.moto_shim import Fault, Shim
 
-UBUNTU = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+DEBIAN = "/aws/service/debian/release/12/latest/amd64"  # the default --os (tests/aws/test_default_image.py)
 
 
 @pytest.mark.parametrize(
@@ -135,11 +135,11 @@ def test_dry_run_names_a_refused_permission(capsys, shim: Shim, ami: str) -> Non
 
 
 def test_image_from_the_public_ssm_parameter(capsys, shim: Shim, ami: str) -> None:
-    shim.ssm_parameters[UBUNTU] = ami
+    shim.ssm_parameters[DEBIAN] = ami
     code, _, err = invoke(capsys, "up", "--name", "ssm", "--type", "g5.xlarge", "--count", "1",
                           "--ssh-cidr", CIDR, "--dry-run")
     assert code == 0, err
-    assert f"image {ami}" in err
+    assert f"image {ami}: Debian 12 (bookworm)" in err
 
 
 def test_no_image_anywhere_asks_for_image(capsys, shim: Shim) -> None:

@@ -33,7 +33,7 @@ def test_bootstrap_key_in_user_data_is_pinned_before_first_contact(capsys, shim:
     known = (gpuprov_home / "clusters" / "trust" / "known_hosts").read_text().splitlines()
     pinned = {line.split()[0]: " ".join(line.split()[1:3]) for line in known}
     doc = _user_data(shim)
-    assert doc["ssh_deletekeys"] is False and doc["ssh_genkeytypes"] == []
+    assert doc["ssh_deletekeys"] is False and doc["ssh_genkeytypes"] == ["ed25519"]
     script = doc["bootcmd"][0][2]
     begin, end = "-----BEGIN OPENSSH PRIVATE KEY-----", "-----END OPENSSH PRIVATE KEY-----"
     assert script.count(begin) == 1 and script.count(end) == 1

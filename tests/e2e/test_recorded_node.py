@@ -9,6 +9,10 @@ comes from the PCI bus the host shows). The recordings are installed when every 
 healthy H100, so all five share the lock of a 1 x H100 host (R580, open module); the edited
 copies are swapped in after `up`: a machine that broke after it was adopted.
 
+The same nodes run `gpuprov verify --local` themselves (gpuprov copied in), as the real H100
+ran its probes; a CUDA context there comes from the node's FIXTURE libcuda.so.1, which answers
+from the recording.
+
 Nothing is bootstrapped (no playbook runs: the suite's time), so the probes of installed
 packages fail on every node for that reason; the test names each probe's outcome, and on the
 edited nodes exactly the probe that reads the edited file changes.
@@ -46,10 +50,10 @@ HEALTHY = {
     "nvidia_smi_sees_gpus": ("pass", "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-de57134f"),
     "driver_version_persistence_and_model": ("pass", "1 x NVIDIA H100 80GB HBM3, driver 580.159.04"),
     "running_kernel_module_flavour_matches_the_lock": ("pass", "open kernel module 580.159.04 loaded"),
-    # Passed on the real H100, cannot pass here: a CUDA context needs libcuda.so.1 and a GPU,
-    # which no recording gives (the probe's python3 ends in OSError; the one-line detail
-    # keeps only the first line of the traceback).
-    "cuda_context_can_be_created": ("fail", "expected a CUDA context on GPU 0 (all CUresult 0), found:"),
+    # The probe's python3 loads libcuda.so.1: here the recorded node's FIXTURE library, which
+    # answers from the recording (the real CUDA run's driver API version and compute
+    # capability, the GPUs nvidia-smi's CSV of ids lists).
+    "cuda_context_can_be_created": ("pass", "CUDA context created on GPU 0; the CUDA driver sees 1 device(s)"),
     # No NVSwitch on the recorded bus, no EFA on an untyped host: skips, as on the real H100.
     "fabric_manager_matches_driver": ("skip", "no NVSwitch on this node's PCI bus"),
     "efa_interfaces_match_the_catalog": ("skip", "has no EFA"),
@@ -108,10 +112,18 @@ EDITED = {
             "fail", "expected a fabric manager in the lock: 4 NVSwitch(es) on this node's PCI bus, but the "
             "lock (resolved for detected:1xH100) has no fabric manager"),
     },
-    # nvidia-smi's CSV of ids does not answer for the GPU, but no probe reads that query:
-    # the probes see the healthy node; gpuprov health's gpu_answers check catches it.
-    "h100-gpu-lost": {},
+    # nvidia-smi's CSV of ids does not answer for the GPU (gpuprov health's gpu_answers check
+    # catches that); no probe reads that query, but the FIXTURE libcuda.so.1 takes its GPUs
+    # from it: cuInit fails with CUDA_ERROR_UNKNOWN (999), and every later call with
+    # CUDA_ERROR_NOT_INITIALIZED (3), so no device and no context.
+    "h100-gpu-lost": {
+        "cuda_context_can_be_created": (
+            "fail", "expected a CUDA context on GPU 0 (all CUresult 0), found: [999, 3, 3, 3] 0"),
+    },
 }
+# What the real H100 passed with a 580 lock (probes-gpu-lock580.jsonl, pytest -m gpu there).
+REAL_PASSES = {"gpus_on_pci_bus", "nvidia_smi_sees_gpus", "driver_version_persistence_and_model",
+               "cuda_context_can_be_created"}
 
 
 def _docker(*args: str) -> subprocess.CompletedProcess[str]:
@@ -183,15 +195,17 @@ def test_the_healthy_recording_passes_what_the_real_h100_passed(verified) -> Non
     for probe, (_, detail) in HEALTHY.items():
         assert detail in rows[probe]["detail"], (probe, rows[probe]["detail"])
     # The real machine's own run (gpuprov's probes with a 580 lock, on the H100 itself): every
-    # probe it passed passes here with the very same detail, but the CUDA context (above).
+    # probe it passed passes here with the very same detail.
+    passed = _real_passes()
+    assert set(passed) == REAL_PASSES
+    for probe, detail in passed.items():
+        assert rows[probe] == {"probe": probe, "status": "pass", "detail": detail}
+
+
+def _real_passes() -> dict[str, str]:
     real = [json.loads(line) for line in
             (recorded_node.RECORDINGS / BASE / "probes-gpu-lock580.jsonl").read_text().splitlines()]
-    passed = {r["probe"]: r["detail"] for r in real if r["status"] == "pass"}
-    assert set(passed) == {"gpus_on_pci_bus", "nvidia_smi_sees_gpus", "driver_version_persistence_and_model",
-                           "cuda_context_can_be_created"}
-    for probe, detail in passed.items():
-        if probe != "cuda_context_can_be_created":
-            assert rows[probe] == {"probe": probe, "status": "pass", "detail": detail}
+    return {r["probe"]: r["detail"] for r in real if r["status"] == "pass"}
 
 
 @pytest.mark.parametrize("node", [n for n in NODES if NODES[n]])
@@ -202,6 +216,52 @@ def test_an_edited_recording_fails_exactly_its_probe(verified, node: str) -> Non
     assert set(changed) == set(EDITED[node]) and set(rows) == set(healthy), changed
     for probe, (status, detail) in EDITED[node].items():
         assert changed[probe][0] == status and detail in changed[probe][1], (probe, changed[probe])
+
+
+@pytest.fixture(scope="module")
+def verified_locally(cluster) -> dict[str, tuple[int, dict[str, dict[str, str]]]]:
+    """`gpuprov verify --local --gpus 1 --gpu-model H100 --driver 580 --only gpu -o json` run
+    by the node's own python3 on the healthy node and the gpu-lost one (this checkout's
+    gpuprov and what it imports copied in: recorded_node.install_gpuprov), as root, the way an
+    administrator runs it there; --only gpu is the real H100's own run (pytest -m gpu).
+    {node: (exit status, {probe: row})}."""
+    out = {}
+    for node in ("h100", "h100-gpu-lost"):
+        cid = cluster[1][node]
+        path = recorded_node.install_gpuprov(cid)
+        proc = _docker("exec", "-e", f"PYTHONPATH={path}", cid, "python3", "-m", "gpuprov", "verify", "--local",
+                       "--gpus", "1", "--gpu-model", "H100", "--driver", "580", "--only", "gpu", "-o", "json")
+        assert proc.returncode in (0, 1), proc.stderr
+        assert "expecting 1 x H100 (--gpus, --gpu-model); probes: gpu" in proc.stderr, proc.stderr
+        assert "driver 580.159.04 (open module, branch 580)" in proc.stderr, proc.stderr
+        hosts = json.loads(proc.stdout)["hosts"]
+        assert len(hosts) == 1, hosts  # one node: the machine itself, named by its hostname
+        out[node] = (proc.returncode, {r["probe"]: r for r in next(iter(hosts.values()))})
+    return out
+
+
+def test_verify_local_on_the_node_passes_what_the_real_h100_passed(verified_locally) -> None:
+    rc, rows = verified_locally["h100"]
+    # The real H100's four passes, detail for detail, and the flavour probe written since.
+    for probe, detail in _real_passes().items():
+        assert rows[probe] == {"probe": probe, "status": "pass", "detail": detail}, rows[probe]
+    assert {p for p, r in rows.items() if r["status"] == "pass"} == REAL_PASSES | {
+        "running_kernel_module_flavour_matches_the_lock"}
+    # The GPU probes of the container stack and DKMS fail, as on the real H100 (no Docker, no
+    # module in sysfs): verify --local exits 1 and says why for each.
+    fails = {p: r["detail"] for p, r in rows.items() if r["status"] == "fail"}
+    assert rc == 1 and set(fails) == {"docker_run_gpus_all_sees_the_gpus", "cuda_base_image_reports_the_locked_cuda",
+                                      "cdi_spec_matches_the_driver", "dkms_module_flavour_matches_the_lock"}, fails
+    assert "docker: not found" in fails["docker_run_gpus_all_sees_the_gpus"]
+    assert "(/sys/module/nvidia/version)" in fails["cdi_spec_matches_the_driver"]
+
+
+def test_verify_local_on_the_lost_gpu_fails_its_cuda_context(verified_locally) -> None:
+    healthy, lost = verified_locally["h100"][1], verified_locally["h100-gpu-lost"][1]
+    changed = {p: r for p, r in lost.items() if r != healthy[p]}
+    assert changed == {"cuda_context_can_be_created": {
+        "probe": "cuda_context_can_be_created", "status": "fail",
+        "detail": "expected a CUDA context on GPU 0 (all CUresult 0), found: [999, 3, 3, 3] 0"}}, changed
 
 
 def test_health_runs_its_gpu_checks_on_the_recordings(cluster, env) -> None:
@@ -225,6 +285,17 @@ def test_health_runs_its_gpu_checks_on_the_recordings(cluster, env) -> None:
                        "h100-nvswitch": ["fabricmanager"], "h100-gpu-lost": ["gpu_answers"]}, failing
     lost = checks["h100-gpu-lost"]["gpu_answers"]
     assert "Unable to determine the device handle for GPU0000:00:06.0" in lost["found"], lost
+
+
+def test_the_fixture_libcuda_answers_only_what_the_recording_holds() -> None:
+    healthy = recorded_node.cuda_driver(recorded_node.files_of(BASE))
+    assert healthy == "init 0\ndriver_version 13000\ndevice 9 0 NVIDIA H100 80GB HBM3\n"
+    lost = recorded_node.cuda_driver(recorded_node.files_of(BASE, "h100-sxm5-580-edited-gpu-lost"))
+    assert lost == f"init {recorded_node.CUDA_ERROR_UNKNOWN}\ndriver_version 13000\n"
+    h200 = recorded_node.files_of("h200-580")
+    assert recorded_node.cuda_driver(h200) == "init 0\ndriver_version 13000\ndevice 9 0 NVIDIA H200\n"
+    # Without the recorded CUDA run there is no driver API version to answer with: no libcuda.
+    assert recorded_node.cuda_driver({n: t for n, t in h200.items() if not n.startswith("cuda118")}) is None
 
 
 def test_a_command_without_a_recording_fails_loudly(cluster) -> None:

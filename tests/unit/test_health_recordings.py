@@ -11,7 +11,7 @@ import pytest
 
 from gpuprov.health import evaluate, gather
 from gpuprov.health.checks_gpu import ALERT_C
-from gpuprov.health.checks_state import thresholds
+from gpuprov.health.checks_state import Temperatures, temperature, thresholds
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.health.gather import Section
 
@@ -63,16 +63,64 @@ def test_every_check_passes_or_skips_with_a_reason_on_a_healthy_machine(machine:
     assert found["driver"].found == "kernel module 580.159.04, nvidia-smi agrees"
 
 
-def test_the_real_temperature_report_gives_nvmls_slowdown_threshold() -> None:
-    """Driver 580 prints margins, not thresholds; NVML on the same machines says slowdown
-    89 °C (nvml.txt)."""
+def test_the_real_temperature_report_gives_nvmls_thresholds() -> None:
+    """Driver 580 prints margins, not thresholds; NVML on the same machines says shutdown 95,
+    slowdown 89 and GPU max operating 87 °C (nvml.txt)."""
     from gpuprov.health import parse
 
     for machine, current in (("h100-sxm5-580", 33), ("h200-580", 40)):
         tree = parse.smi_q(body(REC / machine / "q-TEMPERATURE.txt"))["00000000:00:06.0"]
-        assert thresholds(tree) == (current, 89)
-        assert "threshold slowdown: 89" in (REC / machine / "nvml.txt").read_text()
+        assert thresholds(tree) == Temperatures(current, shutdown=95, slowdown=89, max_operating=87, form="relative")
+        nvml = (REC / machine / "nvml.txt").read_text()
+        for line in ("threshold shutdown: 95", "threshold slowdown: 89", "threshold gpu max: 87"):
+            assert line in nvml
     assert ALERT_C == 85
+
+
+# An older driver's report (525.105.17, an H800: published, see the recordings README).
+H800 = REC / "h800-525-published" / "nvidia-smi-q-i0.txt"
+
+
+def test_an_older_driver_prints_absolute_thresholds_read_as_printed() -> None:
+    from gpuprov.health import parse
+
+    tree = parse.smi_q(body(H800))["00000000:18:00.0"]
+    found = thresholds(tree)
+    assert found == Temperatures(35, shutdown=92, slowdown=89, max_operating=87, form="absolute")
+    # Its T.Limit line stands beside the thresholds but does not add up to them (35 + 51 is
+    # 86, not 87): the margin form is used only where no threshold is printed.
+    assert tree["Temperature"]["GPU T.Limit Temp"] == "51 C"
+    assert found.limits() == "max operating 87 °C, slowdown 89 °C, shutdown 92 °C"
+
+
+def test_a_report_without_thresholds_gives_the_reading_only() -> None:
+    from gpuprov.health import parse
+
+    text = body(H800)
+    for line in ("GPU Shutdown Temp", "GPU Slowdown Temp", "GPU Max Operating Temp", "GPU T.Limit Temp"):
+        text = "\n".join(x for x in text.splitlines() if line not in x)
+    assert thresholds(parse.smi_q(text)["00000000:18:00.0"]) == Temperatures(35)
+
+
+def _h800_temperature(current: int | None = None) -> Any:
+    """The temperature check on the H800 report; ``current``: its `GPU Current Temp` edited
+    here, in memory, from 35 C (the only change)."""
+    text = body(H800)
+    if current is not None:
+        old = "GPU Current Temp                  : 35 C"
+        assert old in text
+        text = text.replace(old, f"GPU Current Temp                  : {current} C")
+    return temperature(Facts({"smi_q": Section(text, 0)}), Expect(gpus=1, gpu_model="H100", lock=LOCK))
+
+
+def test_the_temperature_check_on_an_older_drivers_report() -> None:
+    ok = _h800_temperature()
+    assert (ok.status, ok.found) == ("pass", "hottest GPU 35 °C")
+    assert ok.expected == "below 85 °C and below the GPU's slowdown (89 °C)"
+    hot = _h800_temperature(86)
+    assert hot.status == "fail"
+    assert hot.found == ("00000000:18:00.0: 86 °C (limit 85 °C); the GPU's own max operating 87 °C, "
+                         "slowdown 89 °C, shutdown 92 °C"), hot.found
 
 
 EDITED = [
@@ -82,7 +130,7 @@ EDITED = [
     ("row_remap", {"q-ROW_REMAPPER.txt": "h100-sxm5-580-edited-remap-failure/q-ROW_REMAPPER.txt"},
      "Remapping Failure Occurred: Yes", "RMA: isolate the node"),
     ("temperature", {"q-TEMPERATURE.txt": "h100-sxm5-580-edited-hot/q-TEMPERATURE.txt"},
-     "86 °C (limit 85 °C)", "check its cooling"),
+     "86 °C (limit 85 °C); the GPU's own max operating 87 °C, slowdown 89 °C, shutdown 95 °C", "check its cooling"),
     ("clocks", {"q-PERFORMANCE.txt": "h100-sxm5-580-edited-hw-slowdown/q-PERFORMANCE.txt"},
      "HW Slowdown, HW Thermal Slowdown", "check its cooling"),
     ("clocks", {"q-PERFORMANCE.txt": "h100-sxm5-580-edited-power-brake/q-PERFORMANCE.txt"},

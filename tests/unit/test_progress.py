@@ -58,3 +58,21 @@ def test_fact_gathering_alone_is_no_task() -> None:
                             res={}))
         progress.handle(_ev("playbook_on_stats", ok={"a": 1}, changed={}, failures={}, dark={}))
     assert progress.summary()["a"] == {"ok": 1, "changed": 0, "failed": 0, "unreachable": 0, "tasks": 0}
+
+
+def test_exec_output_keeps_a_line_whole_across_chunks_and_flushes() -> None:
+    """invoke flushes the stream after every chunk it reads; a line that arrives in three
+    chunks is still one prefixed line (found on emulated EC2 nodes: `cat: ` / path /
+    `: Permission denied` came out as three lines)."""
+    import io
+
+    from gpuprov.core.remote import PrefixedStream
+
+    target = io.StringIO()
+    stream = PrefixedStream("node-1 ! ", target)
+    for chunk in ("cat: ", "/etc/x", ": Permission denied\nlast"):
+        stream.write(chunk)
+        stream.flush()
+    assert target.getvalue() == "node-1 ! cat: /etc/x: Permission denied\n"
+    stream.end()
+    assert target.getvalue().splitlines() == ["node-1 ! cat: /etc/x: Permission denied", "node-1 ! last"]

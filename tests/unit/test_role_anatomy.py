@@ -196,3 +196,44 @@ def test_every_notify_of_a_playbook_reaches_a_handler() -> None:
             for key in ("pre_tasks", "tasks", "post_tasks", "handlers"):
                 unreached += [(path.name, t) for t in _notified(play.get(key)) if t not in labels | own]
     assert unreached == []
+
+
+# The apt module under every name a task may use for it.
+APT_MODULES = ("ansible.builtin.apt", "ansible.legacy.apt", "apt")
+
+
+def _apt_tasks(role: str) -> list[tuple[str, str, dict]]:
+    found = []
+    for path in sorted((ROOT / "roles" / role / "tasks").glob("*.yml")):
+        for task in _walk(_yaml(path)):
+            for module in APT_MODULES:
+                if module in task:
+                    found.append((path.name, task.get("name", "?"), task[module]))
+    return found
+
+
+def test_the_apt_task_finder_sees_the_stack_roles_apt_tasks() -> None:
+    """The check below would pass vacuously if it found no apt tasks at all."""
+    assert {r for r in ROLES if _apt_tasks(r)} >= {"gpu_preflight", "nvidia_driver", "cuda", "rdma"}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_apt_task_waits_for_the_dpkg_lock(role: str) -> None:
+    """apt-daily and unattended-upgrades run soon after a first boot and hold the dpkg lock for
+    minutes; the apt module waits only 60 s by default. Every apt task names its wait, from a
+    role variable (a public knob or an internal __role_ one), so a new task without one fails here."""
+    problems = []
+    for file, name, args in _apt_tasks(role):
+        timeout = args.get("lock_timeout") if isinstance(args, dict) else None
+        if timeout is None:
+            problems.append(f"{file}: '{name}' has no lock_timeout")
+        elif not re.fullmatch(r"\{\{ (__)?" + role + r"_apt_lock_timeout \}\}", str(timeout)):
+            problems.append(f"{file}: '{name}' lock_timeout {timeout!r} is not the role's *_apt_lock_timeout")
+    assert problems == [], f"role {role}: {problems}"
+    if _apt_tasks(role):
+        known = {**_defaults(role), **(_yaml(ROOT / "roles" / role / "vars" / "main.yml") or {}
+                                      if (ROOT / "roles" / role / "vars" / "main.yml").is_file() else {})}
+        names = {f"{role}_apt_lock_timeout", f"__{role}_apt_lock_timeout"} & set(known)
+        assert names, f"role {role}: no {role}_apt_lock_timeout default or __{role}_apt_lock_timeout var"
+        assert all(isinstance(known[n], int) and known[n] >= 60 for n in names), (
+            f"role {role}: the lock timeout must be whole seconds, at least apt's own 60")

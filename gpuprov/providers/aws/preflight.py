@@ -10,19 +10,46 @@ from __future__ import annotations
 import ipaddress
 import os
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuprov import catalog
+from gpuprov import catalog, platforms
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, Plan
 from gpuprov.providers.aws import api, userdata
 from gpuprov.providers.aws.common import DEFAULT_DISK_GB, MAX_COUNT, NODE_USER, SSH_MIN_PREFIX, members
 
+# The image `up` launches when no --image is given: the newest of the --os the user chose, by
+# default the one this suite proves (gpuprov/platforms.py). Read from the publisher's public SSM
+# parameter, else the publisher's newest image by owner and name (DescribeImages).
+# - Debian: its cloud team publishes /aws/service/debian/release/12/latest/{amd64,arm64} (also
+#   under .../release/bookworm/...); its images are owned by Debian's account 136693071363 and
+#   named debian-12-<arch>-<date>-<build> (Debian's cloud images: https://wiki.debian.org/Cloud/AmazonEC2Image).
+#   Checked against public code that reads the same parameter, owner and name pattern (a
+#   search of public repositories, 2026-11: Terraform aws_ssm_parameter data sources and Go
+#   SSM lookups of "/aws/service/debian/release/12/latest/amd64" and ".../arm64").
+#   Login user: admin.
+# - Canonical: /aws/service/canonical/ubuntu/server/22.04/stable/current/<arch>/hvm/ebs-gp2/ami-id,
+#   owner 099720109477. Login user: ubuntu.
+# gpuprov logs in as neither: the user-data (templates/cloud-init.yaml.j2) makes its own user
+# (common.NODE_USER) on every image, so the image's default user is never used.
+# {arch} is the Debian/Ubuntu name of the type's CPU architecture, never another's.
+DEFAULT_OS = "debian12"
+DEBIAN_OWNER = "136693071363"
+DEBIAN12_SSM = "/aws/service/debian/release/12/latest/{arch}"
+DEBIAN12_NAME = "debian-12-{arch}-*"
 CANONICAL_OWNER = "099720109477"
 UBUNTU_SSM = "/aws/service/canonical/ubuntu/server/22.04/stable/current/{arch}/hvm/ebs-gp2/ami-id"
 UBUNTU_NAME = "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-{arch}-server-*"
+# --os -> (SSM parameter, owner, name pattern)
+IMAGE_SOURCES: dict[str, tuple[str, str, str]] = {
+    "debian12": (DEBIAN12_SSM, DEBIAN_OWNER, DEBIAN12_NAME),
+    "ubuntu22.04": (UBUNTU_SSM, CANONICAL_OWNER, UBUNTU_NAME),
+}
+OS_CHOICES = tuple(IMAGE_SOURCES)
+# EC2's architecture name (ProcessorInfo, Image.Architecture) -> the distributions' name.
+DISTRO_ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 IP_ECHO_URL = "https://checkip.amazonaws.com"
 
 
@@ -41,11 +68,19 @@ class AwsPlan:
     user_data_size: int = 0
     existing: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    # The --os whose image this is (debian12, ubuntu22.04); None for an --image or the image
+    # the members already run.
+    os: str | None = None
 
 
-def check_spec(spec: ClusterSpec) -> None:
+def check_spec(spec: ClusterSpec) -> ClusterSpec:
     """What can be judged without AWS (no AWS call for bad input): the type is an EC2 one,
-    the reservation id, the SSH range, the disk, the count, the user-data size."""
+    the reservation id, the SSH range, the disk, the count, the user-data size, the --os.
+    Returns ``spec`` with the default --os filled in where no --image is given (so the cluster's
+    recorded spec says which OS it was launched with)."""
+    chosen = spec.options.get("os")
+    if chosen is not None and chosen not in IMAGE_SOURCES:
+        raise BadInput(f"--os {chosen}: gpuprov has images for {', '.join(OS_CHOICES)}")
     if spec.options.get("capacity_reservation") and not str(spec.options["capacity_reservation"]).startswith("cr-"):
         raise BadInput(f"--capacity-reservation {spec.options['capacity_reservation']}: "
                        "expected an id like cr-0123456789abcdef0")
@@ -59,6 +94,9 @@ def check_spec(spec: ClusterSpec) -> None:
             f"--count {spec.count} is more than gpuprov launches in one cluster ({MAX_COUNT}: "
             "one all-or-nothing RunInstances in one zone); use several clusters"
         )
+    if chosen is None and not spec.image:
+        spec = replace(spec, options={**spec.options, "os": DEFAULT_OS})
+    return spec
 
 
 def check_type(spec: ClusterSpec) -> None:
@@ -106,16 +144,16 @@ def prepare(spec: ClusterSpec) -> AwsPlan:
         zones = zones_in_use[:1]
         notes.append(f"{len(existing)} member(s) already run in {zones[0]}: the rest goes there")
     quota = _quota(aws, itype, spec, notes)
-    image_id, root_device = _image(aws, spec.image, itype.name)
+    image = find_image(aws, spec, itype, existing, notes)
     disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
-    notes.append(f"image {image_id}; root volume {disk} GiB gp3, encrypted")
+    notes.append(f"image {image.id}: {image.what}; root volume {disk} GiB gp3, encrypted")
     if spec.spot:
         notes.append("spot capacity: cheaper, can be interrupted with a 2-minute notice")
     cidr = check_cidr(spec.ssh_cidr or detect_cidr(), allow_wide=bool(spec.options.get("allow_wide_ssh_cidr")))
     notes.append(f"SSH allowed from {cidr} only")
-    return AwsPlan(spec=spec, aws=aws, itype=itype, zones=tuple(zones), image_id=image_id,
-                   root_device=root_device, ssh_cidr=cidr, quota=quota, user_data_size=user_data_size,
-                   existing=tuple(existing), notes=tuple(notes))
+    return AwsPlan(spec=spec, aws=aws, itype=itype, zones=tuple(zones), image_id=image.id,
+                   root_device=image.root_device, ssh_cidr=cidr, quota=quota, user_data_size=user_data_size,
+                   existing=tuple(existing), notes=tuple(notes), os=image.os)
 
 
 def facts(aws: api.Aws, name: str) -> InstanceType:
@@ -175,46 +213,104 @@ def _quota(
     return code, quota_name, value
 
 
-def _image(aws: api.Aws, image: str | None, type_name: str) -> tuple[str, str]:
+@dataclass(frozen=True)
+class Image:
+    id: str
+    root_device: str
+    what: str  # for the plan's notes: which OS, and how it was chosen
+    os: str | None = None
+
+
+def find_image(aws: api.Aws, spec: ClusterSpec, itype: InstanceType, existing: list[dict[str, Any]],
+               notes: list[str]) -> Image:
+    """The image new members launch from: --image; else the one the members already run (a
+    cluster is one image, whatever the default became since); else the newest of --os (default
+    Debian 12) for the type's CPU architecture. Every image is checked to be of that architecture."""
+    if spec.image:
+        image = _described(aws, spec.image, itype, "--image")
+        chosen = spec.options.get("os")
+        return Image(image["ImageId"], _root(image),
+                     "--image" + (f" (wins over --os {chosen})" if chosen else "") + _name(image))
+    running = sorted({i["ImageId"] for i in existing if i.get("ImageId")})
+    if len(running) == 1:
+        try:
+            image = _described(aws, running[0], itype, "the members' image")
+        except BadInput as exc:
+            raise BadInput(f"{exc}; pass --image for the new members") from None
+        return Image(image["ImageId"], _root(image),
+                     f"the image the {len(existing)} existing member(s) run{_name(image)}")
+    chosen = spec.options.get("os") or DEFAULT_OS
+    return _newest(aws, chosen, itype, notes)
+
+
+def _described(aws: api.Aws, image_id: str, itype: InstanceType, what: str) -> dict[str, Any]:
     from botocore.exceptions import ClientError
 
-    if image:
-        try:
-            found = aws.ec2.describe_images(ImageIds=[image])["Images"]
-        except ClientError as exc:
-            raise BadInput(f"--image {image}: {api.error_code(exc)}: {api.error_message(exc)}") from None
-        if not found:
-            raise BadInput(f"--image {image} does not exist in {aws.region}")
-        return image, found[0].get("RootDeviceName") or "/dev/sda1"
-    archs = _archs(aws, type_name)
-    arch = "arm64" if "arm64" in archs and "x86_64" not in archs else "amd64"
     try:
-        value = aws.client("ssm").get_parameter(Name=UBUNTU_SSM.format(arch=arch))["Parameter"]["Value"]
+        found = aws.ec2.describe_images(ImageIds=[image_id])["Images"]
+    except ClientError as exc:
+        raise BadInput(f"{what} {image_id}: {api.error_code(exc)}: {api.error_message(exc)}") from None
+    if not found:
+        raise BadInput(f"{what} {image_id} does not exist in {aws.region}")
+    arch = found[0].get("Architecture")
+    if arch and arch != itype.cpu_arch:
+        raise BadInput(f"{what} {image_id} is an {arch} image but {itype.name} runs {itype.cpu_arch}; "
+                       f"choose an {itype.cpu_arch} image")
+    return dict(found[0])
+
+
+def _newest(aws: api.Aws, chosen: str, itype: InstanceType, notes: list[str]) -> Image:
+    """The publisher's newest image of ``chosen`` for the type's architecture: its SSM parameter,
+    else DescribeImages by owner and name. BadInput naming what was asked when neither has one."""
+    platform = platforms.get(chosen)
+    if itype.cpu_arch not in DISTRO_ARCH:
+        raise BadInput(f"{itype.name} runs {itype.cpu_arch}: no {platform.title} image for it; pass --image")
+    arch = DISTRO_ARCH[itype.cpu_arch]
+    ssm_name, owner, pattern = IMAGE_SOURCES[chosen]
+    parameter, pattern = ssm_name.format(arch=arch), pattern.format(arch=arch)
+    proof = "proven here" if platform.proven else "not proven here: gpuprov's suite runs Debian 12"
+    default = "the default" if chosen == DEFAULT_OS else f"--os {chosen}"
+    found: list[dict[str, Any]] = []
+    try:
+        value = aws.client("ssm").get_parameter(Name=parameter)["Parameter"]["Value"]
         found = aws.ec2.describe_images(ImageIds=[value])["Images"]
+        why = f"it names {value}, which EC2 does not show" if not found else ""
     except api.Unreachable:
         raise
-    except Exception:  # noqa: BLE001  (the public parameter may be absent: fall back)
-        found = []
-    if not found:
-        found = aws.ec2.describe_images(
-            Owners=[CANONICAL_OWNER],
-            Filters=[
-                {"Name": "name", "Values": [UBUNTU_NAME.format(arch=arch)]},
-                {"Name": "state", "Values": ["available"]},
-            ],
-        )["Images"]
-        found = sorted(found, key=lambda i: i.get("CreationDate", ""))[-1:]
-    if not found:
+    except Exception as exc:  # noqa: BLE001  (the public parameter may be absent or unreadable: fall back)
+        why = api.error_code(exc) or type(exc).__name__
+    if found and found[0].get("Architecture", itype.cpu_arch) != itype.cpu_arch:
+        why, found = f"it names an {found[0]['Architecture']} image", []
+    if found:
+        return Image(found[0]["ImageId"], _root(found[0]),
+                     f"{platform.title}, {default} ({proof}), from SSM {parameter}", chosen)
+    listed = aws.ec2.describe_images(
+        Owners=[owner],
+        Filters=[
+            {"Name": "name", "Values": [pattern]},
+            {"Name": "architecture", "Values": [itype.cpu_arch]},
+            {"Name": "state", "Values": ["available"]},
+        ],
+    )["Images"]
+    listed = sorted(listed, key=lambda i: i.get("CreationDate", ""))[-1:]
+    if not listed:
         raise BadInput(
-            f"no Ubuntu 22.04 image found in {aws.region} (SSM public parameter and Canonical's "
-            "images both unavailable); pass --image ami-..."
+            f"no {platform.title} {arch} image found in {aws.region}: SSM parameter {parameter} "
+            f"unreadable ({why}) and no image of owner {owner} named {pattern}; pass --image ami-... "
+            f"(or another --os: {', '.join(k for k in OS_CHOICES if k != chosen)})"
         )
-    return found[0]["ImageId"], found[0].get("RootDeviceName") or "/dev/sda1"
+    notes.append(f"warning: SSM parameter {parameter} unreadable ({why}); took owner {owner}'s "
+                 f"newest image named {pattern}")
+    return Image(listed[0]["ImageId"], _root(listed[0]),
+                 f"{platform.title}, {default} ({proof}), {listed[0].get('Name', '')}", chosen)
 
 
-def _archs(aws: api.Aws, type_name: str) -> list[str]:
-    entry = catalog._read_cache(aws.region)["types"].get(type_name, {})
-    return list((entry.get("record", {}).get("ProcessorInfo") or {}).get("SupportedArchitectures") or [])
+def _root(image: dict[str, Any]) -> str:
+    return str(image.get("RootDeviceName") or "/dev/sda1")
+
+
+def _name(image: dict[str, Any]) -> str:
+    return f", {image['Name']}" if image.get("Name") else ""
 
 
 def check_cidr(cidr: str, *, allow_wide: bool = False) -> str:

@@ -24,9 +24,7 @@ class AwsProvider(Provider):
         preflight.check_type(spec)
 
     def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
-        spec = super().check_spec(spec)
-        preflight.check_spec(spec)
-        return spec
+        return preflight.check_spec(super().check_spec(spec))
 
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
         return preflight.make_plan(self.check_spec(spec))

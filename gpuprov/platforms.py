@@ -1,0 +1,60 @@
+"""The operating systems gpuprov's roles name, and which of them this suite proves.
+
+One table, read by the aws provider (`up --os`, its default image), `gpuprov stack`, and the
+tests that keep the roles' meta/main.yml and the READMEs honest. "Proven" means every role's
+molecule scenario and the end-to-end suite run on it here (the node image gpuprov/node:bookworm,
+Debian 12); a platform that is only "claimed" is named by the roles' metadata and accepted by
+their asserts, but no scenario here runs on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PROVEN_BY = ("every role's molecule scenario and the docker end-to-end suite run on the node "
+             "image gpuprov/node:bookworm")
+
+
+@dataclass(frozen=True)
+class Platform:
+    key: str  # the --os value, e.g. debian12
+    distribution: str  # as Ansible's ansible_facts['distribution'] and galaxy meta name it
+    version: str  # 12, 22.04
+    codename: str  # galaxy meta's version name: bookworm, jammy
+    proven: bool
+
+    @property
+    def title(self) -> str:
+        return f"{self.distribution} {self.version} ({self.codename})"
+
+    def row(self) -> dict[str, Any]:
+        return {"os": self.key, "name": self.title, "proven": self.proven,
+                "how": PROVEN_BY if self.proven else "claimed by the roles' metadata; no scenario "
+                "here runs on it"}
+
+
+PLATFORMS: tuple[Platform, ...] = (
+    Platform("debian12", "Debian", "12", "bookworm", proven=True),
+    Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False),
+    Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False),
+    Platform("ubuntu24.04", "Ubuntu", "24.04", "noble", proven=False),
+)
+BY_KEY = {p.key: p for p in PLATFORMS}
+BY_CODENAME = {(p.distribution, p.codename): p for p in PLATFORMS}
+
+
+def get(key: str) -> Platform:
+    return BY_KEY[key]
+
+
+def listing() -> list[dict[str, Any]]:
+    """`gpuprov stack -o json`'s ``platforms``: every platform the roles name, proven first."""
+    return [p.row() for p in sorted(PLATFORMS, key=lambda p: not p.proven)]
+
+
+def summary() -> str:
+    """One line for people: which are proven here, which only claimed."""
+    proven = ", ".join(p.title for p in PLATFORMS if p.proven)
+    claimed = ", ".join(p.title for p in PLATFORMS if not p.proven)
+    return f"proven here: {proven}; claimed, not proven here: {claimed}"

@@ -1,0 +1,151 @@
+"""The README's headline command end to end, on an EC2 whose instances are real nodes.
+
+``gpuprov up --type p4d.24xlarge --count 4`` against moto behind the shim, where each
+instance is a systemd node container booting the launch's user-data with cloud-init
+(tests/aws/ec2_nodes.py, a labelled fixture): launch, first contact on the pinned
+bootstrap host key, the hand-over to each node's own key, the bootstrap, the health
+gate, then exec, provision, patch --check, a spot interruption noticed through IMDSv2,
+and down with nothing left.
+
+What differs from a real p4d, and why:
+- ``--source mirror`` with the signed fixture repository (NVIDIA's package names, FIXTURE
+  payloads): the nodes cannot reach NVIDIA's repository from this machine.
+- ``--tags preflight,driver,spot``: the plays that fit four nodes on two cores inside
+  the suite's budget. The CUDA, container and microcode plays are proven on real
+  packages by the local-node cluster (tests/e2e/test_docker_cluster.py) and each role's
+  molecule scenario; the RDMA play needs the EFA installer, which only AWS serves.
+- ``--spot``: the same four nodes carry the spot watcher (the spot play runs only on
+  spot instances, as IMDS's instance-life-cycle says).
+- ``--ssh-cidr 127.0.0.1/32``: the controller reaches the nodes from loopback.
+There is no GPU behind these nodes, so the health gate must fail on every node with
+"expected 8 NVIDIA GPUs (p4d.24xlarge), found 0" and `up` must exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.aws import ec2_nodes
+from tests.aws.conftest import MOTO_AMI, instances
+from tests.aws.moto_shim import Shim
+from tests.conftest import require_docker, run_cli
+
+pytestmark = pytest.mark.e2e
+
+NAME = "headline"
+COUNT = 4
+
+
+@pytest.fixture
+def ec2(shim: Shim, monkeypatch: pytest.MonkeyPatch):
+    require_docker()
+    proxy = os.environ.get("GPUPROV_APT_PROXY")
+    if not proxy:
+        raise AssertionError("GPUPROV_APT_PROXY is not set: run through `make test`")
+    nodes = ec2_nodes.Ec2Nodes(apt_proxy=proxy)
+    shim.nodes = nodes
+    # Real boots: SSH comes up in seconds, not the shim's default 3 s.
+    monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "300")
+    try:
+        yield nodes
+    finally:
+        shim.nodes = None
+        nodes.close()
+
+
+@pytest.fixture
+def repo():
+    from gpuprov.providers.docker import bridge_gateway
+    from tests.fixtures import patchrepo
+
+    r = patchrepo.start(bridge_gateway())
+    yield r
+    r.close()
+
+
+def _image(shim: Shim) -> None:
+    """The public image parameter gpuprov reads for its default image, answered with an image
+    moto knows (moto holds no public parameters; the node container is what boots)."""
+    from gpuprov.providers.aws import preflight
+
+    ssm_name, _, _ = preflight.IMAGE_SOURCES[preflight.DEFAULT_OS]
+    shim.ssm_parameters[ssm_name.format(arch="amd64")] = MOTO_AMI
+
+
+def _spot_marker(ec2: ec2_nodes.Ec2Nodes, iid: str) -> str:
+    return ec2.sh(iid, "cat /run/gpuprov/interruption 2>/dev/null").stdout
+
+
+def test_headline_command_on_emulated_ec2(shim: Shim, ec2: ec2_nodes.Ec2Nodes, repo) -> None:
+    _image(shim)
+    started = time.monotonic()
+    proc = run_cli("up", "--name", NAME, "--type", "p4d.24xlarge", "--count", str(COUNT), "--yes",
+                   "--spot", "--ssh-cidr", "127.0.0.1/32", "--source", "mirror", "--mirror-url", repo.url,
+                   "--mirror-key-fingerprint", repo.fingerprint, "--tags", "preflight,driver,spot",
+                   "--no-rollback", "-o", "json", timeout=1500)
+    print(f"up on {COUNT} emulated p4d nodes: {time.monotonic() - started:.0f} s")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    assert len(instances(NAME)) == COUNT and len(ec2.instances) == COUNT, proc.stderr[-3000:]
+    # First contact was on the pinned bootstrap key; then each node made its own.
+    assert proc.stderr.count("host key handed over") == COUNT, proc.stderr[-3000:]
+    for iid in ec2.instances:
+        # sshd serves only the node's own key, the one gpuprov pinned (its fingerprint).
+        keys = ec2.sh(iid, "sshd -T | awk '$1 == \"hostkey\" {print $2}'").stdout.split()
+        assert keys == ["/etc/ssh/gpuprov_host_ed25519_key"], keys
+        fingerprint = ec2.sh(iid, "ssh-keygen -lf /etc/ssh/gpuprov_host_ed25519_key.pub").stdout.split()[1]
+        assert f"own key {fingerprint} pinned" in proc.stderr
+        assert ec2.sh(iid, "ls /etc/ssh/ssh_host_ed25519_key 2>&1").returncode != 0
+        # cloud-init ran gpuprov's user-data to the end, and found it valid (its schema).
+        status = ec2.sh(iid, "cloud-init status --long; cloud-init schema --system")
+        assert "status: done" in status.stdout and "Valid cloud-config" in status.stdout, status
+    # No GPU behind an emulated p4d: the preflight stops every node before any driver goes
+    # on, naming what it expected and found, and `up` fails (exit 1) with the nodes kept.
+    assert not result["bootstrap"]["ok"], result["bootstrap"]
+    missing = [line for line in proc.stderr.splitlines()
+               if "expected 8 NVIDIA GPU(s) on the PCI bus, found 0" in line]
+    assert len(missing) == COUNT, proc.stderr[-3000:]
+    for iid in ec2.instances:
+        assert "nvidia" not in ec2.sh(iid, "dpkg -l 'nvidia*' 2>/dev/null | grep ^ii").stdout
+
+    # exec reaches every node over the handed-over keys.
+    proc = run_cli("exec", NAME, "--", "cloud-init", "status")
+    assert proc.returncode == 0, proc.stderr
+    assert sum(1 for line in proc.stdout.splitlines() if line.endswith("status: done")) == COUNT, proc.stdout
+
+    # The spot play alone (IMDS says these are spot instances), then again: nothing changes.
+    proc = run_cli("provision", NAME, "--tags", "spot", "-o", "json", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("provision", NAME, "--tags", "spot", "-o", "json", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all(h["changed"] == 0 for h in json.loads(proc.stdout)["hosts"].values()), proc.stdout
+    # EC2 posts an interruption to one node: its watcher, asking IMDSv2, runs the hook once.
+    first, *others = list(ec2.instances)
+    notice = ec2.post_spot_interruption(first)
+    deadline = time.monotonic() + 60
+    while not _spot_marker(ec2, first) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert json.loads(_spot_marker(ec2, first)) == notice
+    assert all(_spot_marker(ec2, iid) == "" for iid in others)
+    journal = ec2.sh(first, "journalctl -u gpuprov-spot-watch --no-pager").stdout
+    assert journal.count("interruption notice:") == 1, journal
+
+    # GetConsoleOutput shows the boot, as on EC2.
+    import base64
+
+    import boto3
+
+    console = boto3.client("ec2", region_name="us-east-1").get_console_output(InstanceId=first)["Output"]
+    assert "Cloud-init v." in console or "cloud-init" in base64.b64decode(console).decode(errors="replace")
+
+    # down: no instance, no container, no tagged resource left.
+    proc = run_cli("down", NAME, "--yes", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert instances(NAME) == [] and ec2.containers() == []
+    from gpuprov.providers.aws import api, teardown
+
+    assert teardown.tagged_resources(api.connect("us-east-1"), NAME) == []
