@@ -282,6 +282,8 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
                      "if that moves, instead of drifting")
         notes.append(f"distro source: {src.get('support', 'the distribution')} applies to these "
                      "packages, not NVIDIA's branch lifecycle")
+        notes.append(f"distro source: Debian's archive has no NCCL; NCCL {facts['nccl']['version']} "
+                     "is installed with --source nvidia or mirror")
     life = lifecycle(branch)
     return Lock(
         instance_type=label,

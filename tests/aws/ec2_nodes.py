@@ -8,7 +8,7 @@ image built here from the local node image plus Debian's ``cloud-init``
 - the launch's user-data (what gpuprov wrote: the bootstrap host key, the login user)
   is really executed at boot by cloud-init, fed through the NoCloud datasource (a seed
   directory mounted at ``/var/lib/cloud/seed/nocloud``);
-- the instance answers SSH on port 22 of its own loopback address (127.0.0.N), and
+- the instance answers SSH on port 22 of its own loopback address (127.X.Y.N), and
   DescribeInstances reports that address as its public one (an elastic IP gpuprov
   attaches included), so gpuprov connects exactly as on EC2;
 - IMDSv2 answers at 169.254.169.254 inside the node (``ec2_node/imds.py``), with the
@@ -29,6 +29,7 @@ import hashlib
 import io
 import itertools
 import json
+import secrets
 import shutil
 import subprocess
 import tarfile
@@ -145,6 +146,9 @@ class Ec2Nodes:
     _addresses: itertools.count = field(default_factory=lambda: itertools.count(10))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     image: str = ""
+    # A /24 of 127.0.0.0/8 of this session's own (chosen at random): two sessions on one
+    # machine never publish port 22 on the same address.
+    _net: str = field(default_factory=lambda: f"127.{secrets.randbelow(254) + 1}.{secrets.randbelow(254) + 1}")
 
     def __post_init__(self) -> None:
         self.image = build_image(self.apt_proxy)
@@ -157,7 +161,7 @@ class Ec2Nodes:
         for item in _items(response):
             iid = item["instanceId"]
             with self._lock:
-                address = f"127.0.0.{next(self._addresses)}"
+                address = f"{self._net}.{next(self._addresses)}"
             index = int(item.get("amiLaunchIndex") or 0)
             work = self.workdir / iid
             (work / "seed").mkdir(parents=True)

@@ -157,8 +157,9 @@ def test_verify_catches_drift_and_provision_repairs_it(cluster, env) -> None:
     failed = [(h, p["probe"]) for h, ps in result["hosts"].items() for p in ps if p["status"] == "fail"]
     assert failed == [(broken, "unattended_upgrades_leave_gpu_packages")]
     detail = next(p["detail"] for p in result["hosts"][broken] if p["status"] == "fail")
-    # the other roles' drop-ins still guard their own packages; NCCL was only in this one
-    assert "libnccl2" in detail, detail
+    # the other roles' drop-ins still guard their own packages (NCCL's is the cuda role's
+    # since it installs NCCL); cuDNN's was only in this one
+    assert "libcudnn8" in detail, detail
 
     proc = run_cli("provision", name, "-o", "json", env=env)
     assert proc.returncode == 0, proc.stderr

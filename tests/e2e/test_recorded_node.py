@@ -81,6 +81,8 @@ HEALTHY = {
     "nvcc_reports_the_locked_cuda": ("fail", "expected nvcc on a login shell's PATH, found none"),
     "cuda_prefix_and_environment": ("fail", "expected /usr/local/cuda -> /usr/local/cuda-11.8"),
     "cudnn_matches_the_lock": ("fail", "expected cudnn_version.h to say 8.9.6"),
+    # (written after the real run: the nvidia source's lock installs NCCL; nothing here did)
+    "nccl_matches_the_lock": ("fail", "expected libnccl2 and libnccl-dev at 2.16.5-1+cuda11.8"),
     "nccl_conf_has_the_expected_keys": ("fail", "expected /etc/nccl.conf"),
     "rdma_userspace_present": ("fail", "expected rdma-core, ibverbs-utils, infiniband-diags installed"),
     "nvidia_peermem_configured": ("fail", "expected nvidia-peermem in /etc/modules-load.d"),

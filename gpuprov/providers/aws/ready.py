@@ -20,7 +20,11 @@ def wait_ready(nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -
     deadline = time.monotonic() + env_seconds("GPUPROV_AWS_SSH_TIMEOUT", 600)
 
     def one(node: NodeRecord) -> None:
-        wait_port(node.address, node.ssh_port, deadline)
+        try:
+            wait_port(node.address, node.ssh_port, deadline)
+        except GpuprovError as exc:
+            tail = console_tail(node)
+            raise GpuprovError(f"{exc}; {tail}" if tail else str(exc)) from None
         new = hostkeys.hand_over(
             node, files.key, files.known_hosts, bootstrap_key(node, files),
             hostkeys.own_key_file(files, node), timeout=max(5.0, deadline - time.monotonic()),
@@ -34,6 +38,24 @@ def wait_ready(nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -
     # Instances boot together: up to 64 at once, so a large cluster's nodes share one deadline fairly.
     ssh.each_node(nodes, one, workers=64)
     return nodes
+
+
+def console_tail(node: NodeRecord, lines: int = 6) -> str:
+    """The last lines of the instance's console (GetConsoleOutput, the newest output where EC2
+    has it), for a node that never answered: what its boot said, in one line; "" when EC2 has
+    nothing or the call is not allowed. The text comes from the node: only printable
+    characters reach the terminal."""
+    from gpuprov.providers.aws import api
+
+    try:
+        aws = api.connect(node.extra.get("region"), attempts=2)
+        # (botocore decodes the base64 EC2 sends: Output is text.)
+        text = aws.ec2.get_console_output(InstanceId=node.id, Latest=True).get("Output") or ""
+    except Exception:  # noqa: BLE001 (best effort: the SSH failure is the error reported)
+        return ""
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    clean = " | ".join("".join(c if c.isprintable() else "?" for c in line) for line in kept)
+    return f"its console's last lines: {clean}" if clean else ""
 
 
 def wait_port(address: str, port: int, deadline: float) -> None:
