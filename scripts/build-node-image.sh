@@ -16,15 +16,7 @@ log() { printf '[node-image] %s\n' "$*" >&2; }
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
-mirror=${GPUPROV_DEBIAN_MIRROR:-}
-if [ -z "$mirror" ]; then
-  # The Debian URI this machine's own apt sources use (deb822 or one-line).
-  mirror=$(grep -rhE '^URIs:' /etc/apt/sources.list.d/ 2>/dev/null \
-    | awk '{print $2}' | grep -E '/debian/?$' | head -n1 || true)
-fi
-if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
-  mirror=$(awk '$1=="deb" && $2 !~ /^\[/ && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list)
-fi
+mirror=$(debian_mirror)
 if [ -z "$mirror" ]; then
   log "cannot find a Debian mirror in this machine's apt sources; set GPUPROV_DEBIAN_MIRROR"
   exit 1

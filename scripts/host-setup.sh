@@ -101,8 +101,12 @@ BindAddress: 127.0.0.1 $gateway"
 if [ "$(cat "$acng_conf" 2>/dev/null)" != "$want" ]; then
   need_root "configure apt-cacher-ng"
   printf '%s\n' "$want" >"$acng_conf"
-  # Debian's archive as the backend for the Debian remap.
-  [ -s /etc/apt-cacher-ng/backends_debian ] || echo "http://deb.debian.org/debian/" >/etc/apt-cacher-ng/backends_debian
+  # The Debian archive this machine's apt uses as the backend for the Debian remap (none
+  # found: apt-cacher-ng's own list).
+  debian=$(debian_mirror)
+  if [ -n "$debian" ] && [ ! -s /etc/apt-cacher-ng/backends_debian ]; then
+    echo "${debian%/}/" >/etc/apt-cacher-ng/backends_debian
+  fi
   restart_acng=1
 fi
 if [ "${restart_acng:-0}" = 1 ] || ! (exec 3<>"/dev/tcp/127.0.0.1/3142") 2>/dev/null; then

@@ -14,3 +14,17 @@ bridge_gateway() {
 recipe_hash() {
   sha256sum "$(dirname "${BASH_SOURCE[0]}")/build-node-image.sh" | cut -c1-16
 }
+
+# The Debian archive URI this machine's own apt sources use (deb822 or one-line), or
+# GPUPROV_DEBIAN_MIRROR; empty when none is found.
+debian_mirror() {
+  local mirror=${GPUPROV_DEBIAN_MIRROR:-}
+  if [ -z "$mirror" ]; then
+    mirror=$(grep -rhE '^URIs:' /etc/apt/sources.list.d/ 2>/dev/null \
+      | awk '{print $2}' | grep -E '/debian/?$' | head -n1 || true)
+  fi
+  if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
+    mirror=$(awk '$1=="deb" && $2 !~ /^\[/ && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list)
+  fi
+  echo "$mirror"
+}
