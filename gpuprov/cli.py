@@ -67,6 +67,7 @@ def up(
     rollback: bool | None,
     hosts_file: str | None,
     no_bootstrap: bool,
+    min_count: int | None,
     tags: str | None,
     health: str,
     source: str | None,
@@ -91,6 +92,7 @@ def up(
         ("os", os_name), ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda),
         ("mirror_url", mirror_url),
         ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
+        ("min_count", min_count),
     ) if v}
     spec = ClusterSpec(name=name or core.generate_name(), provider=provider, instance_type=instance_type,
                        count=count or 0, region=region, image=image, ssh_cidr=ssh_cidr, spot=spot,

@@ -88,6 +88,9 @@ UP_OPTIONS = [
         is_flag=True,
         help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
     ),
+    click.option("--min-count", type=click.IntRange(min=1), metavar="K",
+        help="aws: accept a launch of at least K nodes when capacity runs short in every zone "
+        "(default: all --count or nothing)."),
     click.option("--tags", metavar="T",
         help="Bootstrap with only these plays/roles (comma-separated Ansible tags, as `provision "
         "--tags`); the cluster is not marked bootstrapped, and `provision` completes it."),

@@ -128,6 +128,7 @@ PROVIDER_FLAGS: tuple[tuple[str, str, Callable[[ClusterSpec], Any]], ...] = (
     ("--capacity-reservation", "aws", lambda s: s.options.get("capacity_reservation")),
     ("--allow-wide-ssh-cidr", "aws", lambda s: s.options.get("allow_wide_ssh_cidr") or None),
     ("--os", "aws", lambda s: s.options.get("os")),
+    ("--min-count", "aws", lambda s: s.options.get("min_count")),
 )
 
 

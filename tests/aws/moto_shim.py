@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 
 @dataclass
@@ -78,6 +78,9 @@ class Shim:
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
     nodes: Any = None  # ec2_nodes.Ec2Nodes: launched instances become real nodes
+    # Instances of the launched type a zone can still give (EC2's MinCount/MaxCount: fewer than
+    # MinCount is InsufficientInstanceCapacity, else at most what is left); no entry: unlimited.
+    capacity: dict[str, int] = field(default_factory=dict)
 
     # -- what tests read -----------------------------------------------------------
     def actions(self, service: str = "ec2", include_dry_run: bool = False) -> list[str]:
@@ -98,6 +101,7 @@ class Shim:
         self.eips.clear()
         self.quotas.clear()
         self.ssm_parameters.clear()
+        self.capacity.clear()
         self.idempotent_tokens = False
         self.hold_after_run = False
         self.held.clear()
@@ -170,8 +174,18 @@ class Shim:
         token = params.get("ClientToken")
         if self.idempotent_tokens and token in self.tokens:
             return 200, {"Content-Type": "text/xml"}, self.tokens[token]
+        zone = params.get("Placement.AvailabilityZone", "")
+        if zone in self.capacity and params.get("DryRun") != "true":
+            left, least = self.capacity[zone], int(params.get("MinCount", "1"))
+            if left < least:
+                return 400, {}, _error("InsufficientInstanceCapacity",
+                                       f"We currently do not have sufficient capacity in {zone} ({left} left).")
+            params = {**params, "MaxCount": str(min(int(params.get("MaxCount", "1")), left))}
+            body = urlencode(params).encode()
         status, out_headers, data = self._forward(method, path, headers, body)
         if status == 200:
+            if zone in self.capacity and params.get("DryRun") != "true":
+                self.capacity[zone] -= len(re.findall(rb"<instanceId>", data))
             if token:
                 self.tokens[token] = data
             if sum(1 for k in params if re.fullmatch(r"NetworkInterface\.\d+\.DeviceIndex", k)) > 1:
@@ -225,7 +239,9 @@ class Shim:
     def _forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(self.moto, timeout=60)
         try:
-            conn.request(method, path, body=body, headers={k: v for k, v in headers.items() if k.lower() != "host"})
+            # (Content-Length from the body as sent: the shim may have rewritten it)
+            conn.request(method, path, body=body,
+                         headers={k: v for k, v in headers.items() if k.lower() not in ("host", "content-length")})
             answer = conn.getresponse()
             data = answer.read()
             keep = {k: v for k, v in answer.getheaders() if k.lower() in ("content-type", "x-amzn-requestid")}

@@ -101,44 +101,69 @@ def _run_with_failover(
     reservation = spec.options.get("capacity_reservation")
     if reservation:
         zones = [z for z in zones if z == reservation_zone(aws, reservation)] or zones
-    for zone in zones:
-        subnet = subnets.get(zone)
-        if subnet is None:
-            report(f"zone {zone}: skipped (no default subnet)")
-            tried.append(f"{zone}: no default subnet")
-            continue
-        group = None
-        if uses_placement_group(prep.itype, spec.count):
-            group = ensure_placement_group(aws, spec.name, zone, report)
-        report(f"zone {zone}: launching {count} x {prep.itype.name}")
-        params = run_params(prep, spec, subnet, sg, zone, group, batch, data, count, first)
-        params["KeyName"] = key_name
-        params["ClientToken"] = f"{spec.name}-{batch}-{zone}"[:64]
-        try:
-            answer = aws.ec2.run_instances(**params)
-        except ClientError as exc:
-            code, message = api.error_code(exc), api.error_message(exc)
-            if code in api.CAPACITY_ERRORS:
-                report(f"zone {zone}: {code}: {message}")
-                tried.append(f"{zone}: {code}")
-                if group and fresh:
-                    delete_placement_group(aws, group, report)
+
+    def in_zones(minimum: int) -> list[str]:
+        """One RunInstances per zone until one launches (MinCount ``minimum``, MaxCount
+        ``count``): its instance ids; [] when every zone said it has no capacity."""
+        for zone in zones:
+            subnet = subnets.get(zone)
+            if subnet is None:
+                report(f"zone {zone}: skipped (no default subnet)")
+                tried.append(f"{zone}: no default subnet")
                 continue
-            if code in api.QUOTA_ERRORS:
-                quota_code, quota_name, value = prep.quota
-                shown = f"{value:g} vCPUs" if value is not None else "value unknown (Service Quotas did not answer)"
-                raise GpuprovError(
-                    f"AWS refused the launch: {code}: {message} -- quota '{quota_name}' "
-                    f"({quota_code}) in {aws.region}: {shown}; request an increase in the "
-                    "Service Quotas console"
-                ) from None
-            raise GpuprovError(f"RunInstances in {zone} failed: {code}: {message}") from None
-        ids = [i["InstanceId"] for i in answer["Instances"]]
-        report(f"zone {zone}: launched {', '.join(ids)}")
-        return ids
+            group = None
+            if uses_placement_group(prep.itype, spec.count):
+                group = ensure_placement_group(aws, spec.name, zone, report)
+            report(f"zone {zone}: launching {count} x {prep.itype.name}")
+            params = run_params(prep, spec, subnet, sg, zone, group, batch, data, count, first)
+            params["MinCount"] = minimum
+            params["KeyName"] = key_name
+            # (one token per zone and pass: a retried call never launches twice)
+            suffix = f"-min{minimum}" if minimum < count else ""
+            params["ClientToken"] = f"{spec.name}-{batch}-{zone}{suffix}"[:64]
+            try:
+                answer = aws.ec2.run_instances(**params)
+            except ClientError as exc:
+                code, message = api.error_code(exc), api.error_message(exc)
+                if code in api.CAPACITY_ERRORS:
+                    report(f"zone {zone}: {code}: {message}")
+                    tried.append(f"{zone}: {code}")
+                    if group and fresh:
+                        delete_placement_group(aws, group, report)
+                    continue
+                if code in api.QUOTA_ERRORS:
+                    quota_code, quota_name, value = prep.quota
+                    shown = f"{value:g} vCPUs" if value is not None else "value unknown (Service Quotas did not answer)"
+                    raise GpuprovError(
+                        f"AWS refused the launch: {code}: {message} -- quota '{quota_name}' "
+                        f"({quota_code}) in {aws.region}: {shown}; request an increase in the "
+                        "Service Quotas console"
+                    ) from None
+                raise GpuprovError(f"RunInstances in {zone} failed: {code}: {message}") from None
+            ids = [i["InstanceId"] for i in answer["Instances"]]
+            report(f"zone {zone}: launched {', '.join(ids)}")
+            return ids
+        return []
+
+    # All of them in one zone first (every zone); then, with --min-count K, at least the
+    # nodes that bring the cluster to K (EC2's MinCount: it launches as many as it can up to
+    # MaxCount, or none), zone by zone again.
+    existing = spec.count - count
+    least = int(spec.options.get("min_count") or spec.count)
+    passes = [count] + ([max(1, least - existing)] if least - existing < count else [])
+    for minimum in passes:
+        if minimum < count:
+            report(f"no zone has {count} x {prep.itype.name}: --min-count {least} accepts "
+                   f"{minimum} or more of them")
+        ids = in_zones(minimum)
+        if ids:
+            if len(ids) < count:
+                report(f"launched {len(ids)} of {count} (--min-count {least}): the cluster has "
+                       f"{existing + len(ids)} of its {spec.count} node(s); `gpuprov up` again adds the rest")
+            return ids
     raise GpuprovError(
-        f"no capacity for {count} x {prep.itype.name} in any zone of {aws.region} "
-        f"({'; '.join(tried)}); nothing was left running"
+        f"no capacity for {passes[-1] if len(passes) > 1 else count} x {prep.itype.name} in any zone "
+        f"of {aws.region} ({'; '.join(tried)}); nothing was left running"
     )
 
 

@@ -94,6 +94,9 @@ def check_spec(spec: ClusterSpec) -> ClusterSpec:
             f"--count {spec.count} is more than gpuprov launches in one cluster ({MAX_COUNT}: "
             "one all-or-nothing RunInstances in one zone); use several clusters"
         )
+    least = spec.options.get("min_count")
+    if least is not None and not 1 <= int(least) <= spec.count:
+        raise BadInput(f"--min-count {least} must be between 1 and --count {spec.count}")
     if chosen is None and not spec.image:
         spec = replace(spec, options={**spec.options, "os": DEFAULT_OS})
     return spec

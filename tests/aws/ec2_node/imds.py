@@ -13,10 +13,10 @@ to access instance metadata"): a session token from ``PUT /latest/api/token`` wi
 ``X-aws-ec2-metadata-token-ttl-seconds`` between 1 and 21600 (else 400); every GET
 must carry a live token in ``X-aws-ec2-metadata-token`` (else 401: IMDSv1 is off, as
 gpuprov launches require with HttpTokens=required); an unknown path is 404, and so is
-``spot/instance-action`` until an interruption is scheduled. The response hop limit
-cannot be emulated on a loopback address; what it protects against (containers on the
-node reaching the service) holds here because the address lives on the node's own
-loopback, which containers in their own network namespaces cannot reach.
+``spot/instance-action`` until an interruption is scheduled. The response hop limit is
+not emulated: the address lives on the node's own loopback, so only the node's own
+processes reach it (on EC2, gpuprov's hop limit 2 lets the node's containers reach it
+too; nothing in gpuprov's tests asks from a container).
 """
 
 import json
