@@ -18,7 +18,9 @@ image built here from the local node image plus Debian's ``cloud-init``
   cloud-init console log.
 
 Injected faults: ``unreachable`` (launch indexes whose port 22 is never published: a
-node that never answers SSH), besides the shim's own API faults.
+node that never answers SSH), ``no_bootcmd`` (launch indexes whose cloud-init never runs
+the user-data's bootcmd: a node that answers with a host key gpuprov did not pin), besides
+the shim's own API faults.
 """
 
 from __future__ import annotations
@@ -142,6 +144,9 @@ class Ec2Nodes:
     session: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     instances: dict[str, Instance] = field(default_factory=dict)
     unreachable: set[int] = field(default_factory=set)  # launch indexes never published on port 22
+    # Launch indexes whose cloud-init never runs the user-data's bootcmd (cut from their
+    # seed): the node comes up with a host key cloud-init made, not the pinned bootstrap key.
+    no_bootcmd: set[int] = field(default_factory=set)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpuprov-ec2-")))
     _addresses: itertools.count = field(default_factory=lambda: itertools.count(10))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -168,7 +173,11 @@ class Ec2Nodes:
             (work / "imds").mkdir()
             hostname = "ip-" + (item.get("privateIpAddress") or "10.0.0.1").replace(".", "-")
             (work / "seed" / "meta-data").write_text(f"instance-id: {iid}\nlocal-hostname: {hostname}\n")
-            (work / "seed" / "user-data").write_bytes(user_data)
+            seed = user_data
+            if index in self.no_bootcmd:
+                text = user_data.decode()
+                seed = text[:text.index("\nbootcmd:")].encode() + b"\n"
+            (work / "seed" / "user-data").write_bytes(seed)
             (work / "imds" / "user-data").write_bytes(user_data)
             zone = item.get("availabilityZone") or "us-east-1a"
             (work / "imds" / "meta-data.json").write_text(json.dumps({

@@ -169,3 +169,20 @@ def test_a_node_that_never_answers_ssh_is_named_with_its_console_and_nothing_is_
     from gpuprov.providers.aws import api, teardown
 
     assert teardown.tagged_resources(api.connect("us-east-1"), "mute") == []
+
+
+def test_a_node_answering_with_an_unpinned_host_key_is_refused_and_nothing_is_left(
+        shim: Shim, ec2: ec2_nodes.Ec2Nodes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault: the second instance's cloud-init never runs the user-data's bootcmd, so the
+    bootstrap host key is never installed and cloud-init makes a key of its own. gpuprov
+    must refuse to talk to it (the pinned key does not match), name it, and remove what it
+    launched; the first instance is handed over as usual before the failure is judged."""
+    _image(shim)
+    ec2.no_bootcmd = {1}
+    monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "60")
+    proc = run_cli("up", "--name", "spoof", "--type", "g5.xlarge", "--count", "2", "--yes",
+                   "--ssh-cidr", "127.0.0.1/32", timeout=600)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "spoof-node-2" in line and "host key" in line.lower()]
+    assert lines, proc.stderr[-3000:]
+    assert instances("spoof") == [] and ec2.containers() == []
