@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""gpuprov benchmarks: figures, not pass/fail.
+"""gpuprov benchmarks: figures, not pass/fail (`make bench`).
 
-    python benchmarks/run.py [--nodes 2] [--startup-runs 20]
+    python benchmarks/run.py [--runs 3] [--startup-runs 15] [--sizes 1,2,4,8] [--scratch-runs 1]
+                             [--skip scratch,noop,aws]
 
-Reports:
-  - CLI start-up: median wall time of `gpuprov --help`;
-  - launch: `up --no-bootstrap` of N local nodes (containers + SSH-ready);
-  - converge: first `provision` of the fresh nodes, total and per node;
-  - no-op re-run: a second `provision` (nothing to change);
-  - verify: `verify --level quick`;
-  - health: `health` (the quick level), the gate `up` and every patch batch add.
-Writes bench-results/<timestamp>.json. Needs the Docker engine and node image
-(`make host-setup`). Uses its own GPUPROV_HOME and removes its cluster.
+On local nodes (the docker provider; the Docker engine, node image and package cache of
+`make host-setup`), each figure the median of several runs with min and max:
+  - start-up: `gpuprov --help`, `gpuprov list`, `gpuprov status NAME`;
+  - up to verified, 2 nodes, from scratch (warm package cache: `up` + `verify`);
+  - image bake of one of those nodes;
+  - up to verified, 2 nodes, from the baked image;
+  - no-op `provision` of the whole site on 1, 2, 4 and 8 nodes booted from the baked image,
+    and T(8)/T(1);
+  - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py).
+Uses its own GPUPROV_HOME and image repository; removes its clusters and image. Writes
+bench-results/<time>.json and prints a Markdown table (the README's performance section).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import statistics
 import subprocess
@@ -33,51 +37,117 @@ GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 
 def timed(*args: str, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([GPUPROV, *args], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run([GPUPROV, *args], capture_output=True, text=True, env=env, check=False,
+                          stdin=subprocess.DEVNULL)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        sys.exit(f"gpuprov {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        sys.exit(f"gpuprov {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return elapsed
+
+
+def figure(samples: list[float], scale: float = 1.0) -> dict[str, float | int]:
+    return {"median": round(statistics.median(samples) * scale, 2), "min": round(min(samples) * scale, 2),
+            "max": round(max(samples) * scale, 2), "runs": len(samples)}
+
+
+def down(name: str, env: dict[str, str]) -> None:
+    subprocess.run([GPUPROV, "down", name, "--yes"], env=env, capture_output=True, check=False)
+
+
+def up_verified(name: str, count: int, env: dict[str, str], *extra: str) -> float:
+    return timed("up", "--provider", "docker", "--count", str(count), "--name", name, *extra, env=env) + timed(
+        "verify", name, env=env)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--startup-runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (from-scratch: --scratch-runs)")
+    parser.add_argument("--startup-runs", type=int, default=15)
+    parser.add_argument("--scratch-runs", type=int, default=1, help="from-scratch bootstraps (~15 min each)")
+    parser.add_argument("--sizes", default="1,2,4,8", help="node counts of the no-op provision figure")
+    parser.add_argument("--skip", default="", help="comma-separated: scratch, noop, aws")
     args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    sizes = [int(n) for n in args.sizes.split(",")]
 
     home = tempfile.mkdtemp(prefix="gpuprov-bench-")
-    env = {**os.environ, "GPUPROV_HOME": home, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    results: dict[str, object] = {"nodes": args.nodes, "machine": os.uname().nodename,
-                                  "cpus": os.cpu_count()}
-
-    timed("--help", env=env)  # warm the page cache once
-    samples = [timed("--help", env=env) for _ in range(args.startup_runs)]
-    results["cli_help_median_ms"] = round(statistics.median(samples) * 1000, 1)
-    results["cli_help_p90_ms"] = round(sorted(samples)[int(len(samples) * 0.9) - 1] * 1000, 1)
-
-    name = f"bench-{secrets.token_hex(3)}"
+    tag = secrets.token_hex(3)
+    env = {**os.environ, "GPUPROV_HOME": home, "GPUPROV_BAKED_REPO": f"gpuprov-bench/baked-{tag}",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    results: dict[str, object] = {"machine": os.uname().nodename, "cpus": os.cpu_count(),
+                                  "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+                                  "git": _git_head(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    clusters: list[str] = []
     try:
-        results["launch_s"] = round(timed("up", "--provider", "docker", "--count", str(args.nodes),
-                                          "--name", name, "--no-bootstrap", env=env), 2)
-        converge = timed("provision", name, env=env)
-        results["converge_s"] = round(converge, 2)
-        results["converge_per_node_s"] = round(converge / args.nodes, 2)
-        results["noop_rerun_s"] = round(timed("provision", name, env=env), 2)
-        results["check_mode_s"] = round(timed("provision", name, "--check", env=env), 2)
-        results["verify_quick_s"] = round(timed("verify", name, env=env), 2)
-        results["health_quick_s"] = round(timed("health", name, env=env), 2)
+        timed("--help", env=env)  # warm the page cache once
+        results["cli_help_ms"] = figure([timed("--help", env=env) for _ in range(args.startup_runs)], 1000)
+        results["cli_list_ms"] = figure([timed("list", env=env) for _ in range(args.startup_runs)], 1000)
+
+        source = f"bench-{tag}"
+        clusters.append(source)
+        if "scratch" not in skip:
+            samples = []
+            for i in range(args.scratch_runs):
+                if i:
+                    down(source, env)
+                samples.append(up_verified(source, 2, env, "--no-baked"))
+            results["up_verified_2_scratch_s"] = figure(samples)
+        else:
+            timed("up", "--provider", "docker", "--count", "1", "--name", source, "--no-baked", env=env)
+        results["cli_status_ms"] = figure([timed("status", source, env=env) for _ in range(args.startup_runs)], 1000)
+        results["bake_s"] = figure([timed("image", "bake", "--from", source, env=env)])
+        down(source, env)
+
+        samples = []
+        for i in range(args.runs):
+            name = f"bench-{tag}-b{i}"
+            clusters.append(name)
+            samples.append(up_verified(name, 2, env))
+            down(name, env)
+        results["up_verified_2_baked_s"] = figure(samples)
+
+        if "noop" not in skip:
+            for n in sizes:
+                name = f"bench-{tag}-n{n}"
+                clusters.append(name)
+                timed("up", "--provider", "docker", "--count", str(n), "--name", name, "--health", "off", env=env)
+                results[f"noop_provision_{n}_s"] = figure([timed("provision", name, env=env) for _ in range(args.runs)])
+                down(name, env)
+            first, last = results.get(f"noop_provision_{sizes[0]}_s"), results.get(f"noop_provision_{sizes[-1]}_s")
+            if first and last and len(sizes) > 1:
+                results[f"noop_ratio_T{sizes[-1]}_T{sizes[0]}"] = round(last["median"] / first["median"], 2)
+        if "aws" not in skip:
+            out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aws_api_calls.py")], capture_output=True,
+                                 text=True, check=True, cwd=ROOT).stdout
+            found = re.search(r"ec2 total: (\d+); mutating: (\d+)", out)
+            results["aws_up4_ec2_calls"] = int(found.group(1)) if found else out
+            results["aws_up4_ec2_mutating"] = int(found.group(2)) if found else None
     finally:
-        subprocess.run([GPUPROV, "down", name, "--yes"], env=env, capture_output=True, check=False)
+        for name in clusters:
+            down(name, env)
+        repo = env["GPUPROV_BAKED_REPO"]
+        ids = subprocess.run(["docker", "image", "ls", repo, "-q"], capture_output=True, text=True,
+                             check=False).stdout.split()
+        if ids:
+            subprocess.run(["docker", "image", "rm", "-f", *ids], capture_output=True, check=False)
 
     out_dir = ROOT / "bench-results"
     out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    width = max(map(len, results))
+    path = out_dir / f"{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print("| figure | median | min | max | runs |\n|---|---|---|---|---|")
     for key, value in results.items():
-        print(f"{key:<{width}}  {value}")
-    print(f"(written to {out.relative_to(ROOT)})")
+        if isinstance(value, dict):
+            print(f"| {key} | {value['median']} | {value['min']} | {value['max']} | {value['runs']} |")
+        else:
+            print(f"| {key} | {value} | | | |")
+    print(f"(written to {path.relative_to(ROOT)})")
+
+
+def _git_head() -> str:
+    proc = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False)
+    return proc.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import click
 
 from gpuprov import __version__, cli_output
 from gpuprov.cli_health import health
+from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_stack import stack, types
@@ -58,6 +59,7 @@ def up(
     provider: str,
     region: str | None,
     image: str | None,
+    no_baked: bool,
     os_name: str | None,
     ssh_cidr: str | None,
     allow_wide_ssh_cidr: bool,
@@ -92,7 +94,7 @@ def up(
         ("os", os_name), ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda),
         ("mirror_url", mirror_url),
         ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
-        ("min_count", min_count),
+        ("min_count", min_count), ("no_baked", no_baked),
     ) if v}
     spec = ClusterSpec(name=name or core.generate_name(), provider=provider, instance_type=instance_type,
                        count=count or 0, region=region, image=image, ssh_cidr=ssh_cidr, spot=spot,
@@ -321,6 +323,7 @@ def inventory(name: str, output: str) -> int:
 cli.add_command(types)
 cli.add_command(health)
 cli.add_command(stack)
+cli.add_command(image)
 
 
 # -- entry point ---------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ def status(name: str, data: StatusResult) -> None:
             + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
         )
     settings_table(data.settings)
+    images_lines(data)
     health_line(name)
     table(
         "recent runs",
@@ -103,6 +104,21 @@ def status(name: str, data: StatusResult) -> None:
         [[r.id, r.kind, r.started, {True: "yes", False: "no", None: "running"}[r.ok], r.artifact_dir]
          for r in data.runs],
     )
+
+
+def images_lines(data: StatusResult) -> None:
+    """Where the nodes booted from; a node of an image baked for another lock is flagged."""
+    if not data.images:
+        return
+    by_image: dict[str, list[str]] = {}
+    for row in data.images:
+        by_image.setdefault(row.image, []).append(row.node)
+    click.echo("images: " + "; ".join(f"{image} ({len(nodes)} node(s))" for image, nodes in by_image.items()))
+    for row in data.images:
+        if row.matches_lock is False:
+            click.echo(f"WARNING: {row.node} booted from {row.image}, baked for lock {row.baked_for}, not the "
+                       f"cluster's lock {(data.stack or {}).get('hash')}; `gpuprov provision {data.cluster}` "
+                       "converges it, or rebuild it from an image of this lock")
 
 
 def health_line(name: str) -> None:

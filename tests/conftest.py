@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment for an end-to-end module: its own state directory, real engines."""
     require_docker()
     home = tmp_path_factory.mktemp("gpuprov-home")
-    return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
+    # Baked images are local to the engine, not to a state directory: each module bakes into
+    # a repository of its own, so no other module (or a run beside this one) boots from them.
+    return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1",
+            "GPUPROV_BAKED_REPO": f"gpuprov-test/baked-{secrets.token_hex(4)}"}
 
 
 def require_docker() -> None:

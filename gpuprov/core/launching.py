@@ -20,8 +20,9 @@ from gpuprov.core import (
     validate_name,
 )
 from gpuprov.core import settings as cluster_settings
+from gpuprov.core.baking import choose_image
 from gpuprov.core.converge import _provision
-from gpuprov.core.results import Bootstrap, UpResult, node_rows
+from gpuprov.core.results import Bootstrap, ImageUsed, UpResult, node_rows
 from gpuprov.errors import BadInput, GpuprovError, PartialLaunch
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
@@ -46,6 +47,7 @@ class Run:
     added: list[NodeRecord] = field(default_factory=list)
     health: str = "quick"  # the health gate's level after the bootstrap (`--health`), or "off"
     tags: list[str] = field(default_factory=list)  # only these plays (`--tags`); all when empty
+    image: ImageUsed | None = None  # what new nodes boot from (providers with images)
 
     @property
     def name(self) -> str:
@@ -94,9 +96,12 @@ def up(
     if name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     show_plan(run.plan, run.lock, console, provider)
+    if run.image is not None and run.plan.to_create:
+        console.say(f"  image: {run.image.reason}")
     if dry_run:
         provider.dry_run(run.plan, run.report)
-        return UpResult(cluster=spec.name, provider=spec.provider, nodes=[], bootstrap=None, dry_run=True)
+        return UpResult(cluster=spec.name, provider=spec.provider, nodes=[], bootstrap=None, dry_run=True,
+                        image=run.image if run.plan.to_create else None)
     if run.plan.billable and run.plan.to_create and confirm is not None and not confirm(run.plan):
         raise GpuprovError("aborted; nothing was created")
     run.rollback = (run.existing is None and run.plan.billable) if rollback is None else rollback
@@ -128,8 +133,15 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
         cluster_settings.values(existing)
         recorded = cluster_settings.recorded(existing) or cluster_settings.for_new_cluster()
     spec = dataclasses.replace(spec, options={**spec.options, "settings": recorded})
-    plan = provider.plan(spec, files_for(spec.name, create=False))
-    lock = resolve_lock(spec, existing, provider)
+    image = None
+    if provider.supports("baked_images"):
+        # The lock first: it says which baked image new nodes boot from, which the plan checks.
+        lock = resolve_lock(spec, existing, provider)
+        spec, image = choose_image(spec, provider, lock)
+        plan = provider.plan(spec, files_for(spec.name, create=False))
+    else:
+        plan = provider.plan(spec, files_for(spec.name, create=False))
+        lock = resolve_lock(spec, existing, provider)
     if existing is None and plan.existing and not provider.adopts_existing:
         # Resources carry this name but this state directory never made them
         # (another GPUPROV_HOME, or lost state): never adopt or touch them.
@@ -139,7 +151,7 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
             f"remove them with `gpuprov down {spec.name}`"
         )
     return Run(spec=spec, provider=provider, store=store, console=console, plan=plan, lock=lock,
-               existing=existing, recorded=recorded)
+               existing=existing, recorded=recorded, image=image)
 
 
 # -- under the cluster lock ------------------------------------------------------------------
@@ -161,7 +173,7 @@ def launch_and_bootstrap(run: Run, bootstrap: bool) -> UpResult:
 
 def up_result(run: Run, nodes: list[NodeRecord], bootstrap: Bootstrap | None = None) -> UpResult:
     return UpResult(cluster=run.name, provider=run.spec.provider, nodes=node_rows(nodes),
-                    bootstrap=bootstrap)
+                    bootstrap=bootstrap, image=run.image if run.plan.to_create else None)
 
 
 def record(run: Run) -> None:

@@ -8,7 +8,15 @@ from typing import Any
 from gpuprov import providers
 from gpuprov.core import Console, cluster_lock, expectations, load, refresh
 from gpuprov.core import settings as cluster_settings
-from gpuprov.core.results import ClusterRow, RunRow, SettingsResult, StatusResult, node_rows, settings_of
+from gpuprov.core.results import (
+    ClusterRow,
+    NodeImage,
+    RunRow,
+    SettingsResult,
+    StatusResult,
+    node_rows,
+    settings_of,
+)
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import Provider
 from gpuprov.state import Store
@@ -81,7 +89,16 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         created=cluster.created, spec=cluster.spec, stack=cluster.lock,
         settings=settings_of(cluster_settings.recorded(cluster)), nodes=node_rows(nodes),
         runs=[RunRow.of(r) for r in store.runs(name, limit=5)],
+        images=node_images(nodes, (cluster.lock or {}).get("hash")),
     )
+
+
+def node_images(nodes: list[Any], lock_hash: str | None) -> list[NodeImage]:
+    """The image each node booted from, where its provider says (docker nodes, aws nodes of
+    a baked image); a baked image of another lock than the cluster's is flagged."""
+    return [NodeImage(node=n.name, image=n.extra["image"], baked_for=n.extra.get("image_lock"),
+                      matches_lock=(n.extra["image_lock"] == lock_hash) if n.extra.get("image_lock") else None)
+            for n in nodes if n.extra.get("image")]
 
 
 def change_settings(name: str, changes: dict[str, str] | None = None, *, record: bool = False,

@@ -117,6 +117,29 @@ class StatusResult:
     settings: dict[str, Setting] | None
     nodes: list[NodeRow]
     runs: list[RunRow]
+    # The image each node booted from, and whether it was baked for the cluster's lock.
+    images: list[NodeImage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """The image one node booted from (where its provider says)."""
+
+    node: str
+    image: str
+    # The lock hash the image was baked for; None when it is not a baked image.
+    baked_for: str | None
+    # baked_for equals the cluster's lock (None when the image is not a baked one).
+    matches_lock: bool | None
+
+
+@dataclass(frozen=True)
+class ImageUsed:
+    """What `up` booted new nodes from, and why."""
+
+    ref: str | None  # None: the provider's default image
+    baked_for: str | None  # the lock hash of the baked image used, else None
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -179,6 +202,8 @@ class UpResult:
     dry_run: bool | None = field(default=None, metadata={OPTIONAL: True})
     # The health checks run after the bootstrap (`--health`); left out when none ran.
     health: HealthResult | None = field(default=None, metadata={OPTIONAL: True})
+    # The image new nodes booted from (providers with images: docker, aws); else left out.
+    image: ImageUsed | None = field(default=None, metadata={OPTIONAL: True})
 
 
 # -- verify ----------------------------------------------------------------------------------------

@@ -121,7 +121,8 @@ Reporter = Callable[[str], None]
 PROVIDER_FLAGS: tuple[tuple[str, str, Callable[[ClusterSpec], Any]], ...] = (
     ("--hosts", "static", lambda s: s.hosts_file),
     ("--region", "aws", lambda s: s.region),
-    ("--image", "aws", lambda s: s.image),
+    ("--image", "aws docker", lambda s: s.image),
+    ("--no-baked", "docker", lambda s: s.options.get("no_baked") or None),
     ("--ssh-cidr", "aws", lambda s: s.ssh_cidr),
     ("--spot", "aws", lambda s: s.spot or None),
     ("--disk-gb", "aws", lambda s: s.options.get("disk_gb")),
@@ -165,9 +166,9 @@ class Provider(ABC):
             catalog.get(spec.instance_type)
 
     def refuse_foreign_flags(self, spec: ClusterSpec) -> None:
-        for flag, owner, value in PROVIDER_FLAGS:
-            if owner != self.name and value(spec) is not None:
-                raise BadInput(f"{flag} is for --provider {owner}")
+        for flag, owners, value in PROVIDER_FLAGS:
+            if self.name not in owners.split() and value(spec) is not None:
+                raise BadInput(f"{flag} is for --provider {' or '.join(owners.split())}")
 
     @abstractmethod
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
@@ -226,6 +227,20 @@ class Provider(ABC):
         "region"}}); None when it is not set up here and was not ``asked`` (by a flag or by
         clusters of its own in state) to look."""
         raise NotSupported(f"listing clusters by label is not supported by the {self.name} provider")
+
+    def baked_images(self, region: str | None = None) -> list[Any]:
+        """The images baked with gpuprov here (gpuprov.images.BakedImage each), newest last."""
+        raise NotSupported(f"baked images are not supported by the {self.name} provider")
+
+    def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter) -> Any:
+        """Capture ``node`` of ``cluster`` (a ClusterRecord) as an image for the cluster's
+        lock, its file system cleaned first (gpuprov/data/bake-clean.sh); the node keeps
+        running as it was. Returns the gpuprov.images.BakedImage."""
+        raise NotSupported(f"baking images is not supported by the {self.name} provider")
+
+    def delete_image(self, image: Any, report: Reporter) -> None:
+        """Remove a baked image (gpuprov.images.BakedImage) and what it holds."""
+        raise NotSupported(f"baked images are not supported by the {self.name} provider")
 
     def host_types(self, spec: ClusterSpec, nodes: list[NodeRecord] | None = None) -> list[Any]:
         """What the cluster's hosts are (catalog.InstanceType each), for its version lock:

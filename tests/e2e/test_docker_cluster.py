@@ -321,6 +321,105 @@ def test_status_list_and_inventory(cluster, env) -> None:
     assert sorted(inv["gpuprov_nodes"]["hosts"]) == [f"{name}-node-1", f"{name}-node-2"]
 
 
+@pytest.fixture(scope="module")
+def baked(cluster, env):
+    """`gpuprov image bake --from` the verified cluster: its first node, captured."""
+    name, _, _ = cluster
+    proc = run_cli("image", "bake", "--from", name, "-o", "json", env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    image = json.loads(proc.stdout)
+    try:
+        yield image, proc.stderr
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", image["ref"]], capture_output=True, check=False)
+
+
+def _in_image(ref: str, command: str) -> str:
+    return subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", ref,
+                           "-c", command], capture_output=True, text=True, check=True, timeout=300).stdout
+
+
+def test_bake_captures_a_verified_node_for_its_lock_and_nothing_secret(cluster, env, baked) -> None:
+    """Issue 15: the node is verified, then captured; the image is labelled with the
+    cluster's lock, lists under `image list`, and holds no key, id, credential or log of the
+    node it came from (a look inside it). The node itself runs on, untouched."""
+    name, _, _ = cluster
+    image, stderr = baked
+    lock = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["stack"]
+    assert image["lock_hash"] == lock["hash"] and image["source"] == f"{name}/{name}-node-1"
+    assert image["ref"].startswith(f"{env['GPUPROV_BAKED_REPO']}:{lock['hash']}-")
+    assert image["lock"]["driver"] == lock["driver"] and image["lock"]["cuda"] == lock["cuda"]
+    assert f"{name}-node-1: verified; baking an image for lock {lock['hash']}" in stderr
+    assert "clean: SSH host keys" in stderr and "clean: done" in stderr
+    listed = json.loads(run_cli("image", "list", "-o", "json", env=env, check=True).stdout)
+    assert [i["ref"] for i in listed] == [image["ref"]]
+    pubkey = (_cluster_dir(env, name) / "id_ed25519.pub").read_text().split()[1]
+    host_key = (_cluster_dir(env, name) / "hostkeys" / f"{name}-node-1.pub").read_text().split()[1]
+    inside = _in_image(image["ref"], (
+        "ls /etc/ssh/ | grep -c _key; ls -A /home/gpuprov/.ssh /root/.ssh 2>/dev/null | grep -c keys; "
+        "wc -c < /etc/machine-id; ls /var/lib/apt/lists | wc -l; ls /etc/apt/apt.conf.d; "
+        "grep -rlI -e 'PRIVATE KEY' -e '" + pubkey + "' -e '" + host_key + "' /etc /home /root /var/lib/cloud "
+        "/var/log 2>/dev/null; find /var/log -type f -size +0 | head -5; echo ---; "
+        "ls /var/lib/docker; dpkg-query -W -f='${Version}' nvidia-driver"))
+    before, after = inside.split("---\n")
+    lines = before.splitlines()
+    assert lines[:4] == ["0", "0", "0", "0"], inside  # host keys, authorized keys, machine id, apt lists
+    assert "01gpuprov-proxy" not in before and "PRIVATE" not in before and len(lines) >= 5, inside
+    assert not [ln for ln in lines[4:] if ln.startswith("/")], inside  # no secret file, no log with content
+    # What the image must keep: the node's Docker images (its volume, copied in) and the stack.
+    assert "image" in after.split() and "535.309.01" in after, after
+    assert run_cli("exec", name, "--", "test", "-s", "/etc/ssh/ssh_host_ed25519_key", env=env).returncode == 0
+
+
+def test_up_from_the_baked_image_converges_with_nothing_to_change(cluster, env, baked) -> None:
+    """Issue 15: `up` picks the image baked for its lock and says so; every stack role
+    converges with changed 0 on both nodes, verify and health pass as on the source; status
+    shows where the nodes came from. Another lock's cluster never picks it (and is flagged
+    when told to boot from it), and --no-baked forces the default image."""
+    name, _, _ = cluster
+    image, _ = baked
+    fast = f"bk-{name}"
+    try:
+        proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", fast, "-o", "json",
+                       env=env, timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(proc.stdout)
+        assert result["image"] == {"ref": image["ref"], "baked_for": image["lock_hash"],
+                                   "reason": result["image"]["reason"]}
+        assert f"image: {image['ref']} (baked for lock {image['lock_hash']}" in proc.stderr
+        hosts = result["bootstrap"]["hosts"]
+        assert set(hosts) == {f"{fast}-node-1", f"{fast}-node-2"}
+        assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == dict.fromkeys(hosts, (0, 0)), hosts
+        assert result["health"]["ok"] is True
+        verify = run_cli("verify", fast, "-o", "json", env=env)
+        assert verify.returncode == 0, verify.stdout[-2000:]
+        source = json.loads(run_cli("verify", name, "-o", "json", env=env, check=True).stdout)
+        passed = {p["probe"] for p in next(iter(source["hosts"].values())) if p["status"] == "pass"}
+        for probes in json.loads(verify.stdout)["hosts"].values():
+            assert {p["probe"] for p in probes if p["status"] == "pass"} == passed
+        status = json.loads(run_cli("status", fast, "-o", "json", env=env, check=True).stdout)
+        assert [(i["image"], i["matches_lock"]) for i in status["images"]] == [(image["ref"], True)] * 2
+    finally:
+        run_cli("down", fast, "--yes", env=env)
+        _cleanup_labels(fast)
+    plain = run_cli("up", "--provider", "docker", "--count", "1", "--name", "nb", "--no-baked", "--dry-run",
+                    env=env, check=True)
+    assert "image: the default image (--no-baked" in plain.stderr
+    other = run_cli("up", "--provider", "docker", "--count", "1", "--name", "ol", "--driver", "535.261.03",
+                    "--dry-run", env=env, check=True)
+    assert "no image baked for lock" in other.stderr
+    told = f"ol-{name}"
+    try:
+        run_cli("up", "--provider", "docker", "--count", "1", "--name", told, "--driver", "535.261.03",
+                "--image", image["ref"], "--no-bootstrap", env=env, check=True)
+        table = run_cli("status", told, env=env, check=True).stdout
+        assert f"booted from {image['ref']}, baked for lock {image['lock_hash']}, not the cluster's lock" in table
+        assert run_cli("image", "delete", image["ref"], "--yes", env=env).returncode == 2  # in use
+    finally:
+        run_cli("down", told, "--yes", env=env)
+        _cleanup_labels(told)
+
+
 def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, env, tmp_path) -> None:
     name, data, _ = cluster
     cdir = _cluster_dir(env, name)
@@ -400,22 +499,38 @@ def _node_sh(node: str, command: str) -> str:
                           check=False).stdout
 
 
-def test_patch_moves_the_driver_between_two_real_package_sets(cluster, env) -> None:
-    """A running cluster moves by `gpuprov patch` between two real driver package sets, and
+def test_patch_moves_the_driver_between_two_real_package_sets(cluster, env, baked) -> None:
+    """A running node moves by `gpuprov patch` between two real driver package sets, and
     verifies after. Debian 12 carries the proprietary R535 driver at two releases that both
     build against its kernel: 535.309.01 (bookworm-security, the pin) and 535.261.03
-    (bookworm, gpuprov's checked earlier release); the cluster rolls back to 535.261.03: the
+    (bookworm, gpuprov's checked earlier release); the node rolls back to 535.261.03: the
     whole driver (33 packages) goes down, DKMS builds the module again, the release pin and
     the holds move. (Debian's open flavour cannot be the pair: its only module, 535.261.03,
-    does not build against bookworm's kernel; gpuprov/data/stack.toml.) Both nodes in one
-    batch: the batch mechanics are proven in test_patch_e2e.py."""
-    name, data, _ = cluster
-    nodes = [n["name"] for n in data["nodes"]]
+    does not build against bookworm's kernel; gpuprov/data/stack.toml.) The node is booted
+    from the baked image (a minute instead of the whole bootstrap), and it is one node: the
+    batch mechanics are proven in test_patch_e2e.py, and a second DKMS build on two cores
+    would only double the wait."""
+    name, _, _ = cluster
+    image, _ = baked
+    moved = f"mv-{name}"
+    try:
+        up = run_cli("up", "--provider", "docker", "--count", "1", "--name", moved, "--health", "off", "-o", "json",
+                     env=env, timeout=1200)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert json.loads(up.stdout)["image"]["ref"] == image["ref"]
+        _move_the_driver(env, moved, [f"{moved}-node-1"])
+    finally:
+        run_cli("down", moved, "--yes", env=env)
+        _cleanup_labels(moved)
+
+
+def _move_the_driver(env: dict[str, str], name: str, nodes: list[str]) -> None:
     versions = "dpkg-query -W -f='${Package}=${Version} ' nvidia-driver nvidia-kernel-dkms libcuda1"
     before = {n: _node_sh(n, versions) for n in nodes}
     assert all("nvidia-driver=535.309.01" in v for v in before.values()), before
 
-    proc = run_cli("patch", name, "--driver", "535.261.03", "--batch", "2", "-o", "json", env=env, timeout=1800)
+    proc = run_cli("patch", name, "--driver", "535.261.03", "--batch", str(len(nodes)), "-o", "json", env=env,
+                   timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["ok"] and result["batches"] == [nodes], result
@@ -437,6 +552,8 @@ def test_patch_moves_the_driver_between_two_real_package_sets(cluster, env) -> N
     dkms = [r for r in rows if r["probe"] == "dkms_module_for_every_kernel"]
     assert len(dkms) == len(nodes) and all(r["status"] == "pass" and "535.261.03" in r["detail"] for r in dkms), dkms
     assert not [r for r in rows if r["status"] == "fail"], [r for r in rows if r["status"] == "fail"]
+    # The node now runs a lock its image was not baked for: status says so.
+    assert "not the cluster's lock" in run_cli("status", name, env=env, check=True).stdout
 
 
 def test_down_removes_containers_and_volumes(cluster, env) -> None:

@@ -151,7 +151,9 @@ def _built() -> dict[str, Any]:
         HealthCheck,
         HealthResult,
         HostStats,
+        ImageUsed,
         LockMove,
+        NodeImage,
         NodeRow,
         PatchHost,
         PatchResult,
@@ -181,14 +183,16 @@ def _built() -> dict[str, Any]:
         summary=VerifySummary(pass_=0, fail=1, skip=1))
     return {
         "up": UpResult(cluster="c", provider="aws", nodes=[node], bootstrap=Bootstrap.of(provision),
-                       health=health),
+                       health=health, image=ImageUsed(ref="gpuprov/baked:abc-1", baked_for="abc",
+                                                      reason="gpuprov/baked:abc-1 (baked for lock abc)")),
         "list": [ClusterRow(name="c", provider="aws", nodes=1, created="2025-01-01T00:00:00+00:00",
                             state="bootstrapped (verify failed)")],
         "status": StatusResult(
             cluster="c", provider="aws", state="verified", failed_step=None, created="2025",
             spec={"count": 1}, stack={"driver": "535.309.01"}, settings=settings, nodes=[node],
             runs=[RunRow(id=1, kind="provision", started="2025", finished=None, ok=None,
-                         artifact_dir="/x")]),
+                         artifact_dir="/x")],
+            images=[NodeImage(node="n1", image="gpuprov/baked:abc-1", baked_for="abc", matches_lock=False)]),
         "settings": SettingsResult(cluster="c", settings=settings, changed=["apt_proxy"]),
         "health": health,
         "provision": provision,

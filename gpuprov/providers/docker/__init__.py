@@ -24,6 +24,7 @@ import subprocess
 import tarfile
 import time
 from dataclasses import replace
+from typing import Any
 
 from gpuprov import paths, ssh
 from gpuprov.errors import BadInput, GpuprovError
@@ -34,6 +35,10 @@ LABEL = "gpuprov.cluster"
 NODE_LABEL = "gpuprov.node"
 DEFAULT_IMAGE = "gpuprov/node:bookworm"
 NODE_USER = "gpuprov"
+# Baked images (gpuprov image bake): this repository, tagged LOCKHASH-TIME, labelled with the
+# lock. GPUPROV_BAKED_REPO names another (each test session of gpuprov's suite takes its own).
+BAKED_REPO = "gpuprov/baked"
+IMAGE_LABEL = "gpuprov.lock"
 
 # The flags that run systemd in a container on a cgroup v1/v2 host without
 # --privileged (CAP_SYS_RESOURCE is not in every bounding set).
@@ -99,8 +104,11 @@ class DockerProvider(Provider):
                 "or run `make host-setup`"
             )
 
-    def check_image(self) -> None:
-        if docker("image", "inspect", self.image, check=False).returncode != 0:
+    def check_image(self, image: str | None = None) -> None:
+        image = image or self.image
+        if docker("image", "inspect", image, check=False).returncode != 0:
+            if image != self.image:
+                raise BadInput(f"node image {image} not found (`gpuprov image list` shows the baked ones)")
             raise BadInput(
                 f"node image {self.image} not found; build it with "
                 "`scripts/build-node-image.sh` (or `make host-setup`)"
@@ -130,7 +138,7 @@ class DockerProvider(Provider):
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
         spec = self.check_spec(spec)
         self.check_engine()
-        self.check_image()
+        self.check_image(spec.image)
         existing = len(self._containers(spec.name))
         if existing > spec.count:
             raise BadInput(
@@ -163,8 +171,9 @@ class DockerProvider(Provider):
                         report(f"{node}: starting existing container")
                         docker("start", cname)
                     continue
-                report(f"{node}: creating container from {self.image}")
-                host_keys[cname] = self._create(spec.name, node, cname, pubkey, files, apt_proxy)
+                report(f"{node}: creating container from {spec.image or self.image}")
+                host_keys[cname] = self._create(spec.name, node, cname, pubkey, files, apt_proxy,
+                                                spec.image or self.image)
                 created.append(cname)
             for cname in created:
                 docker("start", cname)
@@ -182,7 +191,7 @@ class DockerProvider(Provider):
         return nodes
 
     def _create(self, cluster: str, node: str, cname: str, pubkey: str, files: ClusterFiles,
-                apt_proxy: str = "") -> str:
+                apt_proxy: str = "", image: str = DEFAULT_IMAGE) -> str:
         volume = f"{cname}-docker"
         docker("volume", "create", "--label", f"{LABEL}={cluster}", volume)
         docker(
@@ -200,7 +209,7 @@ class DockerProvider(Provider):
             f"{volume}:/var/lib/docker",
             "-p",
             "127.0.0.1::22",
-            self.image,
+            image,
             "/sbin/init",
         )
         # The image's /etc/passwd says which uid owns the admin user's home.
@@ -264,7 +273,9 @@ class DockerProvider(Provider):
                     state=c["State"]["Status"],
                     zone="local",
                     instance_type="docker-node",
-                    extra={"container": c["Name"].lstrip("/"), "virtualization": "container"},
+                    extra={"container": c["Name"].lstrip("/"), "virtualization": "container",
+                           "image": c["Config"]["Image"],
+                           **({"image_lock": labels[IMAGE_LABEL]} if labels.get(IMAGE_LABEL) else {})},
                 )
             )
         nodes.sort(key=lambda n: _index(n.name))
@@ -300,6 +311,24 @@ class DockerProvider(Provider):
 
     def destroy_orphans(self, name: str, orphans: Orphans, report: Reporter) -> int:
         return self.terminate(name, list(orphans.nodes), ClusterFiles(paths.home()), report)
+
+
+    # -- baked images (gpuprov/providers/docker/images.py) -----------------------------------
+    def baked_images(self, region: str | None = None) -> list[Any]:
+        from gpuprov.providers.docker import images
+
+        self.check_engine()
+        return images.baked(images.repository())
+
+    def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter) -> Any:
+        from gpuprov.providers.docker import images
+
+        return images.bake(cluster, node, images.repository(), report)
+
+    def delete_image(self, image: Any, report: Reporter) -> None:
+        from gpuprov.providers.docker.images import delete
+
+        delete(image, report)
 
 
 def bridge_gateway() -> str:

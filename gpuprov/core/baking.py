@@ -1,0 +1,111 @@
+"""`gpuprov image`: bake a verified node into an image for its version lock; list; delete."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import Any
+
+from gpuprov.core import Console, cluster_lock, load, refresh, reporter
+from gpuprov.core.results import ImageUsed
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.images import BakedImage
+from gpuprov.providers import ClusterSpec, Provider
+from gpuprov.providers import get as get_provider
+from gpuprov.state import Store
+
+
+def baking_provider(name: str) -> Provider:
+    provider = get_provider(name)
+    if not provider.supports("bake"):
+        raise BadInput(f"the {name} provider has no images to bake (baked images: docker; aws is not built yet)")
+    return provider
+
+
+def bake_from(name: str, *, node: str | None, console: Console, store: Store | None = None) -> BakedImage:
+    """Verify one node of cluster ``name`` (the first unless ``node``), then bake it. A node
+    whose probes fail is not baked."""
+    from gpuprov.core.converge import verify
+
+    store = store or Store()
+    cluster = load(store, name)
+    provider = baking_provider(cluster.provider)
+    if not cluster.lock:
+        raise BadInput(f"cluster '{name}' has no version lock yet; `gpuprov up` it first")
+    with cluster_lock(name):
+        cluster = load(store, name)
+        _, files, nodes = refresh(store, cluster)
+        if not nodes:
+            raise BadInput(f"cluster '{name}' has no node to bake")
+        chosen = nodes[0] if node is None else next((n for n in nodes if n.name == node), None)
+        if chosen is None:
+            raise BadInput(f"--node {node!r}: no such node in cluster '{name}' "
+                           f"({', '.join(n.name for n in nodes)})")
+        if cluster.state not in ("bootstrapped", "verified"):
+            raise BadInput(f"cluster '{name}' is {cluster.state}, not bootstrapped; bake only a node "
+                           f"that the whole site converged (`gpuprov provision {name}`)")
+    checked = verify(name, console=console, store=store)
+    failing = [r for r in checked.hosts.get(chosen.name, []) if r.status == "fail"]
+    if not checked.hosts.get(chosen.name) or failing:
+        raise GpuprovError(f"{chosen.name} did not pass verify ({', '.join(r.probe for r in failing) or 'no probe ran'}); "
+                           "not baked")
+    console.say(f"{chosen.name}: verified; baking an image for lock {cluster.lock['hash']}")
+    with cluster_lock(name):
+        image = provider.bake(load(store, name), chosen, files, reporter(console))
+    console.say(f"baked {image.ref} for lock {image.lock_hash}")
+    return image
+
+
+def bake_type(instance_type: str | None, *, provider_name: str, options: dict[str, Any], console: Console,
+              region: str | None = None, store: Store | None = None, confirm: Any = None) -> BakedImage:
+    """The whole flow on one new node: up (from scratch), verify, bake, down (also when a
+    step fails)."""
+    from gpuprov.core.launching import up
+    from gpuprov.core.removal import down
+
+    baking_provider(provider_name)
+    store = store or Store()
+    name = f"bake-{secrets.token_hex(3)}"
+    spec = ClusterSpec(name=name, provider=provider_name, instance_type=instance_type, count=1,
+                       region=region, options={**options, "no_baked": True})
+    console.say(f"baking on a new one-node cluster {name} (removed afterwards)")
+    try:
+        result = up(spec, console=console, store=store, confirm=confirm, rollback=False)
+        if result.bootstrap is None or not result.bootstrap.ok:
+            raise GpuprovError(f"{name}: the bootstrap failed; nothing baked")
+        if result.health is not None and not result.health.ok:
+            raise GpuprovError(f"{name}: the health checks failed; nothing baked")
+        return bake_from(name, node=None, console=console, store=store)
+    finally:
+        if store.get_cluster(name) is not None:
+            down(name, console=console, store=store)
+
+
+def list_images(provider_name: str, region: str | None = None) -> list[BakedImage]:
+    return list(baking_provider(provider_name).baked_images(region))
+
+
+def delete_image(ref: str, *, provider_name: str, region: str | None, console: Console) -> BakedImage:
+    provider = baking_provider(provider_name)
+    found = next((i for i in provider.baked_images(region) if ref in (i.ref, i.id)), None)
+    if found is None:
+        raise BadInput(f"no baked {provider_name} image {ref!r} (`gpuprov image list` shows them)")
+    provider.delete_image(found, reporter(console))
+    return found
+
+
+def choose_image(spec: ClusterSpec, provider: Provider, lock: dict[str, Any]) -> tuple[ClusterSpec, ImageUsed]:
+    """What new nodes boot from: --image, else the newest image baked for ``lock`` (unless
+    --no-baked), else the provider's default. The spec comes back naming it."""
+    from gpuprov import images
+
+    no_baked = bool(spec.options.get("no_baked"))
+    found = [] if no_baked and not spec.image else provider.baked_images(spec.region)
+    choice = images.choose(found, lock, explicit=spec.image, no_baked=no_baked)
+    if choice.ref:
+        spec = dataclasses.replace(spec, image=choice.ref)
+    return spec, ImageUsed(ref=choice.ref, baked_for=choice.baked.lock_hash if choice.baked else None,
+                           reason=choice.reason)
+
+
+__all__ = ["bake_from", "bake_type", "choose_image", "delete_image", "list_images"]
