@@ -66,13 +66,16 @@ def main() -> None:
     parser.add_argument("--scratch-runs", type=int, default=1, help="from-scratch bootstraps (~15 min each)")
     parser.add_argument("--sizes", default="1,2,4,8", help="node counts of the no-op provision figure")
     parser.add_argument("--skip", default="", help="comma-separated: scratch, noop, aws")
+    parser.add_argument("--image", metavar="REF", help="boot from this baked image (of the docker-node lock): "
+                        "no from-scratch bootstrap, no bake (those figures are left out)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     sizes = [int(n) for n in args.sizes.split(",")]
 
     home = tempfile.mkdtemp(prefix="gpuprov-bench-")
     tag = secrets.token_hex(3)
-    env = {**os.environ, "GPUPROV_HOME": home, "GPUPROV_BAKED_REPO": f"gpuprov-bench/baked-{tag}",
+    repo = args.image.rsplit(":", 1)[0] if args.image else f"gpuprov-bench/baked-{tag}"
+    env = {**os.environ, "GPUPROV_HOME": home, "GPUPROV_BAKED_REPO": repo,
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     results: dict[str, object] = {"machine": os.uname().nodename, "cpus": os.cpu_count(),
                                   "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
@@ -85,7 +88,10 @@ def main() -> None:
 
         source = f"bench-{tag}"
         clusters.append(source)
-        if "scratch" not in skip:
+        if args.image:
+            timed("up", "--provider", "docker", "--count", "1", "--name", source, "--image", args.image,
+                  "--health", "off", env=env)
+        elif "scratch" not in skip:
             samples = []
             for i in range(args.scratch_runs):
                 if i:
@@ -95,7 +101,8 @@ def main() -> None:
         else:
             timed("up", "--provider", "docker", "--count", "1", "--name", source, "--no-baked", env=env)
         results["cli_status_ms"] = figure([timed("status", source, env=env) for _ in range(args.startup_runs)], 1000)
-        results["bake_s"] = figure([timed("image", "bake", "--from", source, env=env)])
+        if not args.image:
+            results["bake_s"] = figure([timed("image", "bake", "--from", source, env=env)])
         down(source, env)
 
         samples = []
@@ -125,9 +132,8 @@ def main() -> None:
     finally:
         for name in clusters:
             down(name, env)
-        repo = env["GPUPROV_BAKED_REPO"]
-        ids = subprocess.run(["docker", "image", "ls", repo, "-q"], capture_output=True, text=True,
-                             check=False).stdout.split()
+        ids = [] if args.image else subprocess.run(["docker", "image", "ls", repo, "-q"], capture_output=True,
+                                                   text=True, check=False).stdout.split()
         if ids:
             subprocess.run(["docker", "image", "rm", "-f", *ids], capture_output=True, check=False)
 
