@@ -136,7 +136,10 @@ def main() -> None:
                                                    text=True, check=False).stdout.split()
         if ids:
             subprocess.run(["docker", "image", "rm", "-f", *ids], capture_output=True, check=False)
+        report(results)  # what was measured, also when a step failed or the run was stopped
 
+
+def report(results: dict[str, object]) -> None:
     out_dir = ROOT / "bench-results"
     out_dir.mkdir(exist_ok=True)
     path = out_dir / f"{time.strftime('%Y%m%dT%H%M%S')}.json"
