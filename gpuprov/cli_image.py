@@ -25,30 +25,66 @@ def image() -> None:
     (they converge with nothing to change); --image names one, --no-baked none.
       gpuprov image bake --from demo          # a node of a verified cluster
       gpuprov image bake                      # the whole flow on a new local node
-      gpuprov image list
+      gpuprov image bake --provider aws --type p4d.24xlarge --copy-to us-west-2
+      gpuprov image list [--provider aws --region R]
       gpuprov image delete REF --yes
+
+    On aws the node is cleaned itself, captured as an AMI tagged with the lock
+    (image and snapshots) and terminated: --from takes a node out of its cluster.
     """
+
+
+def _providers() -> click.Choice:
+    return click.Choice(["docker", "aws"])
+
+
+def _asker(yes: bool, what: str) -> Any:
+    def confirm(question: str) -> bool:
+        if yes:
+            return True
+        if not click.get_text_stream("stdin").isatty():
+            raise BadInput(f"{what}: pass --yes to confirm without a prompt")
+        return click.confirm(question, default=False, err=True)
+
+    return confirm
 
 
 @image.command()
 @click.option("--from", "from_", metavar="NAME", help="Bake a node of this cluster (verified first).")
 @click.option("--node", metavar="N", help="With --from: this node (default: the first).")
-@click.option("--type", "instance_type", metavar="TYPE", default="docker-node", show_default=True,
-              help="Without --from: launch one node of this type, bootstrap, verify, bake, remove it.")
-@click.option("--provider", type=click.Choice(["docker"]), default="docker", show_default=True,
-              help="Without --from: where to bake (docker; aws baking is not built yet).")
+@click.option("--type", "instance_type", metavar="TYPE",
+              help="Without --from: launch one node of this type, bootstrap, verify, bake, remove it "
+              "(default: docker-node).")
+@click.option("--provider", type=_providers(), default="docker", show_default=True,
+              help="Without --from: where to bake.")
+@click.option("--region", help="aws, without --from: the region to bake in.")
+@click.option("--copy-to", "copy_to", metavar="REGION", multiple=True,
+              help="aws: copy the image to this region too, tagged the same (repeatable).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (aws: a node is terminated; "
+              "--type launches one).")
 @output_option
-def bake(from_: str | None, node: str | None, instance_type: str, provider: str, output: str) -> int:
+def bake(from_: str | None, node: str | None, instance_type: str | None, provider: str, region: str | None,
+         copy_to: tuple[str, ...], yes: bool, output: str) -> int:
     """Bake an image for a version lock, from a cluster's node or a new node."""
     from gpuprov import cli_output
     from gpuprov.core import baking
 
+    copy_to = tuple(dict.fromkeys(copy_to))
     if from_ is not None:
-        result = baking.bake_from(from_, node=node, console=_console())
+        if instance_type or region:
+            raise BadInput("--type and --region go without --from (a cluster's node has both)")
+        result = baking.bake_from(from_, node=node, console=_console(), copy_to=copy_to,
+                                  confirm=_asker(yes, "baking terminates the node on aws"))
     else:
         if node is not None:
             raise BadInput("--node goes with --from NAME")
-        result = baking.bake_type(instance_type, provider_name=provider, options={}, console=_console())
+        if provider == "docker" and (region or copy_to):
+            raise BadInput("--region and --copy-to are for --provider aws")
+        ask = _asker(yes, "baking launches a node that costs money")
+        result = baking.bake_type(instance_type or ("docker-node" if provider == "docker" else None),
+                                  provider_name=provider, options={}, console=_console(), region=region,
+                                  copy_to=copy_to, confirm=lambda plan: ask(
+                                      f"Launch 1 x {plan.spec.instance_type} to bake an image?"))
     if output == "json":
         cli_output.emit_json(result.public())
     else:
@@ -57,13 +93,17 @@ def bake(from_: str | None, node: str | None, instance_type: str, provider: str,
 
 
 @image.command(name="list")
+@click.option("--provider", type=_providers(), default="docker", show_default=True)
+@click.option("--region", help="aws: the region to list (default: the configured one).")
 @output_option
-def list_(output: str) -> int:
+def list_(provider: str, region: str | None, output: str) -> int:
     """The baked images, oldest first."""
     from gpuprov import cli_output
     from gpuprov.core import baking
 
-    found = baking.list_images("docker")
+    if provider == "docker" and region:
+        raise BadInput("--region is for --provider aws")
+    found = baking.list_images(provider, region)
     if output == "json":
         cli_output.emit_json([i.public() for i in found])
     elif not found:
@@ -75,17 +115,19 @@ def list_(output: str) -> int:
 
 @image.command()
 @click.argument("ref")
+@click.option("--provider", type=_providers(), default="docker", show_default=True)
+@click.option("--region", help="aws: the image's region (default: the configured one).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def delete(ref: str, yes: bool) -> int:
-    """Delete a baked image (REF: its name or id, as `gpuprov image list` shows)."""
+def delete(ref: str, provider: str, region: str | None, yes: bool) -> int:
+    """Delete a baked image (REF: its name or id, as `gpuprov image list` shows; aws: the AMI
+    is deregistered and its snapshots deleted)."""
     from gpuprov.core import baking
 
-    if not yes:
-        if not click.get_text_stream("stdin").isatty():
-            raise BadInput("deleting an image: pass --yes to confirm without a prompt")
-        if not click.confirm(f"Delete baked image {ref}?", default=False, err=True):
-            raise BadInput("aborted; nothing was deleted")
-    baking.delete_image(ref, provider_name="docker", region=None, console=_console())
+    if provider == "docker" and region:
+        raise BadInput("--region is for --provider aws")
+    if not _asker(yes, "deleting an image")(f"Delete baked image {ref}?"):
+        raise BadInput("aborted; nothing was deleted")
+    baking.delete_image(ref, provider_name=provider, region=region, console=_console())
     return 0
 
 

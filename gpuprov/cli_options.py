@@ -51,10 +51,10 @@ UP_OPTIONS = [
     ),
     click.option("--region", help="Cloud region (aws)."),
     click.option("--image", help="Machine image: an AMI id (aws; wins over --os) or a local image "
-        "(docker; default: the newest image baked for the cluster's version lock, `gpuprov image "
-        "list`, else the node image)."),
-    click.option("--no-baked", is_flag=True, help="docker: boot from the node image and bootstrap "
-        "from scratch, even when an image is baked for the lock."),
+        "(docker). Default: the newest image baked for the cluster's version lock (`gpuprov image "
+        "list`; aws: of this account and --os), else the node image (docker) or --os's image (aws)."),
+    click.option("--no-baked", is_flag=True, help="aws, docker: boot from the default image and "
+        "bootstrap from scratch, even when an image is baked for the lock."),
     click.option("--os", "os_name", type=click.Choice(["debian12", "ubuntu22.04"]),
         help="aws: launch the publisher's newest image of this OS (default: debian12, the one "
         "gpuprov's suite proves; ubuntu22.04 is accepted by the roles but not proven here)."),

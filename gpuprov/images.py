@@ -36,6 +36,8 @@ class BakedImage:
     lock: dict[str, str]  # LOCK_FIELDS as recorded with the image
     region: str | None = None
     size_gb: float | None = None
+    # The OS the node ran (aws: the cluster's --os); None where the provider has one OS.
+    os: str | None = None
 
     def public(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,9 +71,10 @@ def newest_for(images: list[BakedImage], lock_hash: str) -> BakedImage | None:
 
 
 def choose(images: list[BakedImage], lock: dict[str, Any], *, explicit: str | None,
-           no_baked: bool) -> ImageChoice:
+           no_baked: bool, os: str | None = None) -> ImageChoice:
     """The image new nodes boot from: ``--image`` wins, ``--no-baked`` forbids a baked one,
-    else the newest baked for the cluster's lock, else the provider's default."""
+    else the newest baked for the cluster's lock (and its OS, where images record one), else
+    the provider's default."""
     if explicit:
         named = next((i for i in images if explicit in (i.ref, i.id)), None)
         if named is not None and named.lock_hash != lock["hash"]:
@@ -80,7 +83,7 @@ def choose(images: list[BakedImage], lock: dict[str, Any], *, explicit: str | No
         return ImageChoice(explicit, named, f"{explicit} (--image)")
     if no_baked:
         return ImageChoice(None, None, "the default image (--no-baked: bootstrap from scratch)")
-    found = newest_for(images, lock["hash"])
+    found = newest_for([i for i in images if not (os and i.os and i.os != os)], lock["hash"])
     if found is None:
         return ImageChoice(None, None, f"the default image (no image baked for lock {lock['hash']}; "
                            "bootstrap from scratch)")

@@ -18,13 +18,16 @@ from gpuprov.state import Store
 def baking_provider(name: str) -> Provider:
     provider = get_provider(name)
     if not provider.supports("bake"):
-        raise BadInput(f"the {name} provider has no images to bake (baked images: docker; aws is not built yet)")
+        raise BadInput(f"the {name} provider has no images to bake (baked images: docker, aws)")
     return provider
 
 
-def bake_from(name: str, *, node: str | None, console: Console, store: Store | None = None) -> BakedImage:
+def bake_from(name: str, *, node: str | None, console: Console, store: Store | None = None,
+              copy_to: tuple[str, ...] = (), confirm: Any = None) -> BakedImage:
     """Verify one node of cluster ``name`` (the first unless ``node``), then bake it. A node
-    whose probes fail is not baked."""
+    whose probes fail is not baked. Where the provider must clean the node itself
+    (``bake_consumes_node``: aws), ``confirm(question)`` is asked first: the node is
+    terminated after capture."""
     from gpuprov.core.converge import verify
 
     store = store or Store()
@@ -44,6 +47,13 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
         if cluster.state not in ("bootstrapped", "verified"):
             raise BadInput(f"cluster '{name}' is {cluster.state}, not bootstrapped; bake only a node "
                            f"that the whole site converged (`gpuprov provision {name}`)")
+        if copy_to and not provider.copies_images:
+            raise BadInput(f"--copy-to: {provider.display_name or provider.name} images do not travel between regions")
+    if provider.bake_consumes_node and confirm is not None and not confirm(
+            f"Bake {chosen.name} of '{name}'? On {provider.display_name} the node itself is cleaned (its host "
+            "keys and login keys removed), captured and terminated; "
+            f"`gpuprov up {name} --count {len(nodes)}` brings the cluster back to size from the new image"):
+        raise BadInput("aborted; nothing was baked")
     checked = verify(name, console=console, store=store)
     failing = [r for r in checked.hosts.get(chosen.name, []) if r.status == "fail"]
     if not checked.hosts.get(chosen.name) or failing:
@@ -51,13 +61,19 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
                            "not baked")
     console.say(f"{chosen.name}: verified; baking an image for lock {cluster.lock['hash']}")
     with cluster_lock(name):
-        image = provider.bake(load(store, name), chosen, files, reporter(console))
+        image = provider.bake(load(store, name), chosen, files, reporter(console), copy_to=copy_to)
+        if provider.bake_consumes_node:
+            refresh(store, load(store, name))  # the node is gone from the cluster
     console.say(f"baked {image.ref} for lock {image.lock_hash}")
+    if provider.bake_consumes_node:
+        console.say(f"{chosen.name} was terminated with the capture; `gpuprov up {name} --count {len(nodes)}` "
+                    "adds a node from the new image")
     return image
 
 
 def bake_type(instance_type: str | None, *, provider_name: str, options: dict[str, Any], console: Console,
-              region: str | None = None, store: Store | None = None, confirm: Any = None) -> BakedImage:
+              region: str | None = None, store: Store | None = None, confirm: Any = None,
+              copy_to: tuple[str, ...] = ()) -> BakedImage:
     """The whole flow on one new node: up (from scratch), verify, bake, down (also when a
     step fails)."""
     from gpuprov.core.launching import up
@@ -75,7 +91,7 @@ def bake_type(instance_type: str | None, *, provider_name: str, options: dict[st
             raise GpuprovError(f"{name}: the bootstrap failed; nothing baked")
         if result.health is not None and not result.health.ok:
             raise GpuprovError(f"{name}: the health checks failed; nothing baked")
-        return bake_from(name, node=None, console=console, store=store)
+        return bake_from(name, node=None, console=console, store=store, copy_to=copy_to)
     finally:
         if store.get_cluster(name) is not None:
             down(name, console=console, store=store)
@@ -101,7 +117,7 @@ def choose_image(spec: ClusterSpec, provider: Provider, lock: dict[str, Any]) ->
 
     no_baked = bool(spec.options.get("no_baked"))
     found = [] if no_baked and not spec.image else provider.baked_images(spec.region)
-    choice = images.choose(found, lock, explicit=spec.image, no_baked=no_baked)
+    choice = images.choose(found, lock, explicit=spec.image, no_baked=no_baked, os=spec.options.get("os"))
     if choice.ref:
         spec = dataclasses.replace(spec, image=choice.ref)
     return spec, ImageUsed(ref=choice.ref, baked_for=choice.baked.lock_hash if choice.baked else None,

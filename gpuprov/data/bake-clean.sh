@@ -17,13 +17,19 @@ step() { printf 'clean: %s\n' "$*"; }
 step "SSH host keys"
 rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub \
       /etc/ssh/gpuprov_host_*_key /etc/ssh/gpuprov_host_*_key.pub
+# (aws) The hand-over's marker and sshd drop-in: a new instance's user-data installs its
+# launch's bootstrap key only where the marker is absent, and names its own key.
+rm -f /etc/gpuprov/hostkey-installed /etc/ssh/sshd_config.d/10-gpuprov-hostkey.conf
 
 step "cloud-init instance state and logs"
 if command -v cloud-init >/dev/null 2>&1; then
   cloud-init clean --logs >/dev/null 2>&1 || true
 fi
-rm -rf /var/lib/cloud/instances /var/lib/cloud/instance /var/lib/cloud/data \
-       /var/lib/cloud/sem /var/lib/cloud/seed/nocloud /var/lib/cloud/seed/nocloud-net
+rm -rf /var/lib/cloud/instances /var/lib/cloud/instance /var/lib/cloud/data /var/lib/cloud/sem
+for seed in /var/lib/cloud/seed/nocloud /var/lib/cloud/seed/nocloud-net; do
+  # A seed mounted from outside is not part of the disk that is captured.
+  mountpoint -q "$seed" 2>/dev/null || rm -rf "$seed"
+done
 rm -f /var/log/cloud-init.log /var/log/cloud-init-output.log
 
 step "machine id"

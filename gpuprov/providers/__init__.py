@@ -122,7 +122,7 @@ PROVIDER_FLAGS: tuple[tuple[str, str, Callable[[ClusterSpec], Any]], ...] = (
     ("--hosts", "static", lambda s: s.hosts_file),
     ("--region", "aws", lambda s: s.region),
     ("--image", "aws docker", lambda s: s.image),
-    ("--no-baked", "docker", lambda s: s.options.get("no_baked") or None),
+    ("--no-baked", "aws docker", lambda s: s.options.get("no_baked") or None),
     ("--ssh-cidr", "aws", lambda s: s.ssh_cidr),
     ("--spot", "aws", lambda s: s.spot or None),
     ("--disk-gb", "aws", lambda s: s.options.get("disk_gb")),
@@ -145,6 +145,11 @@ class Provider(ABC):
     # True where the nodes exist before gpuprov (hosts files): `up` adopts them, --count 0
     # means all of them, and `down` forgets them without touching the machines.
     adopts_existing: bool = False
+    # True where `image bake --from` must clean the node itself (it cannot clean a copy
+    # first): the node is captured and terminated, and leaves its cluster.
+    bake_consumes_node: bool = False
+    # True where a baked image can be copied to other regions (`image bake --copy-to`).
+    copies_images: bool = False
 
     # -- checks and plan ------------------------------------------------------------------
     def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
@@ -232,10 +237,13 @@ class Provider(ABC):
         """The images baked with gpuprov here (gpuprov.images.BakedImage each), newest last."""
         raise NotSupported(f"baked images are not supported by the {self.name} provider")
 
-    def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter) -> Any:
+    def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter,
+             copy_to: tuple[str, ...] = ()) -> Any:
         """Capture ``node`` of ``cluster`` (a ClusterRecord) as an image for the cluster's
-        lock, its file system cleaned first (gpuprov/data/bake-clean.sh); the node keeps
-        running as it was. Returns the gpuprov.images.BakedImage."""
+        lock, its file system cleaned first (gpuprov/data/bake-clean.sh), and copy it to the
+        regions ``copy_to``. The node keeps running as it was, unless ``bake_consumes_node``
+        (then it is cleaned itself, captured and terminated). Returns the
+        gpuprov.images.BakedImage."""
         raise NotSupported(f"baking images is not supported by the {self.name} provider")
 
     def delete_image(self, image: Any, report: Reporter) -> None:

@@ -15,7 +15,11 @@ image built here from the local node image plus Debian's ``cloud-init``
   instance's id, type, zone, life cycle and, once a test posts one, a spot
   interruption notice;
 - TerminateInstances removes the container; GetConsoleOutput returns the node's
-  cloud-init console log.
+  cloud-init console log;
+- CreateImage commits the instance's container as the AMI's image (``gpuprov-fixture-ami:AMI``;
+  moto keeps the AMI's record), RunInstances of that AMI boots it, DeregisterImage removes it.
+  The container is committed as it runs (EC2 would capture the stopped instance's volume;
+  gpuprov syncs the file system before it asks), without its volumes and mounts.
 
 Injected faults: ``unreachable`` (launch indexes whose port 22 is never published: a
 node that never answers SSH), ``no_bootcmd`` (launch indexes whose cloud-init never runs
@@ -151,6 +155,8 @@ class Ec2Nodes:
     _addresses: itertools.count = field(default_factory=lambda: itertools.count(10))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     image: str = ""
+    # AMI id -> the Docker image CreateImage committed for it.
+    amis: dict[str, str] = field(default_factory=dict)
     # A /24 of 127.0.0.0/8 of this session's own (chosen at random): two sessions on one
     # machine never publish port 22 on the same address.
     _net: str = field(default_factory=lambda: f"127.{secrets.randbelow(254) + 1}.{secrets.randbelow(254) + 1}")
@@ -195,7 +201,7 @@ class Ec2Nodes:
                     *SYSTEMD_FLAGS, "--tmpfs", "/var/lib/docker:rw,exec,size=6g",
                     "-v", f"{work / 'seed'}:/var/lib/cloud/seed/nocloud:ro",
                     "-v", f"{work / 'imds'}:/var/lib/gpuprov-fixture-imds:ro",
-                    *publish, self.image, "/sbin/init")
+                    *publish, self.amis.get(item.get("imageId", ""), self.image), "/sbin/init")
             self.instances[iid] = Instance(iid, address, name, work)
 
     def terminated(self, ids: list[str]) -> None:
@@ -203,6 +209,25 @@ class Ec2Nodes:
             instance = self.instances.pop(iid, None)
             if instance is not None:
                 _docker("rm", "-f", "-v", instance.container, check=False)
+
+    def imaged(self, params: dict[str, str], response: bytes) -> None:
+        """A CreateImage answer: the instance's container committed as the AMI's image."""
+        import re
+
+        found = re.search(rb"<imageId>(ami-[0-9a-f]+)</imageId>", response)
+        instance = self.instances.get(params.get("InstanceId", ""))
+        if found is None or instance is None:
+            return
+        ami = found.group(1).decode()
+        tag = f"gpuprov-fixture-ami:{ami}"
+        _docker("commit", "--change", 'CMD ["/sbin/init"]', "--change", f"LABEL {LABEL}={self.session}",
+                instance.container, tag)
+        self.amis[ami] = tag
+
+    def deregistered(self, ami: str) -> None:
+        tag = self.amis.pop(ami, None)
+        if tag:
+            _docker("image", "rm", "-f", tag, check=False)
 
     def rewrite(self, data: bytes) -> bytes:
         """DescribeInstances: each public address of an emulated instance is its loopback one."""
@@ -249,6 +274,8 @@ class Ec2Nodes:
         if ids:
             _docker("rm", "-f", "-v", *ids, check=False)
         self.instances.clear()
+        for ami in list(self.amis):
+            self.deregistered(ami)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -25,6 +25,10 @@ ACCOUNT = "123456789012"
 TAG = "gpuprov:cluster"
 RESOURCE_TAG = f"aws:ResourceTag/{TAG}"
 REQUEST_TAG = f"aws:RequestTag/{TAG}"
+# Baked images carry the lock's tag instead of a cluster's (they outlive clusters).
+LOCK_TAG = "gpuprov:lock"
+LOCK_RESOURCE_TAG = f"aws:ResourceTag/{LOCK_TAG}"
+LOCK_REQUEST_TAG = f"aws:RequestTag/{LOCK_TAG}"
 
 
 @dataclass
@@ -38,8 +42,8 @@ class Authorization:
 
 
 def arn(kind: str, ident: str, region: str = "us-east-1") -> str:
-    if kind == "image":
-        return f"arn:aws:ec2:{region}::image/{ident}"
+    if kind in ("image", "snapshot"):  # (their ARNs name no account)
+        return f"arn:aws:ec2:{region}::{kind}/{ident}"
     return f"arn:aws:ec2:{region}:{ACCOUNT}:{kind}/{ident}"
 
 
@@ -119,6 +123,24 @@ def authorizations(call: Call, cluster: str) -> list[Authorization]:
             ctx = {f"aws:RequestTag/{k}": v for k, v in zip(_indexed(p, r"Tag\.\d+\.Key"),
                                                              _indexed(p, r"Tag\.\d+\.Value"), strict=False)}
             out.append(Authorization(action, arn("instance", ident), {**owned, **ctx}))
+    elif name == "StopInstances":
+        for ident in _indexed(p, r"InstanceId\.\d+"):
+            used("instance", ident)
+    elif name == "CreateImage":
+        used("instance", p["InstanceId"])
+        created("image", "*")
+        created("snapshot", "*")
+    elif name == "CopyImage":
+        # The source image is authorized with the request's tags: an image/* resource pattern
+        # cannot tell the source from the copy, so the policy asks the lock tag of the request
+        # (copying an image of the account is then allowed only into a copy tagged with a lock).
+        source = _tag_context(tags.get("image", {}))
+        out.append(Authorization(action, arn("image", p["SourceImageId"], p.get("SourceRegion", "us-east-1")), source))
+        created("image", "*")
+        created("snapshot", "*")
+    elif name in ("DeregisterImage", "DeleteSnapshot"):
+        kind, key = ("image", "ImageId") if name == "DeregisterImage" else ("snapshot", "SnapshotId")
+        out.append(Authorization(action, arn(kind, p[key]), {LOCK_RESOURCE_TAG: "*"}))
     elif name == "TerminateInstances":
         for ident in _indexed(p, r"InstanceId\.\d+"):
             used("instance", ident)

@@ -18,7 +18,8 @@ moto server and adds:
   N times), and a hold after RunInstances so a test can kill the client;
 - optionally (``nodes``: ``ec2_nodes.Ec2Nodes``), instances that are real nodes: each
   launched instance boots a systemd node container running its user-data, its public
-  address is the node's, TerminateInstances removes it, GetConsoleOutput reads it.
+  address is the node's, TerminateInstances removes it, GetConsoleOutput reads it,
+  CreateImage commits it (the AMI boots that commit).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Call:
 MUTATING_PREFIXES = (
     "Run", "Create", "Delete", "Import", "Authorize", "Revoke", "Terminate", "Allocate",
     "Associate", "Disassociate", "Release", "Modify", "Attach", "Detach", "Stop", "Start",
+    "Copy", "Deregister", "Register",
 )
 
 
@@ -141,9 +143,18 @@ class Shim:
             return self._run(method, path, headers, body, params)
         if action == "GetConsoleOutput" and self.nodes is not None and not dry:
             return 200, {"Content-Type": "text/xml"}, self.nodes.console(params.get("InstanceId", ""))
+        tag_later = None
+        if action in ("CreateImage", "CopyImage") and not dry:
+            body, tag_later = self._image_tags(action, dict(parse_qsl(body.decode(), keep_blank_values=True)), headers)
         status, out_headers, data = self._forward(method, path, headers, body)
+        if tag_later is not None and status == 200:
+            tag_later(data)
         if action == "TerminateInstances" and status == 200 and self.nodes is not None and not dry:
             self.nodes.terminated([v for k, v in params.items() if re.fullmatch(r"InstanceId\.\d+", k)])
+        if action == "CreateImage" and status == 200 and self.nodes is not None and not dry:
+            self.nodes.imaged(params, data)
+        if action == "DeregisterImage" and status == 200 and self.nodes is not None and not dry:
+            self.nodes.deregistered(params.get("ImageId", ""))
         if action == "AllocateAddress" and status == 200:
             self.eips.update(re.findall(rb"<publicIp>([^<]+)</publicIp>", data))
         if action == "DescribeInstances" and status == 200:
@@ -151,6 +162,42 @@ class Shim:
             if self.nodes is not None:
                 data = self.nodes.rewrite(data)
         return status, out_headers, data
+
+    def _image_tags(self, action: str, params: dict[str, str], headers: dict[str, str]) -> tuple[bytes, Any]:
+        """moto's gaps, filled as EC2 behaves: CreateImage with snapshot tags given at creation
+        fails in moto (NotImplementedError), and CopyImage ignores its TagSpecifications. The
+        request goes on without them; once it answers, they are applied through moto's
+        CreateTags (the image's, and its snapshots')."""
+        specs: dict[str, tuple[str, list[dict[str, str]]]] = {}
+        for key, kind in params.items():
+            found = re.fullmatch(r"TagSpecification\.(\d+)\.ResourceType", key)
+            if found:
+                i = found.group(1)
+                tags = [{"Key": params[k], "Value": params.get(k[:-len("Key")] + "Value", "")}
+                        for k in sorted(params) if re.fullmatch(rf"TagSpecification\.{i}\.Tag\.\d+\.Key", k)]
+                specs[i] = (kind, tags)
+        moved = {i: v for i, v in specs.items() if action == "CopyImage" or v[0] == "snapshot"}
+        kept = {k: v for k, v in params.items() if not any(k.startswith(f"TagSpecification.{i}.") for i in moved)}
+        credential = re.search(r"Credential=[^/]+/\d+/([^/]+)/", headers.get("Authorization", ""))
+        region = credential.group(1) if credential else "us-east-1"
+
+        def later(data: bytes) -> None:
+            import boto3
+
+            image = re.search(rb"<imageId>(ami-[0-9a-f]+)</imageId>", data)
+            if image is None or not moved:
+                return
+            ec2 = boto3.client("ec2", endpoint_url=f"http://{self.moto}", region_name=region,
+                               aws_access_key_id="testing", aws_secret_access_key="testing")
+            image_id = image.group(1).decode()
+            snapshots = [m["Ebs"]["SnapshotId"] for i in ec2.describe_images(ImageIds=[image_id])["Images"]
+                         for m in i.get("BlockDeviceMappings") or [] if m.get("Ebs", {}).get("SnapshotId")]
+            for kind, tags in moved.values():
+                resources = [image_id] if kind == "image" else snapshots
+                if resources and tags:
+                    ec2.create_tags(Resources=resources, Tags=tags)
+
+        return urlencode(kept).encode(), later
 
     def _fault(self, action: str, params: dict[str, str]) -> Fault | None:
         with self.lock:

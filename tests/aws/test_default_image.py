@@ -77,7 +77,9 @@ def test_missing_parameter_falls_back_to_debians_images_and_says_what_failed(cap
     assert_refused(code, out, err, f"no Debian 12 (bookworm) amd64 image found in {REGION}: SSM parameter "
                    f"{DEBIAN} unreadable (ParameterNotFound) and no image of owner 136693071363 named "
                    "debian-12-amd64-*; pass --image ami-... (or another --os: ubuntu22.04)", shim)
-    (listed,) = [c.params for c in shim.calls if c.action == "DescribeImages" and "Owner.1" in c.params]
+    # (the first DescribeImages by owner is the look-up of an image baked for the lock: none)
+    baked, listed = [c.params for c in shim.calls if c.action == "DescribeImages" and "Owner.1" in c.params]
+    assert baked["Owner.1"] == "self" and baked["Filter.1.Name"] == "tag-key"
     filters = {listed[f"Filter.{i}.Name"]: listed[f"Filter.{i}.Value.1"] for i in (1, 2, 3)}
     assert listed["Owner.1"] == "136693071363"
     assert filters == {"name": "debian-12-amd64-*", "architecture": "x86_64", "state": "available"}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -186,3 +187,103 @@ def test_a_node_answering_with_an_unpinned_host_key_is_refused_and_nothing_is_le
     lines = [line for line in proc.stderr.splitlines() if "spoof-node-2" in line and "host key" in line.lower()]
     assert lines, proc.stderr[-3000:]
     assert instances("spoof") == [] and ec2.containers() == []
+
+
+def test_a_baked_ami_is_clean_and_boots_a_new_cluster_of_its_lock(shim: Shim, ec2: ec2_nodes.Ec2Nodes) -> None:
+    """Issue 15 on AWS: a node is baked (the provider's bake, called here straight: the gate
+    before it, a verify of the whole site, is the same code the local-node bake proves in
+    tests/e2e/test_docker_cluster.py, and these GPU-less nodes fail the GPU probes): cleaned
+    over its pinned SSH, stopped, captured as an AMI tagged with the lock (image and
+    snapshots), terminated. A new cluster of the same lock boots from that AMI without being
+    told: cloud-init runs the new launch's user-data (its own bootstrap key, the hand-over to
+    the node's own key), and nothing of the first cluster (its login key, host keys, machine
+    id) is in the image."""
+    import boto3
+
+    from gpuprov.core import load, refresh
+    from gpuprov.providers import get
+    from gpuprov.state import Store
+
+    _image(shim)
+    common = ("--type", "g5.xlarge", "--count", "1", "--yes", "--ssh-cidr", "127.0.0.1/32", "--tags", "preflight",
+              "--no-rollback", "-o", "json")
+    proc = run_cli("up", "--name", "src", *common, timeout=900)
+    # (no GPU behind the node: the preflight fails, the node is kept, reachable and handed over)
+    assert proc.returncode == 1 and "host key handed over" in proc.stderr, proc.stderr[-3000:]
+    (source,) = ec2.instances
+    machine_id = ec2.sh(source, "cat /etc/machine-id").stdout.strip()
+    store = Store()
+    cluster = load(store, "src")
+    _, files, nodes = refresh(store, cluster)
+    lines: list[str] = []
+    image = get("aws").bake(cluster, nodes[0], files, lines.append, copy_to=("us-west-2",))
+    refresh(store, load(store, "src"))  # as `image bake --from` does: the node left the cluster
+    assert image.lock_hash == cluster.lock["hash"] and image.source == "src/src-node-1", image
+    assert any("clean: SSH host keys" in line for line in lines) and any("clean: done" in line for line in lines)
+    assert instances("src") == [] and source not in ec2.instances  # the baked node is gone
+    ec2_api = boto3.client("ec2", region_name="us-east-1")
+    snapshots = ec2_api.describe_snapshots(OwnerIds=["self"], Filters=[
+        {"Name": "tag:gpuprov:lock", "Values": [image.lock_hash]}])["Snapshots"]
+    assert snapshots, "the AMI's snapshots carry the lock's tag"
+    # --copy-to: the copy is tagged the same, and `image list` of that region shows it.
+    listed = json.loads(run_cli("image", "list", "--provider", "aws", "--region", "us-west-2", "-o", "json",
+                                check=True).stdout)
+    assert [(i["lock_hash"], i["region"], i["source"]) for i in listed] == [
+        (image.lock_hash, "us-west-2", "src/src-node-1")], listed
+    assert any(line.startswith(f"copying to us-west-2: {listed[0]['ref']}") for line in lines), lines
+    # Inside the image (the fixture's commit of the node at CreateImage): nothing to log in
+    # with, nothing that names the old instance.
+    login = (files.dir / "id_ed25519.pub").read_text().split()[1]
+    inside = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", ec2.amis[image.id], "-c",
+         "ls /etc/ssh | grep -c _key; ls /etc/gpuprov/hostkey-installed /etc/ssh/sshd_config.d/10-gpuprov-hostkey.conf "
+         "2>/dev/null | wc -l; cat /etc/machine-id | wc -c; ls /var/lib/cloud/instances 2>/dev/null | wc -l; "
+         f"grep -rl -e '{login}' -e 'PRIVATE KEY' /etc /home /root /var/lib/cloud 2>/dev/null | wc -l"],
+        capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    assert inside == ["0", "0", "0", "0", "0"], inside
+    assert machine_id and len(machine_id) == 32
+
+    proc = run_cli("up", "--name", "dst", *common, timeout=900)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"image: {image.id} (baked for lock {image.lock_hash} from src/src-node-1" in proc.stderr
+    assert json.loads(proc.stdout)["image"]["ref"] == image.id
+    assert proc.stderr.count("host key handed over") == 1, proc.stderr[-3000:]
+    (fresh,) = ec2.instances
+    assert ec2.sh(fresh, "cat /etc/machine-id").stdout.strip() not in ("", machine_id)
+    keys = ec2.sh(fresh, "cat /home/gpuprov/.ssh/authorized_keys").stdout.split()
+    dst_login = (files.dir.parent / "dst" / "id_ed25519.pub").read_text().split()[1]
+    assert login not in keys and dst_login in keys, keys
+    assert run_cli("exec", "dst", "--", "true").returncode == 0
+    assert run_cli("down", "dst", "--yes", timeout=600).returncode == 0
+    gone = run_cli("down", "src", "--yes", timeout=600)
+    assert gone.returncode == 0, gone.stderr[-3000:]
+    # The image outlives its clusters until deleted; then nothing of it is left.
+    proc = run_cli("image", "delete", image.id, "--provider", "aws", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert ec2_api.describe_images(Owners=["self"])["Images"] == [] and image.id not in ec2.amis
+    proc = run_cli("image", "delete", listed[0]["ref"], "--provider", "aws", "--region", "us-west-2", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    _baking_is_allowed_only_with_its_conditions(shim)
+
+
+def _baking_is_allowed_only_with_its_conditions(shim: Shim) -> None:
+    """docs/aws-iam-policy.json allows each call of the bake and the deletes, and none of them
+    without the tag that makes it safe: the cluster's on the node, the lock's on what is
+    created (tags only within the create call) and on what is deleted."""
+    from tests.aws import iam
+    from tests.aws.conftest import ROOT_POLICY
+
+    policy = json.loads(ROOT_POLICY.read_text())
+    calls = [c for c in iam.mutating(shim.calls)
+             if c.action in ("StopInstances", "CreateImage", "CopyImage", "DeregisterImage", "DeleteSnapshot",
+                             "CreateTags")]
+    assert {c.action for c in calls} == {"StopInstances", "CreateImage", "CopyImage", "DeregisterImage",
+                                         "DeleteSnapshot"}, [c.action for c in calls]
+    for call in calls:
+        for auth in iam.authorizations(call, "src"):
+            assert iam.allowed_by(policy, auth), f"refused: {auth} ({call.action})"
+            for key in (iam.RESOURCE_TAG, iam.LOCK_RESOURCE_TAG, iam.LOCK_REQUEST_TAG):
+                if key in auth.context:
+                    bare = iam.Authorization(auth.action, auth.resource,
+                                             {k: v for k, v in auth.context.items() if k != key})
+                    assert not iam.allowed_by(policy, bare), f"allowed without {key}: {bare}"

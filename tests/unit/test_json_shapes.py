@@ -115,7 +115,16 @@ def _types() -> dict[str, Any]:
     return catalog.get("p4d.24xlarge").row()  # type: ignore[no-any-return]
 
 
-PLAIN = {"stack": _stack, "types": _types}
+def _image() -> dict[str, Any]:
+    from gpuprov.images import LOCK_FIELDS, BakedImage
+
+    return BakedImage(id="ami-0123456789abcdef0", ref="ami-0123456789abcdef0", provider="aws",
+                      lock_hash="0123456789ab", created="2026-11-25T10:00:00Z", source="demo/demo-node-1",
+                      lock=dict.fromkeys(LOCK_FIELDS, "x"), region="us-east-1", size_gb=200.0,
+                      os="debian12").public()
+
+
+PLAIN = {"stack": _stack, "types": _types, "image": _image}
 
 
 @pytest.mark.parametrize("command", sorted(PLAIN))
@@ -124,7 +133,7 @@ def test_plain_shapes_match_a_real_result(command: str) -> None:
     each value's JSON type (null where the type allows it)."""
     doc = documented()[command]
     row = PLAIN[command]()
-    prefix = "[]." if command == "types" else ""
+    prefix = "[]." if command in ("types", "image") else ""
     top = {p.removeprefix(prefix): t for p, t in doc.items() if "." not in p.removeprefix(prefix)}
     assert set(row) == set(top)
     for key, value in row.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
-from gpuprov.providers.aws import api, dryrun, launch, preflight, ready, teardown
+from gpuprov.providers.aws import api, dryrun, images, launch, preflight, ready, teardown
 from gpuprov.providers.aws.common import members, node_record, region_of
 from gpuprov.state import NodeRecord
 
@@ -19,6 +19,8 @@ class AwsProvider(Provider):
     name = "aws"
     display_name = "AWS"
     billable = True
+    bake_consumes_node = True
+    copies_images = True
 
     def check_type(self, spec: ClusterSpec) -> None:
         preflight.check_type(spec)
@@ -69,6 +71,17 @@ class AwsProvider(Provider):
 
     def list_tagged_clusters(self, regions: set[str | None], asked: bool) -> dict[str, dict[str, Any]] | None:
         return teardown.list_tagged_clusters(regions, asked)
+
+    # -- baked images (images.py) ---------------------------------------------------------------
+    def baked_images(self, region: str | None = None) -> list[Any]:
+        return images.baked(region)
+
+    def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter,
+             copy_to: tuple[str, ...] = ()) -> Any:
+        return images.bake(cluster, node, files, report, copy_to)
+
+    def delete_image(self, image: Any, report: Reporter) -> None:
+        images.delete(image, report)
 
     def expectations(self, node: NodeRecord) -> dict[str, Any]:
         out = super().expectations(node)

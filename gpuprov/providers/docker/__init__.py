@@ -320,9 +320,11 @@ class DockerProvider(Provider):
         self.check_engine()
         return images.baked(images.repository())
 
-    def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter) -> Any:
+    def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter,
+             copy_to: tuple[str, ...] = ()) -> Any:
         from gpuprov.providers.docker import images
 
+        # (copy_to is refused before: copies_images is False)
         return images.bake(cluster, node, images.repository(), report)
 
     def delete_image(self, image: Any, report: Reporter) -> None:
