@@ -2,6 +2,7 @@
 """EC2 API calls of one `gpuprov up --count 4` (p4d.24xlarge), by name and count.
 
     python benchmarks/aws_api_calls.py [--count 4] [--type p4d.24xlarge] [--rerun-ssh-cidr CIDR]
+                                       [--image-from image|default|baked]
 
 Runs against moto's server (no AWS) behind the test shim (tests/aws/moto_shim.py),
 which adds what moto lacks (placement groups; no public address for
@@ -34,6 +35,11 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=4)
     parser.add_argument("--type", default="p4d.24xlarge")
     parser.add_argument("--rerun-ssh-cidr", metavar="CIDR", help="also count a re-run from this SSH range")
+    parser.add_argument("--image-from", choices=["image", "default", "baked"], default="image",
+                        help="image: --image AMI (the figure of earlier runs); default: no --image, the "
+                        "default image from its SSM parameter, no AMI baked for the lock (one more "
+                        "DescribeImages: the look-up of a baked AMI); baked: no --image, an AMI of "
+                        "this account tagged with the cluster's lock is found and booted")
     args = parser.parse_args()
 
     from moto.server import ThreadedMotoServer
@@ -52,8 +58,17 @@ def main() -> None:
     from gpuprov.cli import main as cli
 
     image = "ami-03cf127a"  # one of moto's bundled images
-    argv = ["up", "--name", "bench", "--type", args.type, "--count", str(args.count), "--image", image,
+    argv = ["up", "--name", "bench", "--type", args.type, "--count", str(args.count),
             "--ssh-cidr", "203.0.113.7/32", "--no-bootstrap", "--yes", "-o", "json"]
+    if args.image_from == "image":
+        argv[7:7] = ["--image", image]
+    else:
+        from gpuprov.providers.aws import preflight
+
+        ssm_name, _, _ = preflight.IMAGE_SOURCES[preflight.DEFAULT_OS]
+        shim.ssm_parameters[ssm_name.format(arch="amd64")] = image
+    if args.image_from == "baked":
+        _bake_for_the_lock(args.type, image)
     runs = [("first up", argv)]
     if args.rerun_ssh_cidr:
         runs.append(("re-run", [a if a != "203.0.113.7/32" else args.rerun_ssh_cidr for a in argv]))
@@ -70,6 +85,23 @@ def main() -> None:
     finally:
         http.shutdown()
         server.stop()
+
+
+def _bake_for_the_lock(instance_type: str, source_image: str) -> None:
+    """An AMI of this account tagged with the lock `up` resolves (as `image bake` leaves it)."""
+    import boto3
+
+    from gpuprov import stack
+    from gpuprov.providers.aws import preflight
+
+    lock = stack.resolve(instance_type, source="nvidia").as_dict()
+    ec2 = boto3.client("ec2")
+    iid = ec2.run_instances(ImageId=source_image, MinCount=1, MaxCount=1, InstanceType="g5.xlarge")["Instances"][0][
+        "InstanceId"]
+    tags = [{"Key": "gpuprov:lock", "Value": lock["hash"]}, {"Key": "gpuprov:os", "Value": preflight.DEFAULT_OS},
+            {"Key": "gpuprov:baked-at", "Value": "2026-11-25T00:00:00Z"}]
+    ec2.create_image(InstanceId=iid, Name="bench-baked", TagSpecifications=[{"ResourceType": "image", "Tags": tags}])
+    ec2.terminate_instances(InstanceIds=[iid])
 
 
 def report(label: str, argv: list[str], shim) -> None:

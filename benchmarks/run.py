@@ -12,7 +12,8 @@ On local nodes (the docker provider; the Docker engine, node image and package c
   - up to verified, 2 nodes, from the baked image;
   - no-op `provision` of the whole site on 1, 2, 4 and 8 nodes booted from the baked image,
     and T(8)/T(1);
-  - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py).
+  - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py): with
+    --image, from the default image (no AMI baked for the lock), and from an AMI baked for it.
 Uses its own GPUPROV_HOME and image repository; removes its clusters and image. Writes
 bench-results/<time>.json and prints a Markdown table (the README's performance section).
 """
@@ -124,11 +125,12 @@ def main() -> None:
             if first and last and len(sizes) > 1:
                 results[f"noop_ratio_T{sizes[-1]}_T{sizes[0]}"] = round(last["median"] / first["median"], 2)
         if "aws" not in skip:
-            out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aws_api_calls.py")], capture_output=True,
-                                 text=True, check=True, cwd=ROOT).stdout
-            found = re.search(r"ec2 total: (\d+); mutating: (\d+)", out)
-            results["aws_up4_ec2_calls"] = int(found.group(1)) if found else out
-            results["aws_up4_ec2_mutating"] = int(found.group(2)) if found else None
+            for mode in ("image", "default", "baked"):
+                out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aws_api_calls.py"), "--image-from",
+                                      mode], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+                found = re.search(r"ec2 total: (\d+); mutating: (\d+)", out)
+                results[f"aws_up4_ec2_calls_{mode}"] = int(found.group(1)) if found else out
+                results[f"aws_up4_ec2_mutating_{mode}"] = int(found.group(2)) if found else None
     finally:
         for name in clusters:
             down(name, env)

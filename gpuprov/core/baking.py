@@ -116,7 +116,10 @@ def choose_image(spec: ClusterSpec, provider: Provider, lock: dict[str, Any]) ->
     from gpuprov import images
 
     no_baked = bool(spec.options.get("no_baked"))
-    found = [] if no_baked and not spec.image else provider.baked_images(spec.region)
+    # Listing is what tells whether an --image was baked for another lock; where it costs an API
+    # call (aws), an --image is not listed: the plan describes it anyway.
+    listed = not (spec.image and provider.images_cost_a_call) and not (no_baked and not spec.image)
+    found = provider.baked_images(spec.region) if listed else []
     choice = images.choose(found, lock, explicit=spec.image, no_baked=no_baked, os=spec.options.get("os"))
     if choice.ref:
         spec = dataclasses.replace(spec, image=choice.ref)

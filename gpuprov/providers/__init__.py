@@ -150,6 +150,8 @@ class Provider(ABC):
     bake_consumes_node: bool = False
     # True where a baked image can be copied to other regions (`image bake --copy-to`).
     copies_images: bool = False
+    # True where listing baked images is an API call (aws): `up --image` then lists none.
+    images_cost_a_call: bool = False
 
     # -- checks and plan ------------------------------------------------------------------
     def check_spec(self, spec: ClusterSpec) -> ClusterSpec:

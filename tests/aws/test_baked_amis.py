@@ -30,6 +30,8 @@ def _lock_of(capsys, shim: Shim, ami: str, *extra: str) -> str:
     """The lock hash `up` resolves for a g5.xlarge (from its dry run's plan)."""
     code, _, err = _dry(capsys, "probe", "--image", ami, *extra)
     assert code == 0, err
+    # An --image is described by the plan; no listing of baked AMIs is asked for it.
+    assert not [c for c in shim.calls if c.action == "DescribeImages" and c.params.get("Owner.1") == "self"]
     shim.calls.clear()
     return re.search(r"\[lock ([0-9a-f]{12})\]", err).group(1)
 

@@ -21,6 +21,7 @@ class AwsProvider(Provider):
     billable = True
     bake_consumes_node = True
     copies_images = True
+    images_cost_a_call = True
 
     def check_type(self, spec: ClusterSpec) -> None:
         preflight.check_type(spec)
