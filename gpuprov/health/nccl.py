@@ -6,7 +6,7 @@ nccl-tests prints one block per collective: a ``# Collective test starting: NAME
 message size (size, count, type, redop, root, then time/algbw/busbw/#wrong out of place
 and in place), ``# Out of bounds values : N OK|FAILED`` and ``# Avg bus bandwidth : X``.
 Older releases have no root column and print ``error`` (a float) instead of ``#wrong``;
-mpirun may prefix every line with ``[1,0]<stdout>:``. A one-rank run moves no data over a
+mpirun may prefix every line with ``[1,0]<stdout>:``, srun --label with ``0: ``. A one-rank run moves no data over a
 bus: its busbw is 0 by definition (nccl-tests' PERFORMANCE.md), so a floor only means
 something with two ranks or more.
 
@@ -21,7 +21,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+from gpuprov.core.results import HealthCheck
+
+# mpirun's "[1,0]<stdout>:" and srun --label's "0: " before every line.
+_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+: )")
 _RANK = re.compile(r"^#?\s*Rank\s+(\d+)\b.*?\bon\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s+(.+?)\s*$")
 _START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)")
@@ -161,3 +164,42 @@ def network(text: str) -> Network:
             missing = True
             evidence.append(line.strip())
     return Network(name, missing, tuple(evidence))
+
+
+def bandwidth_check(node: str, text: str, *, instance_type: str | None, nodes: int) -> HealthCheck:
+    """The verdict on an all_reduce_perf run over ``nodes`` nodes of ``instance_type``: no
+    wrong result, and the bus bandwidth at the floor's size at or above the floor
+    (gpuprov.health.floors), out of place and in place."""
+    from gpuprov.health.floors import floor_for
+
+    def row(status: str, found: str, expected: str, action: str) -> HealthCheck:
+        return HealthCheck(node=node, check="nccl_allreduce", status=status, found=found, expected=expected,
+                           action=action)
+
+    runs = [r for r in parse_tests(text) if r.collective in ("all_reduce_perf", "?")]
+    if not runs:
+        return row("fail", "no all_reduce_perf table in the output", "nccl-tests' table of sizes",
+                   "read the raw output: nccl-tests did not run to its table (NCCL or MPI error)")
+    run = runs[-1]
+    if run.wrong:
+        return row("fail", f"{run.wrong} wrong result(s) (#wrong or out-of-bounds values)", "no wrong result",
+                   "drain the node: a GPU computes wrong sums; run `dcgmi diag -r 3` and RMA the GPU it names")
+    floor = floor_for(instance_type, nodes)
+    top = run.rows[-1]
+    if floor is None:
+        return row("pass", f"no wrong result; busbw {top.busbw} GB/s at {top.size} B",
+                   f"no published floor for {instance_type or 'this host'} over {nodes} node(s): "
+                   "wrong results only", "")
+    at = run.at(floor.size)
+    if at is None or at.size != floor.size:
+        return row("fail", f"the run stopped at {top.size} B", f"a row at {floor.size} B, where the floor is read",
+                   f"run all_reduce_perf up to -e {floor.size}")
+    low = min(at.busbw, at.in_busbw)
+    expected = (f">= {floor.busbw} GB/s at {floor.size} B over {nodes} node(s) ({floor.published} GB/s "
+                f"published, less {floor.margin:.0%}: {floor.source})")
+    found = f"busbw {at.busbw} GB/s out of place, {at.in_busbw} in place at {at.size} B"
+    if low >= floor.busbw:
+        return row("pass", found, expected, "")
+    return row("fail", found, expected,
+               "check that NCCL uses EFA (NCCL_DEBUG=INFO names NET/OFI, not Socket) and that every EFA "
+               "interface is there (`gpuprov health NAME`: efa); then the GPUs and links (`dcgmi diag -r 3`)")
