@@ -89,16 +89,33 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         created=cluster.created, spec=cluster.spec, stack=cluster.lock,
         settings=settings_of(cluster_settings.recorded(cluster)), nodes=node_rows(nodes),
         runs=[RunRow.of(r) for r in store.runs(name, limit=5)],
-        images=node_images(nodes, (cluster.lock or {}).get("hash")),
+        images=node_images(nodes, (cluster.lock or {}).get("hash"), _image_locks(cluster.provider, nodes)),
     )
 
 
-def node_images(nodes: list[Any], lock_hash: str | None) -> list[NodeImage]:
-    """The image each node booted from, where its provider says (docker nodes, aws nodes of
-    a baked image); a baked image of another lock than the cluster's is flagged."""
-    return [NodeImage(node=n.name, image=n.extra["image"], baked_for=n.extra.get("image_lock"),
-                      matches_lock=(n.extra["image_lock"] == lock_hash) if n.extra.get("image_lock") else None)
-            for n in nodes if n.extra.get("image")]
+def _image_locks(provider_name: str, nodes: list[Any]) -> dict[str, str]:
+    """The lock of each node's image, where the provider must be asked (aws: the AMIs' tags)."""
+    from gpuprov.providers import get
+
+    provider = get(provider_name)
+    wanted = {n.extra["image"] for n in nodes if n.extra.get("image") and not n.extra.get("image_lock")}
+    if not wanted or not provider.supports("image_locks"):
+        return {}
+    return provider.image_locks(wanted, next((n.extra.get("region") for n in nodes if n.extra.get("region")), None))
+
+
+def node_images(nodes: list[Any], lock_hash: str | None, locks: dict[str, str] | None = None) -> list[NodeImage]:
+    """The image each node booted from, where its provider says (docker nodes, aws nodes); a
+    baked image of another lock than the cluster's is flagged. ``locks``: image -> lock hash,
+    for images whose lock the node record does not carry."""
+    out = []
+    for n in nodes:
+        if not n.extra.get("image"):
+            continue
+        baked = n.extra.get("image_lock") or (locks or {}).get(n.extra["image"])
+        out.append(NodeImage(node=n.name, image=n.extra["image"], baked_for=baked,
+                             matches_lock=(baked == lock_hash) if baked else None))
+    return out
 
 
 def change_settings(name: str, changes: dict[str, str] | None = None, *, record: bool = False,

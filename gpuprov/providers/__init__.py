@@ -248,6 +248,11 @@ class Provider(ABC):
         gpuprov.images.BakedImage."""
         raise NotSupported(f"baking images is not supported by the {self.name} provider")
 
+    def image_locks(self, image_ids: set[str], region: str | None = None) -> dict[str, str]:
+        """The lock hash each of ``image_ids`` was baked for, where the provider must ask (aws:
+        the AMIs' tags); images it does not know, or that are not baked, are left out."""
+        raise NotSupported(f"baked images are not supported by the {self.name} provider")
+
     def delete_image(self, image: Any, report: Reporter) -> None:
         """Remove a baked image (gpuprov.images.BakedImage) and what it holds."""
         raise NotSupported(f"baked images are not supported by the {self.name} provider")

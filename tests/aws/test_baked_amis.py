@@ -124,3 +124,23 @@ def test_bad_flags_are_one_line_and_change_nothing(capsys, shim: Shim) -> None:
         assert code == 2 and out == "", (args, err)
         assert len(err.strip().splitlines()) == 1 and needle in err, (args, err)
     assert shim.mutating() == []
+
+
+def test_status_flags_nodes_booted_from_an_ami_of_another_lock(capsys, shim: Shim, ami: str) -> None:
+    """An AMI baked for another lock, named with --image: `status` reads the AMI's lock tag
+    (one DescribeImages) and flags the node; a node of the default image is listed unflagged."""
+    lock = _lock_of(capsys, shim, ami)
+    other = baked_ami(ami, "0123456789ab")
+    common = ("--type", "g5.xlarge", "--count", "1", "--ssh-cidr", CIDR, "--no-bootstrap", "--yes")
+    code, _, err = invoke(capsys, "up", "--name", "told", "--image", other, *common)
+    assert code == 0, err
+    code, out, err = invoke(capsys, "status", "told", "-o", "json")
+    assert code == 0, err
+    (row,) = json.loads(out)["images"]
+    assert (row["image"], row["baked_for"], row["matches_lock"]) == (other, "0123456789ab", False), row
+    code, out, _ = invoke(capsys, "status", "told")
+    assert f"booted from {other}, baked for lock 0123456789ab, not the cluster's lock {lock}" in out, out
+    code, _, err = invoke(capsys, "up", "--name", "plain", "--image", ami, *common)
+    assert code == 0, err
+    code, out, _ = invoke(capsys, "status", "plain", "-o", "json")
+    assert [(r["image"], r["baked_for"], r["matches_lock"]) for r in json.loads(out)["images"]] == [(ami, None, None)]

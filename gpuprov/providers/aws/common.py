@@ -115,6 +115,7 @@ def node_record(instance: dict[str, Any], cluster: str, region: str) -> NodeReco
             "launch_index": int(instance.get("AmiLaunchIndex", 0)),
             "private_ip": instance.get("PrivateIpAddress", ""),
             "spot": instance.get("InstanceLifecycle") == "spot",
+            "image": instance.get("ImageId", ""),
         },
     )
 

@@ -69,6 +69,22 @@ def baked(region: str | None, lock_hash: str | None = None) -> list[Any]:
     return sorted(out, key=lambda i: (i.created, i.id))
 
 
+def locks_of(image_ids: set[str], region: str | None) -> dict[str, str]:
+    """{AMI: the lock hash it was baked for} for the AMIs of ``image_ids`` tagged with one (one
+    DescribeImages; an AMI deregistered since is left out)."""
+    ids = sorted(i for i in image_ids if i.startswith("ami-"))
+    if not ids:
+        return {}
+    from botocore.exceptions import ClientError
+
+    aws = api.connect(region)
+    try:
+        found = aws.ec2.describe_images(ImageIds=ids)["Images"]
+    except ClientError:  # one AMI gone (InvalidAMIID.NotFound) makes the whole call fail
+        return {}
+    return {i["ImageId"]: tags_of(i)[LOCK_TAG] for i in found if tags_of(i).get(LOCK_TAG)}
+
+
 def _clean(node: NodeRecord, files: ClusterFiles, report: Reporter) -> None:
     """Run the fixed clean-up script on the node as root, over its pinned SSH."""
     from gpuprov import images

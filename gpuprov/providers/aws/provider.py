@@ -81,6 +81,9 @@ class AwsProvider(Provider):
              copy_to: tuple[str, ...] = ()) -> Any:
         return images.bake(cluster, node, files, report, copy_to)
 
+    def image_locks(self, image_ids: set[str], region: str | None = None) -> dict[str, str]:
+        return images.locks_of(image_ids, region)
+
     def delete_image(self, image: Any, report: Reporter) -> None:
         images.delete(image, report)
 
