@@ -214,7 +214,7 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 @click.option("--no-reboot", is_flag=True, help="Never reboot; report the reboots needed.")
 @click.option("--mirror-url", metavar="URL", help="The package mirror (clusters with source mirror).")
 @click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
-@click.option("--health", default="quick", show_default=True, metavar="off|quick", help="Health checks "
+@click.option("--health", default="quick", show_default=True, metavar="off|quick|standard", help="Health checks "
               "before the first batch and after each: a check failing only after the patch stops the roll.")
 @output_option
 def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,

@@ -14,7 +14,8 @@ from gpuprov.errors import BadInput
 @click.command()
 @click.argument("name", required=False)
 @click.option("--level", default="quick", show_default=True, metavar="quick|standard|full",
-              help="quick: seconds per node, fit for a job prolog (standard and full are not built yet).")
+              help="quick: seconds per node, fit for a job prolog; standard: minutes (DCGM's diagnostic "
+              "level 2, NCCL inside each node); full is not built yet.")
 @click.option("--node", "nodes", multiple=True, metavar="N", help="Only this node (repeatable).")
 @click.option("--local", is_flag=True, help="Check this machine itself: no state, no SSH (run as root).")
 @click.option("--type", "local_type", metavar="TYPE", help="--local: the instance type this machine is.")

@@ -100,7 +100,7 @@ UP_OPTIONS = [
         "--tags`); the cluster is not marked bootstrapped, and `provision` completes it."),
     click.option("--health", default="quick", show_default=True, metavar="off|quick|standard",
         help="Health checks on the nodes once bootstrapped (as `gpuprov health`); exit 1 when one "
-        "fails. standard is not built yet. None with --no-bootstrap."),
+        "fails. standard adds DCGM's diagnostic and NCCL inside each node (minutes). None with --no-bootstrap."),
     click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]),
         help="Package source for the NVIDIA stack (default: distro for docker, else nvidia)."),
     click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's)."),

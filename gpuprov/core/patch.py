@@ -244,7 +244,7 @@ def check_health(roll: Roll, hosts: list[str], expect: dict[str, Any], part: str
     roll.say(f"{roll.name}: health checks ({roll.health}) {when}: {', '.join(hosts)}")
     expected = {h: Expect.of(expect[h], expect[h].get("stack"), f"gpuprov provision {roll.name}") for h in hosts}
     rows = check_nodes([roll.by_name[h] for h in hosts], expected, roll.files, _sub(roll.run_dir, part),
-                       roll.console)
+                       roll.console, roll.health)
     return health_gate.by_node(rows)
 
 

@@ -4,7 +4,8 @@ installed; these checks read the GPUs, the kernel log and the fabric.)
 One script gathers each node's raw readings in one go (gather.py, over the cluster's pinned
 SSH or here); the parsers (parse.py, xid.py) and verdicts (checks_*.py) are Python, tested
 on recordings of real machines. Levels: quick (seconds per node, fit for a job prolog);
-standard and full (DCGM diagnostics, NCCL bandwidth floors) are not built yet.
+standard (minutes: DCGM's diagnostic level 2 and NCCL's all_reduce_perf inside each node);
+full (DCGM level 3, NCCL across nodes over EFA) is not built yet.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import dataclasses
 from collections.abc import Callable
 
 from gpuprov.core.results import HealthCheck
-from gpuprov.health import checks_gpu, checks_node, checks_state
+from gpuprov.health import checks_deep, checks_gpu, checks_node, checks_state
 from gpuprov.health.facts import Expect, Facts
 
 LEVELS = ("quick", "standard", "full")
-BUILT_LEVELS = ("quick",)
+BUILT_LEVELS = ("quick", "standard")
 
 Check = Callable[[Facts, Expect], HealthCheck]
 
@@ -39,6 +40,16 @@ QUICK: tuple[Check, ...] = (
 )
 
 
-def evaluate(node: str, facts: Facts, expect: Expect) -> list[HealthCheck]:
-    """Every quick check's verdict on one node's readings."""
-    return [dataclasses.replace(check(facts, expect), node=node) for check in QUICK]
+# The standard level: the quick level's checks, then these (their sections are read only at
+# this level: gather.STANDARD).
+STANDARD: tuple[Check, ...] = (
+    *QUICK,
+    checks_deep.dcgm_diag,
+    checks_deep.nccl_in_node,
+)
+
+
+def evaluate(node: str, facts: Facts, expect: Expect, level: str = "quick") -> list[HealthCheck]:
+    """Every check's verdict of ``level`` on one node's readings."""
+    checks = STANDARD if level == "standard" else QUICK
+    return [dataclasses.replace(check(facts, expect), node=node) for check in checks]

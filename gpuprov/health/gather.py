@@ -46,16 +46,42 @@ COMMANDS: dict[str, str] = {
     "modules_load": "cat /etc/modules-load.d/*.conf 2>/dev/null",
 }
 
+# The standard level's sections, after the quick level's: DCGM's diagnostic level 2 and NCCL's
+# all_reduce_perf inside the node. Each runs only where an NVIDIA GPU is on the PCI bus, and
+# says "not installed" with exit 127 where its tool is missing. Time budgets: DCGM level 2 runs
+# minutes on 8 GPUs (longer than Slurm's 180 s prolog timeout on p4d and p5: aws-parallelcluster
+# issue 6777), so it gets 600 s; all_reduce_perf up to 2 GiB on one node, 300 s.
+DCGM_BUDGET_S = 600
+NCCL_BUDGET_S = 300
+_GPU_GUARD = ("grep -qs 0x10de /sys/bus/pci/devices/*/vendor || { echo 'no NVIDIA device on the PCI bus'; "
+              "exit 0; }; ")
+STANDARD: dict[str, str] = {
+    "dcgm_diag": (_GPU_GUARD + "command -v dcgmi >/dev/null || { echo 'dcgmi: not found'; exit 127; }; "
+                  f"timeout {DCGM_BUDGET_S} dcgmi diag -r 2 @NVLINKS@ 2>&1"),
+    "nccl_tests": (_GPU_GUARD + "b=$(command -v all_reduce_perf || ls /opt/nccl-tests/build/all_reduce_perf "
+                   "2>/dev/null) || { echo 'all_reduce_perf: not found'; exit 127; }; "
+                   "n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); "
+                   f'timeout {NCCL_BUDGET_S} "$b" -b 8 -e 2G -f 2 -g "$n" 2>&1'),
+}
+# How long one node's script may run, by level.
+BUDGET_S = {"quick": 90, "standard": 90 + DCGM_BUDGET_S + NCCL_BUDGET_S + 30}
+
 # Run as root where the login may become root without a password (the kernel log and
 # /proc/1/limits need it); otherwise as the login, and the uid section says so.
 REMOTE_COMMAND = ('if [ "$(id -u)" = 0 ] || ! sudo -n true 2>/dev/null; then exec sh -s; '
                   "else exec sudo -n sh -s; fi")
 
 
-def script() -> str:
-    """The whole script: each command in its section, in COMMANDS' order."""
+def script(level: str = "quick", nvlinks: int | None = None) -> str:
+    """The whole script: each command of the level in its section (COMMANDS, then STANDARD's
+    for the standard level). ``nvlinks``, the NVLink links each GPU must have up (an int from
+    the catalog, nothing a user typed), is given to DCGM's PCIe test."""
+    commands = dict(COMMANDS)
+    if level == "standard":
+        flag = f"-p pcie.gpu_nvlinks_expected_up={int(nvlinks)}" if nvlinks else ""
+        commands.update({k: v.replace("@NVLINKS@", flag) for k, v in STANDARD.items()})
     parts = ["export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"]
-    for name, command in COMMANDS.items():
+    for name, command in commands.items():
         parts.append(f"echo '{MARK} {name}'; ( {command} ); echo \"{MARK}-rc {name} $?\"")
     return "\n".join(parts) + "\n"
 

@@ -21,8 +21,6 @@ from gpuprov.state import NodeRecord, Store, now
 if TYPE_CHECKING:
     from gpuprov.core.local import LocalRequest
 
-# The longest one node's readings may take (nvidia-smi's own timeouts add up to 70 s).
-NODE_TIMEOUT_S = 90
 KIND = "health"
 
 
@@ -30,8 +28,8 @@ def check_level(level: str) -> str:
     if level not in LEVELS:
         raise BadInput(f"--level {level}: one of {', '.join(LEVELS)}")
     if level not in BUILT_LEVELS:
-        raise BadInput(f"--level {level} is not built yet (DCGM diagnostics and NCCL bandwidth floors); "
-                       "--level quick is")
+        raise BadInput(f"--level {level} is not built yet (DCGM level 3, NCCL across nodes over EFA); "
+                       "--level quick and --level standard are")
     return level
 
 
@@ -44,7 +42,8 @@ def _ssh_command(node: NodeRecord, files: ClusterFiles) -> list[str]:
             "--", f"{node.user}@{node.address}", gather.REMOTE_COMMAND]
 
 
-def read_node(node: NodeRecord, files: ClusterFiles) -> tuple[str | None, str]:
+def read_node(node: NodeRecord, files: ClusterFiles, level: str = "quick",
+              expect: Expect | None = None) -> tuple[str | None, str]:
     """(the script's output, None) or (None, why the node could not be read)."""
     from gpuprov.ssh import check_ssh, node_key, ssh_error_line
 
@@ -53,13 +52,17 @@ def read_node(node: NodeRecord, files: ClusterFiles) -> tuple[str | None, str]:
     if why is not None:
         return None, why
     try:
-        proc = subprocess.run(_ssh_command(node, files), input=gather.script(), capture_output=True, text=True,
-                              timeout=NODE_TIMEOUT_S, check=False)
+        proc = subprocess.run(_ssh_command(node, files), input=_script(level, expect), capture_output=True,
+                              text=True, timeout=gather.BUDGET_S[level], check=False)
     except subprocess.TimeoutExpired:
-        return None, f"no answer within {NODE_TIMEOUT_S}s"
+        return None, f"no answer within {gather.BUDGET_S[level]}s"
     if proc.returncode == 255 or gather.MARK not in proc.stdout:
         return None, ssh_error_line(proc.stderr, proc.returncode)
     return proc.stdout, ""
+
+
+def _script(level: str, expect: Expect | None) -> str:
+    return gather.script(level, expect.nvlink_per_gpu if expect is not None else None)
 
 
 def unreachable(node: str, why: str) -> HealthCheck:
@@ -104,7 +107,7 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
     rows: list[HealthCheck] = []
     try:
         expected = {n.name: Expect.of(provider.expectations(n), lock, f"gpuprov provision {name}") for n in nodes}
-        rows.extend(check_nodes(nodes, expected, files, run_dir, console))
+        rows.extend(check_nodes(nodes, expected, files, run_dir, console, level))
     finally:
         result = _result(name, level, started, rows)
         store.finish_run(run_id, result.ok, _stored(result))
@@ -113,7 +116,7 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
 
 
 def check_nodes(nodes: Sequence[NodeRecord], expected: Mapping[str, Expect], files: ClusterFiles,
-                run_dir: Path, console: Console) -> list[HealthCheck]:
+                run_dir: Path, console: Console, level: str = "quick") -> list[HealthCheck]:
     """The checks on ``nodes`` in parallel (up to 16 at a time), each held to its ``expected``;
     each node's raw readings kept in ``run_dir``. Records nothing in state (`patch`'s gate
     keeps them in its own run)."""
@@ -121,12 +124,12 @@ def check_nodes(nodes: Sequence[NodeRecord], expected: Mapping[str, Expect], fil
 
     def one(node: NodeRecord) -> list[HealthCheck]:
         began = time.monotonic()
-        out, why = read_node(node, files)
+        out, why = read_node(node, files, level, expected[node.name])
         if out is None:
             found = [unreachable(node.name, why)]
         else:
             (run_dir / f"{node.name}.txt").write_text(out)
-            found = evaluate(node.name, Facts(gather.split(out)), expected[node.name])
+            found = evaluate(node.name, Facts(gather.split(out)), expected[node.name], level)
         progress(console, node.name, found, time.monotonic() - began)
         return found
 
@@ -162,10 +165,10 @@ def local_health(req: LocalRequest, *, console: Console, level: str = "quick") -
     console.say(f"health --local: {p.node}, expecting {p.expecting}")
     console.say(f"  {local.lock_line(p.lock)}")
     started, began = now(), time.monotonic()
-    proc = subprocess.run(["sh", "-s"], input=gather.script(), capture_output=True, text=True,
-                          timeout=NODE_TIMEOUT_S, check=False)
     seen = {**p.expectation, "instance_type": req.instance_type}
     expect = Expect.of(seen, p.lock, "gpuprov provision CLUSTER")
-    rows = evaluate(p.node, Facts(gather.split(proc.stdout)), expect)
+    proc = subprocess.run(["sh", "-s"], input=_script(level, expect), capture_output=True, text=True,
+                          timeout=gather.BUDGET_S[level], check=False)
+    rows = evaluate(p.node, Facts(gather.split(proc.stdout)), expect, level)
     progress(console, p.node, rows, time.monotonic() - began)
     return _result(local.LOCAL, level, started, rows)

@@ -32,7 +32,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (["demo", "--local"], "a cluster NAME or --local, not both"),
     (["demo", "--gpus", "2"], "--gpus: only with --local"),
     (["--local", "--node", "n1"], "--node: only with a cluster NAME"),
-    (["--local", "--level", "standard"], "--level standard is not built yet"),
     (["--local", "--level", "full"], "--level full is not built yet"),
     (["--local", "--level", "fast"], "--level fast: one of quick, standard, full"),
     (["--local", "--type", "p9.huge"], "unknown instance type 'p9.huge'"),

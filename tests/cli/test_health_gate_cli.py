@@ -11,7 +11,7 @@ import pytest
 from gpuprov.state import Store
 from tests.conftest import invoke
 
-NOT_BUILT = "--health standard is not built yet (DCGM diagnostics and NCCL bandwidth floors)"
+ONE_OF = "--health full: one of off, quick, standard"
 
 
 def _nothing_made(home: Path) -> None:
@@ -20,8 +20,7 @@ def _nothing_made(home: Path) -> None:
 
 
 @pytest.mark.parametrize(("level", "needle"), [
-    ("standard", NOT_BUILT),
-    ("full", "--health full: one of off, quick, standard"),
+    ("full", ONE_OF),
     ("fast", "--health fast: one of off, quick, standard"),
 ])
 def test_up_refuses_a_level_before_asking_the_provider(capsys, gpuprov_home: Path, monkeypatch,
@@ -39,14 +38,14 @@ def test_up_refuses_a_level_with_a_dry_run_too(capsys, gpuprov_home: Path, tmp_p
     hosts = tmp_path / "hosts.yml"
     hosts.write_text("hosts:\n  - name: a\n    address: 192.0.2.1\n")
     code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts), "--dry-run",
-                            "--health", "standard")
-    assert code == 2 and out == "" and NOT_BUILT in err and len(err.strip().splitlines()) == 1
+                            "--health", "full")
+    assert code == 2 and out == "" and ONE_OF in err and len(err.strip().splitlines()) == 1
     _nothing_made(gpuprov_home)
 
 
 @pytest.mark.parametrize(("level", "needle"), [
-    ("standard", NOT_BUILT),
-    ("full", "--health full: one of off, quick, standard"),
+    ("full", ONE_OF),
+    ("Standard", "--health Standard: one of off, quick, standard"),
 ])
 def test_patch_refuses_a_level_and_records_no_run(capsys, gpuprov_home: Path, level: str, needle: str) -> None:
     Store().create_cluster("rack3", "static", {})

@@ -63,6 +63,27 @@ def test_health_checks_each_node_over_ssh_and_skips_what_a_container_cannot_have
         assert re.search(rf"{node}: \d+ pass, \d+ fail, \d+ skip", proc.stderr)
 
 
+def test_the_standard_level_runs_its_tools_section_on_each_node_and_skips_them_without_gpu(env, cluster) -> None:
+    """--level standard over SSH: the quick level's 13 checks and DCGM's diagnostic and NCCL
+    inside the node, whose sections the script ran on each node (guarded: no NVIDIA device on
+    a container's PCI bus, so neither tool was started) and whose checks skip saying why."""
+    name, nodes = cluster
+    proc = run_cli("health", name, "--level", "standard", "-o", "json", env=env, timeout=300)
+    data = json.loads(proc.stdout)
+    assert data["level"] == "standard" and proc.returncode == (1 if data["summary"]["fail"] else 0), proc.stderr
+    runs = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"]
+    raw_dir = Path(next(r for r in runs if r["kind"] == "health")["artifact_dir"])
+    for node in nodes:
+        rows = {r["check"]: r for r in data["checks"] if r["node"] == node}
+        assert len(rows) == 15, rows
+        for check in ("dcgm_diag", "nccl_allreduce_node"):
+            assert rows[check]["status"] == "skip", rows[check]
+            assert rows[check]["reason"] == "container node: docker-node has no GPU (catalog: 0 GPUs)"
+        raw = (raw_dir / f"{node}.txt").read_text()
+        assert "@@gpuprov-health dcgm_diag\nno NVIDIA device on the PCI bus\n@@gpuprov-health-rc dcgm_diag 0" in raw
+        assert "@@gpuprov-health nccl_tests\nno NVIDIA device on the PCI bus\n" in raw
+
+
 def test_the_run_is_recorded_with_the_raw_readings_and_status_shows_it(env, cluster) -> None:
     name, nodes = cluster
     proc = run_cli("health", name, "--node", nodes[1], "-o", "json", env=env, timeout=120)

@@ -30,14 +30,12 @@ def old_xid(node: str) -> HealthCheck:
 
 
 # -- the level ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value", ["off", "quick"])
+@pytest.mark.parametrize("value", ["off", "quick", "standard"])
 def test_built_levels_and_off_are_taken(value: str) -> None:
     assert health_gate.level(value) == value
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ("standard", "--health standard is not built yet (DCGM diagnostics and NCCL bandwidth floors); "
-                 "--health quick or --health off is"),
     ("full", "--health full: one of off, quick, standard"),
     ("Quick", "--health Quick: one of off, quick, standard"),
     ("", "--health : one of off, quick, standard"),
@@ -114,7 +112,8 @@ def fake_readers(monkeypatch: pytest.MonkeyPatch, health: dict[str, list[list[He
             roll.hosts[host]["changed"] = 3
         return ready
 
-    def check_nodes(nodes: list[Any], expected: dict[str, Any], files: Any, run_dir: Path, console: Any):
+    def check_nodes(nodes: list[Any], expected: dict[str, Any], files: Any, run_dir: Path, console: Any,
+                    level: str):
         parts.append(run_dir.name)
         assert set(expected) == {n.name for n in nodes}
         return [r for n in nodes for r in health[n.name].pop(0)]

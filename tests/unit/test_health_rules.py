@@ -130,8 +130,9 @@ def test_a_container_node_without_gpu_skips_the_gpu_checks_with_reasons() -> Non
 
 def test_levels_not_built_are_refused_in_one_line() -> None:
     assert check_level("quick") == "quick"
+    assert check_level("standard") == "standard"
     with pytest.raises(BadInput, match="not built yet"):
-        check_level("standard")
+        check_level("full")
     with pytest.raises(BadInput, match="one of quick, standard, full"):
         check_level("fast")
 
