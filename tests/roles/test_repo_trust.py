@@ -37,7 +37,8 @@ FIXTURE_PCI = "/opt/gpuprov-fixture-pci"
 def repos():
     from gpuprov.providers.docker import bridge_gateway
 
-    r = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01", R580])
+    # With the branches' libraries as dependencies: a move of branch must take the old one out.
+    r = aptrepo.start(bridge_gateway(), ["535.288.01", "535.309.01", R580], branch_libraries=True)
     yield r
     r.close()
 
@@ -246,6 +247,11 @@ def test_branch_and_flavour_move_replaces_the_old_packages(env, repos, node, tmp
                                "| awk '/^.i/ { print $2 }'").split()
     assert sorted(installed) == sorted([f"nvidia-driver-580-open={R580}-1", f"nvidia-dkms-580-open={R580}-1",
                                         f"nvidia-fabricmanager-580={R580}-1", f"nvidia-driver-pinning-{R580}=1.0"])
+    # The old branch's library came in as a dependency: apt's autoremove (limited to the role's
+    # recorded packages) takes it out with its driver.
+    libs = sh(cdir, name, "dpkg-query -W -f='${db:Status-Abbrev}${Package}=${Version}\\n' 'libnvidia-compute-*' "
+                          "| awk '/^.i/ { print $2 }'").split()
+    assert libs == [f"libnvidia-compute-580={R580}-1"], libs
     held = set(sh(cdir, name, "apt-mark showhold").split())
     assert {"nvidia-driver-580-open", "nvidia-dkms-580-open", "nvidia-fabricmanager-580"} <= held
     assert not {h for h in held if "535" in h}, held
