@@ -16,6 +16,7 @@ from gpuprov import __version__, cli_output
 from gpuprov.cli_health import health
 from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
+from gpuprov.cli_monitor import monitor
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_stack import stack, types
 from gpuprov.errors import BadInput, GpuprovError
@@ -324,6 +325,7 @@ cli.add_command(types)
 cli.add_command(health)
 cli.add_command(stack)
 cli.add_command(image)
+cli.add_command(monitor)
 
 
 # -- entry point ---------------------------------------------------------------------------------

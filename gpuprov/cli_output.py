@@ -98,6 +98,7 @@ def status(name: str, data: StatusResult) -> None:
     settings_table(data.settings)
     images_lines(data)
     health_line(name)
+    monitoring_line(name)
     table(
         "recent runs",
         ["id", "kind", "started", "ok", "artifacts"],
@@ -119,6 +120,18 @@ def images_lines(data: StatusResult) -> None:
             click.echo(f"WARNING: {row.node} booted from {row.image}, baked for lock {row.baked_for}, not the "
                        f"cluster's lock {(data.stack or {}).get('hash')}; `gpuprov provision {data.cluster}` "
                        "converges it, or rebuild it from an image of this lock")
+
+
+def monitoring_line(name: str) -> None:
+    """Where the cluster's Prometheus answers, from its last `gpuprov monitor` run (none: nothing)."""
+    from gpuprov.state import Store
+
+    run = next((r for r in Store().runs(name, limit=200) if r.kind == "monitor" and r.ok), None)
+    if run is None or not run.summary.get("prometheus"):
+        return
+    s = run.summary
+    click.echo(f"monitoring: prometheus {s['prometheus']} on {s.get('host')}"
+               + (f"; from here: {s['tunnel']}" if s.get("tunnel") else ""))
 
 
 def health_line(name: str) -> None:

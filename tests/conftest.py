@@ -6,6 +6,9 @@ import os
 import secrets
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,19 @@ def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, st
         main(list(args))
     out, err = capsys.readouterr()
     return int(exc.value.code or 0), out, err
+
+
+@contextmanager
+def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[str, list[str]]]:
+    """A local cluster of ``count`` nodes up with --no-bootstrap, answering SSH (the name and
+    its node names); removed on the way out."""
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    try:
+        run_cli("up", "--provider", "docker", "--count", str(count), "--no-bootstrap", "--name", name, env=env,
+                check=True)
+        deadline = time.monotonic() + 60  # --no-bootstrap returns once the containers run
+        while run_cli("exec", name, "--", "true", env=env).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        yield name, [f"{name}-node-{i}" for i in range(1, count + 1)]
+    finally:
+        run_cli("down", name, "--yes", env=env)

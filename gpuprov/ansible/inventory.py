@@ -44,8 +44,11 @@ def render(
     nodes: Sequence[NodeRecord],
     expectations: Mapping[str, Mapping[str, Any]],
     files: ClusterFiles,
+    monitoring_host: str | None = None,
 ) -> dict[str, Any]:
-    """Write the inventory and ansible.cfg into the cluster dir; return the context."""
+    """Write the inventory and ansible.cfg into the cluster dir; return the context.
+    ``monitoring_host``: the node `gpuprov monitor` chose (its host vars say
+    ``monitoring_server: true``, the monitoring role's switch)."""
 
     context = {
         "cluster": cluster,
@@ -71,6 +74,7 @@ def render(
                 # installer only where the hardware is (one lock serves mixed clusters).
                 "expected_nvswitch": bool(expectations.get(n.name, {}).get("nvswitch")),
                 "expected_efa": bool(expectations.get(n.name, {}).get("efa")),
+                "monitoring_server": n.name == monitoring_host,
             }
             for n in nodes
         ],
@@ -113,6 +117,7 @@ def host_vars(node: Mapping[str, Any]) -> dict[str, Any]:
         "gpuprov_expected_gpus": "" if node["expected_gpus"] is None else int(node["expected_gpus"]),
         "gpuprov_expected_nvswitch": bool(node.get("expected_nvswitch", False)),
         "gpuprov_expected_efa": bool(node.get("expected_efa", False)),
+        **({"monitoring_server": True} if node.get("monitoring_server") else {}),
     }
 
 

@@ -82,9 +82,11 @@ def _provision(
 ) -> ProvisionResult:
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir
+    from gpuprov.core.monitoring import monitoring_host
 
     lock = version_lock(store, cluster)
-    render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files)
+    render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
+           monitoring_host(cluster.spec))
     extravars = playbook_vars(cluster, lock)
     # The same variables, for running the playbooks by hand (-e @vars.json).
     (files.dir / "vars.json").write_text(json.dumps(extravars, indent=2) + "\n")
@@ -151,6 +153,7 @@ def verify(
 ) -> VerifyResult:
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir
+    from gpuprov.core.monitoring import monitoring_host
     from gpuprov.probes.run import run_probes
 
     store = store or Store()
@@ -158,7 +161,7 @@ def verify(
     provider, files, nodes = refresh(store, cluster)
     nodes = reachable_nodes(cluster, nodes)
     expect = expectations(provider, nodes, version_lock(store, cluster))
-    render(cluster.name, cluster.provider, nodes, expect, files)
+    render(cluster.name, cluster.provider, nodes, expect, files, monitoring_host(cluster.spec))
     run_dir = new_run_dir(files, f"verify-{level}")
     run_id = store.start_run(cluster.name, f"verify-{level}", str(run_dir))
     ok = False

@@ -94,6 +94,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
     from gpuprov import core
     from gpuprov.ansible.inventory import render
     from gpuprov.ansible.runner import new_run_dir
+    from gpuprov.core.monitoring import monitoring_host
 
     health = health_gate.level(health)
     store = store or Store()
@@ -107,7 +108,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
         provider, roll.files, nodes = core.refresh(store, cluster)
         nodes = core.reachable_nodes(cluster, nodes)
         new_expect = core.expectations(provider, nodes, lock)
-        render(cluster.name, cluster.provider, nodes, new_expect, roll.files)
+        render(cluster.name, cluster.provider, nodes, new_expect, roll.files, monitoring_host(cluster.spec))
         kind = "patch-check" if req.check else "patch"
         roll.run_dir = new_run_dir(roll.files, kind)
         run_id = store.start_run(name, kind, str(roll.run_dir))

@@ -148,9 +148,11 @@ def change_settings(name: str, changes: dict[str, str] | None = None, *, record:
 def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
     """The cluster's inventory: YAML text (as written to the state dir) and Ansible's JSON form."""
     from gpuprov.ansible.inventory import render, to_json
+    from gpuprov.core.monitoring import monitoring_host
 
     store = store or Store()
     cluster = load(store, name)
     provider, files, nodes = refresh(store, cluster)
-    context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes), files)
+    context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes), files,
+                     monitoring_host(cluster.spec))
     return files.inventory.read_text(), to_json(context)

@@ -298,6 +298,20 @@ class HealthResult:
 
 
 # What each command prints with `--output json`: docs/json-output.md documents these.
+@dataclass
+class MonitorResult:
+    """`gpuprov monitor`: the monitoring play on each node, and where Prometheus answers."""
+
+    cluster: str
+    ok: bool
+    host: str
+    prometheus: str | None  # http://ADDRESS:PORT, as the host's Prometheus listens
+    alertmanager: str  # where Alertmanager listens on the host (loopback)
+    tunnel: str | None  # an ssh command that forwards Prometheus's port here (remote clusters)
+    hosts: dict[str, HostStats] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
 SHAPES: dict[str, Any] = {
     "up": UpResult,
     "list": list[ClusterRow],
@@ -307,4 +321,5 @@ SHAPES: dict[str, Any] = {
     "verify": VerifyResult,
     "patch": PatchResult,
     "health": HealthResult,
+    "monitor": MonitorResult,
 }

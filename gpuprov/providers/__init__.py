@@ -152,6 +152,9 @@ class Provider(ABC):
     copies_images: bool = False
     # True where listing baked images is an API call (aws): `up --image` then lists none.
     images_cost_a_call: bool = False
+    # True where the nodes run on this machine and their cluster addresses answer here (local
+    # containers): `monitor` then offers no SSH tunnel to Prometheus.
+    nodes_on_this_host: bool = False
 
     # -- checks and plan ------------------------------------------------------------------
     def check_spec(self, spec: ClusterSpec) -> ClusterSpec:

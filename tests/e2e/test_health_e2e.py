@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, unbootstrapped_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -24,16 +23,8 @@ SKIP_ON_A_CONTAINER = {"gpu_answers", "driver", "fabricmanager", "nvlink", "ecc"
 
 @pytest.fixture(scope="module")
 def cluster(env):
-    name = f"health-{secrets.token_hex(3)}"
-    try:
-        run_cli("up", "--provider", "docker", "--count", "2", "--no-bootstrap", "--name", name, env=env,
-                check=True)
-        deadline = time.monotonic() + 60  # --no-bootstrap returns once the containers run
-        while run_cli("exec", name, "--", "true", env=env).returncode != 0 and time.monotonic() < deadline:
-            time.sleep(1)
-        yield name, [f"{name}-node-1", f"{name}-node-2"]
-    finally:
-        run_cli("down", name, "--yes", env=env)
+    with unbootstrapped_cluster(env, "health") as made:
+        yield made
 
 
 def test_health_checks_each_node_over_ssh_and_skips_what_a_container_cannot_have(env, cluster) -> None:

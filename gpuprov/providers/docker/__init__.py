@@ -87,7 +87,7 @@ MAX_NODES = 16
 class DockerProvider(Provider):
     name = "docker"
     display_name = "Docker"
-    billable = False
+    nodes_on_this_host = True  # (not billable: the default)
 
     def __init__(self) -> None:
         self.image = os.environ.get("GPUPROV_NODE_IMAGE", DEFAULT_IMAGE)
