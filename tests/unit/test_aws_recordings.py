@@ -135,8 +135,11 @@ def p4d_expectation() -> Expectation:
                        virtualization="vm")
 
 
-def test_the_efa_probe_passes_on_the_four_recorded_interfaces(tmp_path: Path) -> None:
-    host = RecordedHost(tmp_path / "bin", {"fi_info": REC / "p4d-24xlarge/fi_info-efa-rdm.txt"})
+@pytest.mark.parametrize("recording", ["fi_info-efa-rdm.txt", "fi_info-efa-rdm-libfabric-1.11.txt"])
+def test_the_efa_probe_passes_on_the_four_recorded_interfaces(tmp_path: Path, recording: str) -> None:
+    # Today's libfabric (fabric "efa", version 119.0) and an older one (fabric "EFA-fe80::...",
+    # 111.20) on a p4d.24xlarge: the same four rdmap interfaces.
+    host = RecordedHost(tmp_path / "bin", {"fi_info": REC / "p4d-24xlarge" / recording})
     said: list[str] = []
     test_rdma.test_efa_interfaces_match_the_catalog(host, p4d_expectation(), said.append)
     assert said == ["fi_info -p efa: 4 interface(s)"]
