@@ -93,7 +93,7 @@ def node(tmp_path_factory):
     home = tmp_path_factory.mktemp("gpuprov-home")
     env = {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
     name = f"djson-{secrets.token_hex(3)}"
-    run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap",
+    run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap", "--no-baked",
             env=env, check=True)
     run_cli("inventory", name, env=env, check=True)
     yield env, name, home / "clusters" / name

@@ -62,7 +62,7 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module")
 def node(env):
     name = f"efa-{secrets.token_hex(3)}"
-    run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap",
+    run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap", "--no-baked",
             env=env, check=True)
     run_cli("inventory", name, env=env, check=True)
     yield name, Path(env["GPUPROV_HOME"]) / "clusters" / name

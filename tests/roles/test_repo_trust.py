@@ -46,7 +46,7 @@ def repos():
 @pytest.fixture(scope="module")
 def node(env):
     name = f"trust-{secrets.token_hex(3)}"
-    run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap",
+    run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap", "--no-baked",
             env=env, check=True)
     run_cli("inventory", name, env=env, check=True)  # renders inventory, pins host keys
     cdir = Path(env["GPUPROV_HOME"]) / "clusters" / name
