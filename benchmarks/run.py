@@ -11,7 +11,8 @@ On local nodes (the docker provider; the Docker engine, node image and package c
   - image bake of one of those nodes;
   - up to verified, 2 nodes, from the baked image;
   - no-op `provision` of the whole site on 1, 2, 4 and 8 nodes booted from the baked image,
-    and T(8)/T(1);
+    and T(8)/T(1), with Mitogen's strategy (gpuprov's default) and, with --strategies
+    mitogen,linear, Ansible's own beside it;
   - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py): with
     --image, from the default image (no AMI baked for the lock), and from an AMI baked for it.
 Uses its own GPUPROV_HOME and image repository; removes its clusters and image. Writes
@@ -60,18 +61,27 @@ def up_verified(name: str, count: int, env: dict[str, str], *extra: str) -> floa
         "verify", name, env=env)
 
 
+def _suffix(strategy: str, strategies: list[str]) -> str:
+    """Figures of the default strategy keep their names; another one's are marked."""
+    return "" if strategy == "mitogen" else f"_{strategy}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (from-scratch: --scratch-runs)")
     parser.add_argument("--startup-runs", type=int, default=15)
     parser.add_argument("--scratch-runs", type=int, default=1, help="from-scratch bootstraps (~15 min each)")
     parser.add_argument("--sizes", default="1,2,4,8", help="node counts of the no-op provision figure")
+    parser.add_argument("--strategies", default="mitogen",
+                        help="no-op figures per Ansible strategy (GPUPROV_ANSIBLE_STRATEGY), comma-separated: "
+                             "mitogen (the default), linear (Ansible's own); runs alternate, same nodes")
     parser.add_argument("--skip", default="", help="comma-separated: scratch, noop, aws")
     parser.add_argument("--image", metavar="REF", help="boot from this baked image (of the docker-node lock): "
                         "no from-scratch bootstrap, no bake (those figures are left out)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     sizes = [int(n) for n in args.sizes.split(",")]
+    strategies = [x for x in args.strategies.split(",") if x]
 
     home = tempfile.mkdtemp(prefix="gpuprov-bench-")
     tag = secrets.token_hex(3)
@@ -119,11 +129,19 @@ def main() -> None:
                 name = f"bench-{tag}-n{n}"
                 clusters.append(name)
                 timed("up", "--provider", "docker", "--count", str(n), "--name", name, "--health", "off", env=env)
-                results[f"noop_provision_{n}_s"] = figure([timed("provision", name, env=env) for _ in range(args.runs)])
+                samples = {x: [] for x in strategies}
+                for _ in range(args.runs):  # alternating: both strategies see the same machine state
+                    for x in strategies:
+                        samples[x].append(timed("provision", name, env={**env, "GPUPROV_ANSIBLE_STRATEGY": x}))
+                for x in strategies:
+                    results[f"noop_provision_{n}_s{_suffix(x, strategies)}"] = figure(samples[x])
                 down(name, env)
-            first, last = results.get(f"noop_provision_{sizes[0]}_s"), results.get(f"noop_provision_{sizes[-1]}_s")
-            if first and last and len(sizes) > 1:
-                results[f"noop_ratio_T{sizes[-1]}_T{sizes[0]}"] = round(last["median"] / first["median"], 2)
+            for x in strategies:
+                key = f"noop_provision_{{}}_s{_suffix(x, strategies)}"
+                first, last = results.get(key.format(sizes[0])), results.get(key.format(sizes[-1]))
+                if first and last and len(sizes) > 1:
+                    results[f"noop_ratio_T{sizes[-1]}_T{sizes[0]}{_suffix(x, strategies)}"] = round(
+                        last["median"] / first["median"], 2)
         if "aws" not in skip:
             for mode in ("image", "default", "baked"):
                 out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aws_api_calls.py"), "--image-from",

@@ -6,6 +6,7 @@ Ansible, testinfra, fabric and rich load inside the commands that use them.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,10 @@ def cli(debug: bool) -> None:
     State lives in GPUPROV_HOME (default: the user state directory). AWS
     credentials and endpoint come from boto3's standard chain.
     """
+    # Checked before any command changes anything (the ansible.cfg it names is written later).
+    strategy = os.environ.get("GPUPROV_ANSIBLE_STRATEGY")
+    if strategy is not None and strategy not in ("linear", "mitogen"):
+        raise BadInput(f"GPUPROV_ANSIBLE_STRATEGY={strategy!r}: expected linear (the default) or mitogen")
 
 
 # -- up ------------------------------------------------------------------------------

@@ -169,7 +169,9 @@ def _run(cmd: list[str]) -> None:
 
 # -- one reachability check per node, before a command works on it ----------------------------
 HOST_KEY_MISMATCH = "host key does not match the pinned key"
-_MISMATCH_MARKERS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED")
+_MISMATCH_MARKERS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
+                     # Mitogen for Ansible's words for it (GPUPROV_ANSIBLE_STRATEGY=mitogen)
+                     "SSH reported an unrecognized or mismatching host key")
 
 
 def ssh_error_line(stderr: str, returncode: int | None = None) -> str:

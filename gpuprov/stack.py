@@ -52,6 +52,12 @@ ARCH_MIN_CUDA = {
     "sm_100": "12.8",
 }
 
+# Fields added after locks were first stored: left out of the hash when empty, so a stored
+# lock keeps its hash (gpuprov completes it for the plays: gpuprov.core.settings.complete_lock).
+_ADDED_FIELDS = ("dcgm", "dcgm_package", "dcgm_package_version", "dcgm_exporter_image",
+                 "nccl_tests", "nccl_tests_sha256")
+
+
 @dataclass(frozen=True)
 class Lock:
     instance_type: str
@@ -93,6 +99,16 @@ class Lock:
     kernel_module: str = ""
     driver_branch_kind: str = ""
     driver_eol: str = ""
+    # Added with the dcgm role: DCGM's version (None: the source carries no DCGM), its package
+    # and apt version, and dcgm-exporter's image pinned by digest. Left out of the hash when
+    # empty (locks stored before keep theirs); gpuprov completes such locks for the plays.
+    dcgm: str | None = None
+    dcgm_package: str = ""
+    dcgm_package_version: str = ""
+    dcgm_exporter_image: str = ""
+    # nccl-tests (role nccl_tests): its release and the sha256 of its release archive.
+    nccl_tests: str | None = None
+    nccl_tests_sha256: str = ""
 
     @property
     def flavour(self) -> str:
@@ -132,7 +148,7 @@ class Lock:
 
     def short_hash(self) -> str:
         body = {k: v for k, v in asdict(self).items()
-                if k != "notes" and not (k in _LIFECYCLE_FIELDS and not v)}
+                if k != "notes" and not (k in (*_LIFECYCLE_FIELDS, *_ADDED_FIELDS) and not v)}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -284,6 +300,11 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
                      "packages, not NVIDIA's branch lifecycle")
         notes.append(f"distro source: Debian's archive has no NCCL; NCCL {facts['nccl']['version']} "
                      "is installed with --source nvidia or mirror")
+    dcgm = facts["dcgm"]
+    dcgm_src = dcgm["sources"][source]
+    if not dcgm_src["package"]:
+        notes.append(f"{source} source: no DCGM package; DCGM {dcgm['version']} and dcgm-exporter "
+                     "are installed with --source nvidia or mirror")
     life = lifecycle(branch)
     return Lock(
         instance_type=label,
@@ -314,6 +335,12 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver:
         kernel_module=module,
         driver_branch_kind=life.get("kind", ""),
         driver_eol=life.get("eol", ""),
+        dcgm=dcgm["version"] if dcgm_src["package"] else None,
+        dcgm_package=dcgm_src["package"],
+        dcgm_package_version=dcgm_src["package_version"].format(version=dcgm["version"]),
+        dcgm_exporter_image=dcgm["exporter_image"] if dcgm_src["package"] else "",
+        nccl_tests=facts["nccl"]["tests"],
+        nccl_tests_sha256=facts["nccl"]["tests_sha256"],
     )
 
 

@@ -1,4 +1,4 @@
-"""Health as a gate (issue 14): `up` runs the quick level before it reports a cluster ready,
+"""Health as a gate: `up` runs the quick level before it reports a cluster ready,
 and `patch` runs it after each batch and stops the roll on a check that fails after the patch
 where it did not fail before (`--health off|quick`, default quick).
 

@@ -9,7 +9,7 @@ from gpuprov.core.results import HealthCheck
 from gpuprov.health import parse
 from gpuprov.health.facts import Expect, Facts
 
-# The seeds' alert rule (issue 14): a GPU above 85 °C needs a person.
+# The alert rule the project started from: a GPU above 85 °C needs a person.
 ALERT_C = 85
 
 RESET = "drain the node and reset the GPU (nvidia-smi -r -i GPU, or reboot the node); RMA if it recurs"

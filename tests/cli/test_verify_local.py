@@ -1,4 +1,4 @@
-"""`gpuprov verify --local`: the probes on this machine, no cluster, no SSH (issue 19).
+"""`gpuprov verify --local`: the probes on this machine, no cluster, no SSH.
 
 Bad input is one line and exit 2 with nothing run or kept; the real runs probe the machine
 the suite runs on (testinfra's local connection), so what a GPU probe must say is read off

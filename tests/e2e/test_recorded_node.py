@@ -95,6 +95,11 @@ HEALTHY = {
     "daemon_json_keeps_the_keys_from_before": ("fail", "daemon.json.before-gpuprov"),
     "base_images_present": ("fail", "expected the lock's images pulled by digest"),
     "site_image_built_from_the_lock": ("fail", "expected the site image gpuprov/base:cuda11.8-"),
+    # (written after the real run: the nvidia source's lock installs DCGM; nothing here did)
+    "dcgm_matches_the_lock_and_is_held": ("fail", "expected datacenter-gpu-manager at 1:3.3.0"),
+    "dcgm_counters_file_turns_on_every_field_the_alerts_read": ("fail", "expected gpuprov's dcgm-exporter counters file"),
+    "dcgm_host_engine_enabled_and_running_with_a_gpu": ("fail", "expected nvidia-dcgm enabled"),
+    "dcgm_exporter_runs_the_locked_image_on_one_address": ("fail", "expected the dcgm-exporter unit"),
 }
 
 # Each edited node: exactly these probes differ from the healthy node, with these details.

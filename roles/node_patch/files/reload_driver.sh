@@ -31,9 +31,10 @@ want="${1:-}"
 
 # Units that keep /dev/nvidia* open while they run: nvidia-persistenced (NVIDIA driver
 # documentation, "Driver Persistence"), nvidia-fabricmanager (NVIDIA Fabric Manager User
-# Guide), nvidia-dcgm (DCGM User Guide; dcgm in DCGM before 3.0, nv-hostengine by hand).
+# Guide), nvidia-dcgm (DCGM User Guide; dcgm in DCGM before 3.0, nv-hostengine by hand), and
+# the dcgm role's gpuprov-dcgm-exporter (its container holds the GPUs' device files).
 # Started again in this order.
-services=(nvidia-persistenced nvidia-fabricmanager nvidia-dcgm dcgm nv-hostengine)
+services=(nvidia-persistenced nvidia-fabricmanager nvidia-dcgm dcgm nv-hostengine gpuprov-dcgm-exporter)
 # Each module before the one it depends on (modinfo -F depends).
 modules=(nvidia_peermem nvidia_uvm nvidia_drm nvidia_modeset nvidia)
 
