@@ -15,7 +15,8 @@ from gpuprov.errors import BadInput
 @click.argument("name", required=False)
 @click.option("--level", default="quick", show_default=True, metavar="quick|standard|full",
               help="quick: seconds per node, fit for a job prolog; standard: minutes (DCGM's diagnostic "
-              "level 2, NCCL inside each node); full is not built yet.")
+              "level 2, NCCL inside each node); full: DCGM level 3 on each node (up to 30 min), then "
+              "all_reduce_perf across all the nodes under mpirun against the type's floor.")
 @click.option("--node", "nodes", multiple=True, metavar="N", help="Only this node (repeatable).")
 @click.option("--local", is_flag=True, help="Check this machine itself: no state, no SSH (run as root).")
 @click.option("--type", "local_type", metavar="TYPE", help="--local: the instance type this machine is.")

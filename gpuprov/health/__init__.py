@@ -5,7 +5,7 @@ One script gathers each node's raw readings in one go (gather.py, over the clust
 SSH or here); the parsers (parse.py, xid.py) and verdicts (checks_*.py) are Python, tested
 on recordings of real machines. Levels: quick (seconds per node, fit for a job prolog);
 standard (minutes: DCGM's diagnostic level 2 and NCCL's all_reduce_perf inside each node);
-full (DCGM level 3, NCCL across nodes over EFA) is not built yet.
+full (DCGM's level 3 on each node, then all_reduce_perf across all the nodes: cluster_nccl.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gpuprov.health import checks_deep, checks_gpu, checks_node, checks_state
 from gpuprov.health.facts import Expect, Facts
 
 LEVELS = ("quick", "standard", "full")
-BUILT_LEVELS = ("quick", "standard")
+BUILT_LEVELS = LEVELS
 
 Check = Callable[[Facts, Expect], HealthCheck]
 
@@ -49,7 +49,16 @@ STANDARD: tuple[Check, ...] = (
 )
 
 
+# The full level on each node: DCGM's level 3 instead of 2 (the run across the nodes is one
+# more row, for the cluster: gpuprov.health.cluster_nccl).
+FULL: tuple[Check, ...] = (
+    *QUICK,
+    checks_deep.dcgm_diag_long,
+    checks_deep.nccl_in_node,
+)
+
+
 def evaluate(node: str, facts: Facts, expect: Expect, level: str = "quick") -> list[HealthCheck]:
     """Every check's verdict of ``level`` on one node's readings."""
-    checks = STANDARD if level == "standard" else QUICK
+    checks = {"standard": STANDARD, "full": FULL}.get(level, QUICK)
     return [dataclasses.replace(check(facts, expect), node=node) for check in checks]

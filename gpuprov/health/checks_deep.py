@@ -1,5 +1,5 @@
-"""The standard level's checks: DCGM's diagnostic level 2 and NCCL's all_reduce_perf inside
-the node. Each loads the GPUs for minutes, so they are not part of the quick level. The
+"""The standard and full levels' checks on each node: DCGM's diagnostic (level 2; level 3 at
+the full level) and NCCL's all_reduce_perf inside the node. Each loads the GPUs for minutes, so they are not part of the quick level. The
 parsers and verdicts are gpuprov.health.dcgm and gpuprov.health.nccl, tested on published
 runs of real machines (tests/fixtures/recordings/)."""
 
@@ -16,15 +16,24 @@ from gpuprov.health.gather import DCGM_BUDGET_S, NCCL_BUDGET_S
 NCCL_CHECK = "nccl_allreduce_node"
 
 
-def dcgm_diag(facts: Facts, expect: Expect) -> HealthCheck:
-    expected = "every test of DCGM's diagnostic level 2 passes (warnings and skips allowed)"
+def _dcgm(facts: Facts, expect: Expect, level: int) -> HealthCheck:
+    expected = f"every test of DCGM's diagnostic level {level} passes (warnings and skips allowed)"
     if expect.nvlink_per_gpu:
         expected += f", {expect.nvlink_per_gpu} NVLink links up per GPU (pcie.gpu_nvlinks_expected_up)"
     if why := no_gpu(facts, expect):
         return skipped(dcgm.CHECK, why, expected)
-    rc = facts.rc("dcgm_diag")
-    return dcgm.diag_check("", facts.text("dcgm_diag"), rc, level=2,
-                           expected=f"{expected}, within {DCGM_BUDGET_S} s")
+    return dcgm.diag_check("", facts.text("dcgm_diag"), facts.rc("dcgm_diag"), level=level,
+                           expected=f"{expected}, within {DCGM_BUDGET_S[level]} s")
+
+
+def dcgm_diag(facts: Facts, expect: Expect) -> HealthCheck:
+    """The standard level: `dcgmi diag -r 2`."""
+    return _dcgm(facts, expect, 2)
+
+
+def dcgm_diag_long(facts: Facts, expect: Expect) -> HealthCheck:
+    """The full level: `dcgmi diag -r 3` (the hardware stress tests)."""
+    return _dcgm(facts, expect, 3)
 
 
 def nccl_in_node(facts: Facts, expect: Expect) -> HealthCheck:

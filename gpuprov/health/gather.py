@@ -51,20 +51,29 @@ COMMANDS: dict[str, str] = {
 # says "not installed" with exit 127 where its tool is missing. Time budgets: DCGM level 2 runs
 # minutes on 8 GPUs (longer than Slurm's 180 s prolog timeout on p4d and p5: aws-parallelcluster
 # issue 6777), so it gets 600 s; all_reduce_perf up to 2 GiB on one node, 300 s.
-DCGM_BUDGET_S = 600
+# The full level runs DCGM's level 3 instead (NVIDIA's DCGM user guide: level 3 "Long", about
+# 15 minutes on a full node; given twice that), and adds what the run across nodes needs: the
+# node's own address on its default route (where the other nodes reach it) and mpirun.
+DCGM_BUDGET_S = {2: 600, 3: 1800}
 NCCL_BUDGET_S = 300
 _GPU_GUARD = ("grep -qs 0x10de /sys/bus/pci/devices/*/vendor || { echo 'no NVIDIA device on the PCI bus'; "
               "exit 0; }; ")
 STANDARD: dict[str, str] = {
     "dcgm_diag": (_GPU_GUARD + "command -v dcgmi >/dev/null || { echo 'dcgmi: not found'; exit 127; }; "
-                  f"timeout {DCGM_BUDGET_S} dcgmi diag -r 2 @NVLINKS@ 2>&1"),
+                  "timeout @DCGM_BUDGET@ dcgmi diag -r @DCGM_LEVEL@ @NVLINKS@ 2>&1"),
     "nccl_tests": (_GPU_GUARD + "b=$(command -v all_reduce_perf || ls /opt/nccl-tests/build/all_reduce_perf "
                    "2>/dev/null) || { echo 'all_reduce_perf: not found'; exit 127; }; "
                    "n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); "
                    f'timeout {NCCL_BUDGET_S} "$b" -b 8 -e 2G -f 2 -g "$n" 2>&1'),
 }
+FULL: dict[str, str] = {
+    "cluster_address": ("i=$(ip -4 route show default 2>/dev/null | awk '{ print $5; exit }'); "
+                        '[ -n "$i" ] && ip -4 -o addr show dev "$i" | awk \'{ split($4, a, "/"); print a[1]; exit }\''),
+    "mpirun": "command -v mpirun || { echo 'mpirun: not found'; exit 127; }",
+}
 # How long one node's script may run, by level.
-BUDGET_S = {"quick": 90, "standard": 90 + DCGM_BUDGET_S + NCCL_BUDGET_S + 30}
+BUDGET_S = {"quick": 90, "standard": 90 + DCGM_BUDGET_S[2] + NCCL_BUDGET_S + 30,
+            "full": 90 + DCGM_BUDGET_S[3] + NCCL_BUDGET_S + 30}
 
 # Run as root where the login may become root without a password (the kernel log and
 # /proc/1/limits need it); otherwise as the login, and the uid section says so.
@@ -72,14 +81,23 @@ REMOTE_COMMAND = ('if [ "$(id -u)" = 0 ] || ! sudo -n true 2>/dev/null; then exe
                   "else exec sudo -n sh -s; fi")
 
 
+def dcgm_level(level: str) -> int:
+    """DCGM's diagnostic level a health level runs (0: none)."""
+    return {"standard": 2, "full": 3}.get(level, 0)
+
+
 def script(level: str = "quick", nvlinks: int | None = None) -> str:
     """The whole script: each command of the level in its section (COMMANDS, then STANDARD's
-    for the standard level). ``nvlinks``, the NVLink links each GPU must have up (an int from
-    the catalog, nothing a user typed), is given to DCGM's PCIe test."""
+    for the standard and full levels, DCGM at the level's depth, then FULL's). ``nvlinks``, the
+    NVLink links each GPU must have up (an int from the catalog, nothing a user typed), is given
+    to DCGM's PCIe test."""
     commands = dict(COMMANDS)
-    if level == "standard":
+    if dcgm := dcgm_level(level):
         flag = f"-p pcie.gpu_nvlinks_expected_up={int(nvlinks)}" if nvlinks else ""
-        commands.update({k: v.replace("@NVLINKS@", flag) for k, v in STANDARD.items()})
+        commands.update({k: v.replace("@NVLINKS@", flag).replace("@DCGM_LEVEL@", str(dcgm))
+                         .replace("@DCGM_BUDGET@", str(DCGM_BUDGET_S[dcgm])) for k, v in STANDARD.items()})
+    if level == "full":
+        commands.update(FULL)
     parts = ["export LC_ALL=C PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"]
     for name, command in commands.items():
         parts.append(f"echo '{MARK} {name}'; ( {command} ); echo \"{MARK}-rc {name} $?\"")

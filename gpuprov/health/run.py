@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from gpuprov.core import Console, load, reachable_nodes, refresh, version_lock
 from gpuprov.core.results import HealthCheck, HealthResult, VerifySummary
 from gpuprov.errors import BadInput
-from gpuprov.health import BUILT_LEVELS, LEVELS, evaluate, gather
+from gpuprov.health import LEVELS, evaluate, gather
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
 from gpuprov.state import NodeRecord, Store, now
@@ -27,9 +27,6 @@ KIND = "health"
 def check_level(level: str) -> str:
     if level not in LEVELS:
         raise BadInput(f"--level {level}: one of {', '.join(LEVELS)}")
-    if level not in BUILT_LEVELS:
-        raise BadInput(f"--level {level} is not built yet (DCGM level 3, NCCL across nodes over EFA); "
-                       "--level quick and --level standard are")
     return level
 
 
@@ -107,7 +104,15 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
     rows: list[HealthCheck] = []
     try:
         expected = {n.name: Expect.of(provider.expectations(n), lock, f"gpuprov provision {name}") for n in nodes}
-        rows.extend(check_nodes(nodes, expected, files, run_dir, console, level))
+        readings: dict[str, Facts] = {}
+        rows.extend(check_nodes(nodes, expected, files, run_dir, console, level, readings))
+        if level == "full":
+            from gpuprov.health import cluster_nccl
+
+            console.say(f"  across {len(nodes)} node(s): all_reduce_perf under mpirun (budget {cluster_nccl.BUDGET_S} s)")
+            row = cluster_nccl.across_nodes(nodes, readings, expected, files, run_dir)
+            progress(console, row.node, [row], 0.0)
+            rows.append(row)
     finally:
         result = _result(name, level, started, rows)
         store.finish_run(run_id, result.ok, _stored(result))
@@ -116,10 +121,11 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
 
 
 def check_nodes(nodes: Sequence[NodeRecord], expected: Mapping[str, Expect], files: ClusterFiles,
-                run_dir: Path, console: Console, level: str = "quick") -> list[HealthCheck]:
+                run_dir: Path, console: Console, level: str = "quick",
+                readings: dict[str, Facts] | None = None) -> list[HealthCheck]:
     """The checks on ``nodes`` in parallel (up to 16 at a time), each held to its ``expected``;
-    each node's raw readings kept in ``run_dir``. Records nothing in state (`patch`'s gate
-    keeps them in its own run)."""
+    each node's raw readings kept in ``run_dir`` (and parsed, in ``readings`` when given).
+    Records nothing in state (`patch`'s gate keeps them in its own run)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(node: NodeRecord) -> list[HealthCheck]:
@@ -129,7 +135,10 @@ def check_nodes(nodes: Sequence[NodeRecord], expected: Mapping[str, Expect], fil
             found = [unreachable(node.name, why)]
         else:
             (run_dir / f"{node.name}.txt").write_text(out)
-            found = evaluate(node.name, Facts(gather.split(out)), expected[node.name], level)
+            facts = Facts(gather.split(out))
+            if readings is not None:
+                readings[node.name] = facts
+            found = evaluate(node.name, facts, expected[node.name], level)
         progress(console, node.name, found, time.monotonic() - began)
         return found
 
@@ -170,5 +179,9 @@ def local_health(req: LocalRequest, *, console: Console, level: str = "quick") -
     proc = subprocess.run(["sh", "-s"], input=_script(level, expect), capture_output=True, text=True,
                           timeout=gather.BUDGET_S[level], check=False)
     rows = evaluate(p.node, Facts(gather.split(proc.stdout)), expect, level)
+    if level == "full":
+        from gpuprov.health import cluster_nccl
+
+        rows.append(cluster_nccl.one_node())
     progress(console, p.node, rows, time.monotonic() - began)
     return _result(local.LOCAL, level, started, rows)

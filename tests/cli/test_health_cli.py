@@ -32,7 +32,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (["demo", "--local"], "a cluster NAME or --local, not both"),
     (["demo", "--gpus", "2"], "--gpus: only with --local"),
     (["--local", "--node", "n1"], "--node: only with a cluster NAME"),
-    (["--local", "--level", "full"], "--level full is not built yet"),
+    (["--local", "--level", "Full"], "--level Full: one of quick, standard, full"),
     (["--local", "--level", "fast"], "--level fast: one of quick, standard, full"),
     (["--local", "--type", "p9.huge"], "unknown instance type 'p9.huge'"),
     (["--local", "--type", "p5.48xlarge", "--gpus", "8"], "--type and --gpus/--gpu-model exclude each other"),

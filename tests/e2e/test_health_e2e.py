@@ -75,6 +75,53 @@ def test_the_standard_level_runs_its_tools_section_on_each_node_and_skips_them_w
         assert "@@gpuprov-health nccl_tests\nno NVIDIA device on the PCI bus\n" in raw
 
 
+def test_the_full_level_runs_on_local_nodes_and_mpirun_crosses_them_with_a_key_of_its_own(env, cluster) -> None:
+    """--level full over SSH: DCGM's level 3 section guarded like level 2's, each node's own
+    address read, the row across the nodes skipping because no node has a GPU. Then the
+    run-across machinery itself, for real: Open MPI (Debian's) on both nodes, mpirun started on
+    the first and reaching the second with a key made for the run, checked against the host key
+    gpuprov pinned for it; afterwards no key, no key line and no run directory is left."""
+    from gpuprov.health import cluster_nccl, gather
+    from gpuprov.health.facts import Facts
+    from gpuprov.providers import ClusterFiles
+
+    name, nodes = cluster
+    proc = run_cli("health", name, "--level", "full", "-o", "json", env=env, timeout=300)
+    data = json.loads(proc.stdout)
+    assert data["level"] == "full", proc.stderr
+    across = [r for r in data["checks"] if r["node"] == "cluster"]
+    assert [(r["check"], r["status"], r["reason"]) for r in across] == [
+        ("nccl_allreduce_cluster", "skip", f"{nodes[0]}: no NVIDIA GPU on the PCI bus")]
+    runs = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"]
+    raw_dir = Path(next(r for r in runs if r["kind"] == "health")["artifact_dir"])
+    facts = {n: Facts(gather.split((raw_dir / f"{n}.txt").read_text())) for n in nodes}
+    for node in nodes:
+        assert len([r for r in data["checks"] if r["node"] == node]) == 15
+        assert "@@gpuprov-health dcgm_diag\nno NVIDIA device on the PCI bus\n" in (raw_dir / f"{node}.txt").read_text()
+        assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+", facts[node].text("cluster_address").strip())
+
+    install = run_cli("exec", name, "--", "sudo", "-n", "sh", "-c",
+                      "DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+                      "apt-get install -y -qq --no-install-recommends openmpi-bin >/dev/null && command -v mpirun",
+                      env=env, timeout=600)
+    assert install.returncode == 0, install.stdout + install.stderr
+    from gpuprov.state import Store
+
+    store = Store(Path(env["GPUPROV_HOME"]) / "state.db")
+    records = {n.name: n for n in store.get_cluster(name).nodes}
+    files = ClusterFiles(Path(env["GPUPROV_HOME"]) / "clusters" / name)
+    group = [cluster_nccl.Peer(records[n], facts[n].text("cluster_address").strip(), 1) for n in nodes]
+    rc, text = cluster_nccl.mpi_run(group, files, ["hostname"], ranks_per_node=1, timeout=120)
+    hostnames = run_cli("exec", name, "--", "hostname", env=env, check=True).stdout
+    assert rc == 0, text
+    for line in hostnames.splitlines():
+        assert line.partition(" | ")[2].strip() in text.split(), (hostnames, text)
+    left = run_cli("exec", name, "--", "sh", "-c",
+                   "grep -c gpuprov-health- ~/.ssh/authorized_keys; ls -d /dev/shm/gpuprov-health-* 2>/dev/null; true",
+                   env=env, check=True).stdout
+    assert [line.partition(" | ")[2].strip() for line in left.splitlines()] == ["0", "0"], left
+
+
 def test_the_run_is_recorded_with_the_raw_readings_and_status_shows_it(env, cluster) -> None:
     name, nodes = cluster
     proc = run_cli("health", name, "--node", nodes[1], "-o", "json", env=env, timeout=120)

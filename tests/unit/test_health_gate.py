@@ -36,7 +36,8 @@ def test_built_levels_and_off_are_taken(value: str) -> None:
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ("full", "--health full: one of off, quick, standard"),
+    ("full", "--health full: one of off, quick, standard (full runs across the nodes for half an hour: "
+             "`gpuprov health NAME --level full`)"),
     ("Quick", "--health Quick: one of off, quick, standard"),
     ("", "--health : one of off, quick, standard"),
 ])

@@ -1,0 +1,199 @@
+"""The full level's run across nodes: NVIDIA nccl-tests' ``all_reduce_perf`` under Open MPI's
+``mpirun``, one rank per GPU on every node, judged against the type's published two-node floor
+(gpuprov.health.floors) by gpuprov.health.nccl.bandwidth_check.
+
+mpirun starts its ranks on the other nodes over SSH from the first node (the launcher), so for
+the length of one run gpuprov gives the nodes a way in to each other, and takes it away after:
+
+- a key pair made for this run only, its private half on the launcher in a directory on a
+  memory file system (/dev/shm, mode 0700: never on a disk), its public half added to the login
+  user's authorized_keys on every node, limited to the launcher's address (``from=``; mpirun
+  starts every remote daemon from the launcher: no tree spawn), with no forwarding, and marked
+  with the run's id;
+- the other nodes' host keys, the ones gpuprov pinned for them (the cluster's known_hosts),
+  written for their cluster addresses into the launcher's known_hosts for the run: mpirun's
+  ssh checks them (StrictHostKeyChecking=yes), as every SSH connection of gpuprov does;
+- afterwards (also when the run fails or times out): the marked key line removed from every
+  node, the launcher's directory removed.
+
+Nothing a user typed reaches a command: the addresses are the nodes' own readings, checked to
+be IPv4 addresses; the counts are ints; the run's id is hex that gpuprov makes.
+"""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import secrets
+import shlex
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuprov.core.results import HealthCheck
+from gpuprov.health import nccl
+from gpuprov.health.checks_gpu import failed, skipped
+from gpuprov.health.facts import Expect, Facts
+from gpuprov.providers import ClusterFiles
+from gpuprov.state import NodeRecord
+
+CHECK = "nccl_allreduce_cluster"
+NODE = "cluster"  # the row's node: the run is the cluster's, not one node's
+BUDGET_S = 900
+MARK = "gpuprov-health-"
+EXPECTED = "all_reduce_perf across all the nodes (one rank per GPU): no wrong result, busbw at the type's floor"
+
+
+@dataclass(frozen=True)
+class Peer:
+    node: NodeRecord
+    address: str  # where the other nodes reach it (its default route's address)
+    gpus: int
+
+
+def peers(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Mapping[str, Expect]
+          ) -> tuple[list[Peer], HealthCheck | None]:
+    """The nodes of the run, or the row that says why there is none (a skip where no run can
+    be, a failure where one should be and cannot)."""
+    if len(nodes) < 2:
+        return [], skipped(CHECK, "one node: nothing to run across nodes (inside the node: nccl_allreduce_node)",
+                           EXPECTED)
+    out: list[Peer] = []
+    for node in nodes:
+        seen = facts.get(node.name)
+        if seen is None:
+            return [], failed(CHECK, f"{node.name} could not be read", "every node answers",
+                              "bring the node back, or leave it out with --node")
+        gpus = seen.gpus_on_bus
+        if not gpus and not expected[node.name].gpus:
+            return [], skipped(CHECK, f"{node.name}: no NVIDIA GPU on the PCI bus", EXPECTED)
+        address = seen.text("cluster_address").strip()
+        try:
+            ok = ipaddress.IPv4Address(address) and not ipaddress.IPv4Address(address).is_unspecified
+        except ValueError:
+            ok = False
+        if not ok:
+            return [], failed(CHECK, f"{node.name}: no address on its default route ({address[:60]!r})",
+                              "every node's own IPv4 address on its default route",
+                              "check the node's network (ip route)")
+        if seen.rc("mpirun") != 0:
+            return [], failed(CHECK, f"{node.name}: mpirun is not installed", "Open MPI on every node",
+                              f"run the nccl_tests play ({expected[node.name].provision} --tags nccl_tests)")
+        out.append(Peer(node, address, gpus))
+    if len({p.gpus for p in out}) > 1:
+        return [], failed(CHECK, "GPU counts differ: " + ", ".join(f"{p.node.name} {p.gpus}" for p in out),
+                          "the same GPUs on every node", "check the nodes' gpu_count rows")
+    return out, None
+
+
+def _ssh(node: NodeRecord, files: ClusterFiles, remote: str) -> list[str]:
+    from gpuprov.ssh import node_key, ssh_options
+
+    return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", "-o", "ControlPath=none",
+            "--", f"{node.user}@{node.address}", remote]
+
+
+def _known_hosts(group: Sequence[Peer], files: ClusterFiles) -> str:
+    from gpuprov.ssh import pinned_key
+
+    lines = []
+    for p in group:
+        key = pinned_key(files.known_hosts, p.node.address, p.node.ssh_port)
+        if not key:
+            raise RuntimeError(f"{p.node.name}: no pinned host key in {files.known_hosts}")
+        lines.append(f"{p.address} {key}")
+    return "\n".join(lines) + "\n"
+
+
+def _bundle(entries: Mapping[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def mpi_run(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], *, ranks_per_node: int,
+            env: Sequence[str] = (), timeout: int = BUDGET_S) -> tuple[int | None, str]:
+    """``program`` under mpirun on ``group`` (launched from the first), ``ranks_per_node`` ranks
+    on each; (its exit status, None when it ran past ``timeout``; its output). ``program`` and
+    ``env`` (NAME=VALUE for -x) are gpuprov's constants, quoted all the same."""
+    run_id = MARK + secrets.token_hex(6)
+    shm = f"/dev/shm/{run_id}"
+    launcher = group[0]
+    # Only the launcher logs in to the others (no tree spawn: plm_rsh_no_tree_spawn below).
+    authorized = f'from="{launcher.address}",no-agent-forwarding,no-port-forwarding,no-X11-forwarding '
+
+    with tempfile.TemporaryDirectory(prefix=run_id, dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+        key = Path(tmp) / "id"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", run_id, "-f", str(key)], check=True)
+        public = authorized + key.with_suffix(".pub").read_text().strip() + "\n"
+        bundle = _bundle({"id": key.read_bytes(), "known_hosts": _known_hosts(group, files).encode(),
+                          "hostfile": "".join(f"{p.address} slots={ranks_per_node}\n" for p in group).encode()})
+    try:
+        for p in group:
+            subprocess.run(_ssh(p.node, files, 'umask 077; mkdir -p "$HOME/.ssh" && cat >> "$HOME/.ssh/authorized_keys"'),
+                           input=public, text=True, capture_output=True, check=True, timeout=60)
+        subprocess.run(_ssh(launcher.node, files, f"umask 077; mkdir -p {shm} && tar -xf - -C {shm}"),
+                       input=bundle, capture_output=True, check=True, timeout=60)
+        agent = (f"ssh -i {shm}/id -o UserKnownHostsFile={shm}/known_hosts -o StrictHostKeyChecking=yes "
+                 "-o IdentitiesOnly=yes -o BatchMode=yes")
+        exports = " ".join(f"-x {shlex.quote(e)}" for e in env)
+        command = (f'[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; '
+                   f"timeout {int(timeout)} mpirun --hostfile {shm}/hostfile "
+                   f"-np {len(group) * int(ranks_per_node)} --map-by ppr:{int(ranks_per_node)}:node --bind-to none "
+                   f"--mca plm_rsh_agent {shlex.quote(agent)} --mca plm_rsh_no_tree_spawn 1 {exports} {shlex.join(program)} 2>&1")
+        try:
+            proc = subprocess.run(_ssh(launcher.node, files, command), capture_output=True, text=True,
+                                  timeout=timeout + 60, check=False)
+        except subprocess.TimeoutExpired:
+            return None, ""
+        return (None if proc.returncode == 124 else proc.returncode), proc.stdout + proc.stderr
+    finally:
+        for p in group:
+            cleanup = f"sed -i '/ {run_id}$/d' \"$HOME/.ssh/authorized_keys\" 2>/dev/null; true"
+            if p is launcher:
+                cleanup = f"rm -rf {shm}; " + cleanup
+            subprocess.run(_ssh(p.node, files, cleanup), capture_output=True, check=False, timeout=60)
+
+
+def across_nodes(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Mapping[str, Expect],
+                 files: ClusterFiles, run_dir: Path) -> HealthCheck:
+    """The full level's cluster row: all_reduce_perf over every GPU of every node."""
+    group, why = peers(nodes, facts, expected)
+    if why is not None:
+        return _cluster(why)
+    first = expected[group[0].node.name]
+    env = ["FI_PROVIDER=efa"] if first.efa_interfaces else []
+    program = ["sh", "-c", 'exec "$(command -v all_reduce_perf || echo /opt/nccl-tests/build/all_reduce_perf)" '
+               '-b 8 -e 2G -f 2 -g 1']
+    rc, text = mpi_run(group, files, program, ranks_per_node=group[0].gpus, env=env)
+    (run_dir / "nccl-across-nodes.txt").write_text(text)
+    where = f"{len(group)} nodes x {group[0].gpus} GPUs"
+    if rc is None:
+        return _cluster(failed(CHECK, f"all_reduce_perf across {where} did not finish in {BUDGET_S} s", EXPECTED,
+                               "drain the nodes and run the in-node check on each (--level standard): a "
+                               "collective that hangs across nodes points at the network (EFA, security group)"))
+    row = nccl.bandwidth_check(NODE, text, instance_type=first.instance_type, nodes=len(group))
+    if rc != 0 and row.status == "pass":
+        row = failed(CHECK, f"mpirun exited {rc}: {text.strip().splitlines()[-1][:200] if text.strip() else ''}",
+                     EXPECTED, "read the raw output (nccl-across-nodes.txt in the run's directory)")
+    return _cluster(row)
+
+
+def one_node() -> HealthCheck:
+    """The row of a check on one machine (--local): nothing to run across nodes."""
+    return _cluster(peers([], {}, {})[1])
+
+
+def _cluster(row: HealthCheck | None) -> HealthCheck:
+    from dataclasses import replace
+
+    assert row is not None
+    return replace(row, node=NODE, check=CHECK)
