@@ -222,18 +222,28 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 @click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
 @click.option("--health", default="quick", show_default=True, metavar="off|quick|standard", help="Health checks "
               "before the first batch and after each: a check failing only after the patch stops the roll.")
+@click.option("--onto-image", metavar="REF|newest", help="Replace the nodes, a batch at a time, with new ones "
+              "from this baked image of the new lock (newest: the newest one; none yet: baked first) instead "
+              "of patching them in place.")
 @output_option
 def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
           all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, no_reboot: bool,
-          mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, output: str) -> int:
-    """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates."""
+          mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, onto_image: str | None,
+          output: str) -> int:
+    """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates:
+    in place, or by replacing the nodes from a baked image (--onto-image)."""
     from gpuprov.core import patch as patching
 
     req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
                            microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
-                           resume=resume,
+                           resume=resume, onto_image=onto_image,
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
-    data = patching.patch(name, req, console=_console(), health=health)
+    if onto_image is not None:
+        from gpuprov.core.replace import roll_onto_image
+
+        data = roll_onto_image(name, req, console=_console(), health=health)
+    else:
+        data = patching.patch(name, req, console=_console(), health=health)
     if output == "json":
         cli_output.emit_json(data)
     else:

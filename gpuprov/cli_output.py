@@ -151,9 +151,11 @@ def health_line(name: str) -> None:
 
 def patch_table(name: str, check: bool, data: PatchResult) -> None:
     table(
-        f"patch {name}{' (check)' if check else ''}: {'ok' if data.ok else 'STOPPED'}",
+        f"patch {name}{' (check)' if check else ''}: {'ok' if data.ok else 'STOPPED'}"
+        + (f", nodes replaced from {data.image}" if data.image else ", in place"),
         ["node", "status", "changed", "rebooted", "detail"],
-        [[h, s.status, s.changed, "yes" if s.rebooted else "no", s.error or "; ".join(s.moved or s.plan)]
+        [[h, s.status, s.changed, "yes" if s.rebooted else "no",
+          s.error or (f"replaced by {s.replaced_by}" if s.replaced_by else "; ".join(s.moved or s.plan))]
          for h, s in data.hosts.items()],
     )
 

@@ -37,6 +37,7 @@ class Request:
     resume: str | None = None
     mirror_url: str | None = None
     mirror_key_fingerprint: str | None = None
+    onto_image: str | None = None  # roll by replacing nodes from this baked image (or "newest")
 
 
 def request(*, all_: bool = False, **kw: Any) -> Request:
@@ -51,9 +52,9 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
     req = Request(**kw)
     if req.kernel_module is not None and req.kernel_module not in drivers.KERNEL_MODULES:
         raise BadInput(f"unknown kernel module '{req.kernel_module}'; choose open or proprietary")
-    if not (req.move_driver or req.kernel or req.microcode):
+    if not (req.move_driver or req.kernel or req.microcode or req.onto_image):
         raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel-module, --kernel, "
-                       "--microcode or --all")
+                       "--microcode, --all or --onto-image")
     if req.batch < 1:
         raise BadInput(f"--batch must be at least 1, not {req.batch}")
     for flag, hook in (("--drain", req.drain), ("--resume", req.resume)):

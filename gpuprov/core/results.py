@@ -236,7 +236,7 @@ class VerifyResult:
 # -- patch -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PatchHost:
-    """One node of a roll. ``status``: patched | unchanged | failed | not-started."""
+    """One node of a roll. ``status``: patched | unchanged | replaced | failed | not-started."""
 
     status: str
     changed: int
@@ -246,6 +246,7 @@ class PatchHost:
     moved: list[str] | None = field(default=None, metadata={OPTIONAL: True})
     error: str | None = field(default=None, metadata={OPTIONAL: True})
     reboot_skipped: str | None = field(default=None, metadata={OPTIONAL: True})
+    replaced_by: str | None = field(default=None, metadata={OPTIONAL: True})
 
     @classmethod
     def of(cls, state: Mapping[str, Any]) -> PatchHost:
@@ -270,6 +271,8 @@ class PatchResult:
     batches: list[list[str]]
     hosts: dict[str, PatchHost]
     lock: LockMove
+    # --onto-image: the image the nodes were (or would be) replaced from; absent in place.
+    image: str | None = field(default=None, metadata={OPTIONAL: True})
 
 
 # -- health ------------------------------------------------------------------------------------------

@@ -569,6 +569,47 @@ def _move_the_driver(env: dict[str, str], name: str, nodes: list[str]) -> None:
     assert "not the cluster's lock" in run_cli("status", name, env=env, check=True).stdout
 
 
+def test_patch_rolls_the_nodes_onto_the_baked_image(cluster, env, baked, tmp_path) -> None:
+    """`patch --onto-image`: a bad image is one line and exit 2; --check says what would be
+    replaced from which image and changes nothing; the roll drains the old nodes, boots new ones
+    from the image (the site converges on them with changed 0, their probes and health checks
+    pass), removes the old ones and resumes the new ones, and the cluster records each
+    replacement. One batch of both nodes: the batch mechanics are those of an in-place roll."""
+    name, _, _ = cluster
+    image, _ = baked
+    old = [f"{name}-node-1", f"{name}-node-2"]
+    before = _labelled(name)[0]
+    bad = run_cli("patch", name, "--onto-image", "gpuprov-test/none:nope", env=env)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no such baked image" in bad.stderr
+
+    check = run_cli("patch", name, "--onto-image", "newest", "--check", "-o", "json", env=env, timeout=300)
+    planned = json.loads(check.stdout)
+    assert check.returncode == 0 and planned["image"] == image["ref"], check.stderr
+    assert {h: s["plan"] for h, s in planned["hosts"].items()} == {
+        h: [f"replace with a node from {image['ref']}"] for h in old}
+    assert _labelled(name)[0] == before
+
+    hooks = tmp_path / "hooks.log"
+    proc = run_cli("patch", name, "--onto-image", "newest", "--batch", "2", "-o", "json",
+                   "--drain", f'echo "drain $GPUPROV_NODE" >> {hooks}',
+                   "--resume", f'echo "resume $GPUPROV_NODE" >> {hooks}', env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    new = [f"{name}-node-3", f"{name}-node-4"]
+    assert result["ok"] and result["image"] == image["ref"] and result["batches"] == [old], result
+    assert {h: (s["status"], s["replaced_by"], s["changed"]) for h, s in result["hosts"].items()} == {
+        old[0]: ("replaced", new[0], 0), old[1]: ("replaced", new[1], 0)}
+    assert result["lock"]["from"] == result["lock"]["to"] == image["lock_hash"]
+    assert hooks.read_text().split("\n")[:-1] == [f"drain {old[0]}", f"drain {old[1]}",
+                                                   f"resume {new[0]}", f"resume {new[1]}"]
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert sorted(n["name"] for n in status["nodes"]) == new
+    assert not set(before) & set(_labelled(name)[0])  # the old containers are gone
+    booted = {i["node"]: (i["image"], i["matches_lock"]) for i in status["images"]}
+    assert booted == dict.fromkeys(new, (image["ref"], True)), booted
+    assert run_cli("verify", name, env=env).returncode == 0
+
+
 def test_down_removes_containers_and_volumes(cluster, env) -> None:
     name, _, _ = cluster
     assert _labelled(name)[0]
