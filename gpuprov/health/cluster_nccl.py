@@ -43,7 +43,7 @@ from gpuprov.state import NodeRecord
 CHECK = "nccl_allreduce_cluster"
 NODE = "cluster"  # the row's node: the run is the cluster's, not one node's
 BUDGET_S = 900
-MARK = "gpuprov-health-"
+MARK = "gpuprov-mpi-"
 EXPECTED = "all_reduce_perf across all the nodes (one rank per GPU): no wrong result, busbw at the type's floor"
 
 
@@ -157,7 +157,9 @@ def mpi_run(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], 
         return (None if proc.returncode == 124 else proc.returncode), proc.stdout + proc.stderr
     finally:
         for p in group:
-            cleanup = f"sed -i '/ {run_id}$/d' \"$HOME/.ssh/authorized_keys\" 2>/dev/null; true"
+            # Rewritten in place (the login may not write its .ssh directory, only the file).
+            cleanup = (f'f="$HOME/.ssh/authorized_keys"; [ -f "$f" ] && t=$(mktemp) && '
+                       f'{{ grep -v " {run_id}$" "$f" > "$t"; cat "$t" > "$f"; rm -f "$t"; }}; true')
             if p is launcher:
                 cleanup = f"rm -rf {shm}; " + cleanup
             subprocess.run(_ssh(p.node, files, cleanup), capture_output=True, check=False, timeout=60)

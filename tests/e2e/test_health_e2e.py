@@ -117,7 +117,7 @@ def test_the_full_level_runs_on_local_nodes_and_mpirun_crosses_them_with_a_key_o
     for line in hostnames.splitlines():
         assert line.partition(" | ")[2].strip() in text.split(), (hostnames, text)
     left = run_cli("exec", name, "--", "sh", "-c",
-                   "grep -c gpuprov-health- ~/.ssh/authorized_keys; ls -d /dev/shm/gpuprov-health-* 2>/dev/null; true",
+                   "grep -c gpuprov-mpi- ~/.ssh/authorized_keys; ls -d /dev/shm/gpuprov-mpi-* 2>/dev/null; true",
                    env=env, check=True).stdout
     assert [line.partition(" | ")[2].strip() for line in left.splitlines()] == ["0", "0"], left
 
