@@ -214,7 +214,7 @@ def _gate(name: str, added: list[NodeRecord], expect: dict[str, Any], files: Any
     from gpuprov.probes.run import run_probes
 
     hosts = [n.name for n in added]
-    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "probes").mkdir(parents=True, exist_ok=True)
     probes = run_probes(files.inventory, files.ansible_cfg, hosts, expect, run_dir / "probes", console=console.rich)
     failing = [f"{h}: {r['probe']}: {r['detail']}" for h in hosts for r in probes.get(h, []) if r["status"] == "fail"]
     if any(not probes.get(h) for h in hosts):

@@ -1,17 +1,10 @@
-"""Local nodes: systemd Debian 12 containers, reached over real SSH.
+"""Local nodes: systemd Debian 12 containers, reached over real SSH, for trying the whole flow
+before paying for GPUs and for the project's own end-to-end tests (no GPU: type ``docker-node``).
 
-For trying the whole flow before paying for GPUs, and for the project's own
-end-to-end tests. Nodes have no GPU (the catalog's ``docker-node`` type).
-
-Each node:
-- runs systemd as PID 1 with the flags checked in TESTBED.md (no
-  ``--privileged``), on the default bridge network;
-- publishes SSH on 127.0.0.1 only;
-- gets a host key generated here and copied in before it boots, pinned in
-  the cluster's known_hosts before first contact;
-- keeps /var/lib/docker on a named volume of its own (removed by ``down``).
-
-Everything carries the label ``gpuprov.cluster=<name>``; the engine, not the
+Each node runs systemd as PID 1 (SYSTEMD_FLAGS, no ``--privileged``) on the default bridge
+network; publishes SSH on 127.0.0.1 only; gets a host key generated here, pinned in the cluster's
+known_hosts before first contact; keeps /var/lib/docker on a named volume of its own (removed
+with the node). Everything carries the label ``gpuprov.cluster=<name>``: the engine, not the
 state file, says what exists.
 """
 
@@ -312,6 +305,10 @@ class DockerProvider(Provider):
     def destroy_orphans(self, name: str, orphans: Orphans, report: Reporter) -> int:
         return self.terminate(name, list(orphans.nodes), ClusterFiles(paths.home()), report)
 
+    def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
+        from gpuprov.providers.docker.nodes import remove
+
+        return remove(nodes, report)
 
     # -- baked images (gpuprov/providers/docker/images.py) -----------------------------------
     def baked_images(self, region: str | None = None) -> list[Any]:
