@@ -1,0 +1,99 @@
+"""Pull mode: nodes that bootstrap themselves (`gpuprov up --bootstrap pull`).
+
+Push (the default for small clusters, and always for `provision` and `patch`) runs Ansible on
+this machine over SSH to every node. Pull inverts it, as ansible-pull does: gpuprov builds a
+**bootstrap bundle** (bundle.py: the playbooks and roles, the cluster's resolved version lock
+and play variables, the probes, and the very ansible-core and Python packages this controller
+runs them with), content-addressed by its sha256; serves it to the cluster's nodes alone
+(server.py: an HTTP server bound to the address the nodes reach, for the length of the
+bootstrap, each node with a token of its own); and each node, at boot, fetches it, refuses any
+bundle whose sha256 is not the one its boot configuration carries, runs the same site.yml over
+a local connection, runs the same probes locally, and reports every task and the probe results
+back (node/agent.py, node/gpuprov_pull.py). The controller shows the reports as the same
+per-node progress as push and records the bootstrap and the verification the same way
+(controller.py).
+
+Nothing here is a second code path for the roles: the same playbooks, roles, variables and
+probes run, only where Ansible runs differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import json
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MODES = ("auto", "push", "pull")
+# `--bootstrap auto` pulls above this many nodes (and where the provider serves pull). Up to
+# it, push: gpuprov runs one fork per node up to 50 (gpuprov/ansible/inventory.py), so up to
+# 50 nodes a push run has every node in flight at once and its controller does the work; past
+# 50 it goes in waves and its time grows with the node count, while a pull run's does not
+# (each node is its own controller). The threshold stays below the fork ceiling so that a
+# cluster close to it is not pushed at a controller already at its limit.
+PULL_ABOVE = 32
+UNIT = "gpuprov-pull.service"
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What a launch gives each node so that it pulls its bootstrap at boot (Plan.pull)."""
+
+    bundle_url: str
+    report_url: str
+    sha256: str
+    key: bytes  # the session key the node tokens are derived from; kept in memory only
+    deadline_s: int = 3600
+
+    def token(self, node: str) -> str:
+        return node_token(self.key, node)
+
+    def node_config(self, node: str, instance_type: str) -> dict[str, object]:
+        """The node's boot configuration (/etc/gpuprov/pull.json, 0600 root)."""
+        return {"bundle_url": self.bundle_url, "report_url": self.report_url, "sha256": self.sha256,
+                "node": node, "token": self.token(node), "instance_type": instance_type,
+                "deadline_s": self.deadline_s}
+
+
+    def archive(self, node: str, instance_type: str) -> bytes:
+        """A tar to unpack at a node's root before its first boot: the agent, its systemd unit
+        (enabled) and the node's boot configuration."""
+        here = Path(__file__).resolve().parent / "node"
+        config = (json.dumps(self.node_config(node, instance_type), indent=1) + "\n").encode()
+        entries = [
+            ("usr/local/lib/gpuprov/pull-agent.py", (here / "agent.py").read_bytes(), 0o755),
+            (f"etc/systemd/system/{UNIT}", (here / UNIT).read_bytes(), 0o644),
+            ("etc/gpuprov/pull.json", config, 0o600),
+        ]
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for directory in ("etc/gpuprov", "usr/local/lib/gpuprov"):
+                info = tarfile.TarInfo(directory)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+                tar.addfile(info)
+            for path, data, mode in entries:
+                info = tarfile.TarInfo(path)
+                info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+            link = tarfile.TarInfo(f"etc/systemd/system/multi-user.target.wants/{UNIT}")
+            link.type, link.linkname = tarfile.SYMTYPE, f"/etc/systemd/system/{UNIT}"
+            tar.addfile(link)
+        return buf.getvalue()
+
+
+def node_token(key: bytes, node: str) -> str:
+    """A node's token: HMAC-SHA256 of its name under the session key (one per node; a node
+    cannot report as another)."""
+    return hmac.new(key, node.encode(), hashlib.sha256).hexdigest()
+
+
+def choose(requested: str, count: int, can_pull: bool) -> str:
+    """The bootstrap mode of one `up`: what was asked, or (auto) pull above PULL_ABOVE nodes
+    where the provider serves it, push otherwise."""
+    if requested != "auto":
+        return requested
+    return "pull" if can_pull and count > PULL_ABOVE else "push"

@@ -1,0 +1,194 @@
+"""The bootstrap bundle: everything a node needs to bootstrap and verify itself, in one
+content-addressed archive.
+
+Layout (a gzip'd tar, byte-for-byte the same for the same inputs: sorted entries, fixed times,
+owners and modes, no gzip name or time, so its sha256 names its content)::
+
+    manifest.json            format, gpuprov and ansible-core versions, the lock's hash, tags
+    site/playbooks/ ...      the playbooks site.yml imports (vars/lock.yml with them)
+    site/roles/ ...          the roles (their molecule scenarios left out)
+    site/vars.json           the play variables (`-e @vars.json`, as push passes them)
+    site/nodes.json          per instance type: the host variables the push inventory gives
+                             such a node, and what its probes expect; and the group variables
+    lib/ ...                 ansible-core and the pure-Python packages it and the probes need
+                             (jinja2, markupsafe, PyYAML, packaging, resolvelib, pytest,
+                             pluggy, iniconfig, pygments, testinfra), and gpuprov (its probes)
+    collections/ ...         the collections the roles call (found by their FQCNs)
+    plugins/callback/gpuprov_pull.py   the callback that reports each task to the controller
+
+The packages are this controller's own installed copies, so a node runs the plays with the
+very ansible-core push uses. Compiled speed-ups (PyYAML's, MarkupSafe's) are left out: each
+package falls back to its pure-Python code, whatever the node's Python build. The node needs
+Python >= 3.11 (ansible-core's controller floor), which Debian 12 has.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import io
+import json
+import re
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from gpuprov import __version__, paths
+from gpuprov.errors import GpuprovError
+
+FORMAT = 1
+PYTHON_MIN = (3, 11)
+# Top-level import names copied into lib/: ansible-core, what it imports, and the probes' runner.
+PACKAGES = ("ansible", "jinja2", "markupsafe", "yaml", "packaging", "resolvelib", "pytest",
+            "_pytest", "pluggy", "iniconfig", "pygments", "testinfra", "py", "gpuprov")
+# ansible-core's one requirement left out: cryptography (compiled; ansible-core imports it for
+# vault and password hashing, which no role of gpuprov uses).
+NOT_CARRIED = frozenset({"cryptography"})
+_SKIP_DIRS = frozenset({"__pycache__", "molecule", ".pytest_cache"})
+_SKIP_SUFFIXES = (".pyc", ".pyo", ".so")
+_FQCN = re.compile(r"^\s*(?:- )?([a-z_][a-z0-9_]*)\.([a-z_][a-z0-9_]*)\.[a-z_][a-z0-9_]*:", re.M)
+NODE_DIR = Path(__file__).resolve().parent / "node"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    data: bytes
+    sha256: str
+    manifest: dict[str, Any]
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
+          group_vars: Mapping[str, Any], types: Mapping[str, Mapping[str, Any]],
+          tags: Sequence[str] = ()) -> Bundle:
+    """The bundle for one cluster's bootstrap. ``types``: per instance type, ``hostvars`` (what
+    the push inventory gives such a node) and ``expect`` (what its probes expect); ``group``
+    and ``group_vars``: the inventory group the nodes are in and its variables."""
+    import ansible.release
+
+    manifest = {
+        "format": FORMAT,
+        "gpuprov": __version__,
+        "ansible_core": ansible.release.__version__,
+        "python_min": list(PYTHON_MIN),
+        "lock_hash": lock.get("hash"),
+        "tags": list(tags),
+        "collections": sorted(".".join(c) for c in collections_used()),
+    }
+    entries: list[tuple[str, bytes, int]] = [("manifest.json", _json(manifest), 0o644)]
+    entries += _tree(paths.playbooks_dir(), "site/playbooks")
+    entries += _tree(paths.roles_dir(), "site/roles")
+    entries.append(("site/vars.json", _json(extravars), 0o600))
+    entries.append(("site/nodes.json", _json({"group": group, "group_vars": group_vars, "types": types}), 0o644))
+    for name in PACKAGES:
+        entries += _package(name)
+    for namespace, collection in collections_used():
+        entries += _tree(_collection_dir(namespace, collection),
+                         f"collections/ansible_collections/{namespace}/{collection}")
+    entries.append(("plugins/callback/gpuprov_pull.py", (NODE_DIR / "gpuprov_pull.py").read_bytes(), 0o644))
+    data = _archive(entries)
+    return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), manifest=manifest)
+
+
+def collections_used() -> list[tuple[str, str]]:
+    """The collections the playbooks and roles call by FQCN (``ansible.builtin`` is
+    ansible-core's own)."""
+    found: set[tuple[str, str]] = set()
+    for root in (paths.playbooks_dir(), paths.roles_dir()):
+        for path in sorted(root.rglob("*.yml")):
+            if _SKIP_DIRS.intersection(path.relative_to(root).parts):
+                continue
+            found.update(_FQCN.findall(path.read_text()))
+    found.discard(("ansible", "builtin"))
+    return sorted(found)
+
+
+def _collection_dir(namespace: str, collection: str) -> Path:
+    spec = importlib.util.find_spec(f"ansible_collections.{namespace}.{collection}")
+    if spec is None or not spec.submodule_search_locations:
+        raise GpuprovError(f"the roles call {namespace}.{collection}, which is not installed here "
+                           "(the `ansible` package carries it)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _package(name: str) -> list[tuple[str, bytes, int]]:
+    """A top-level package (or module) and its distribution's metadata (ansible-core reads
+    the versions of what it imports)."""
+    return _code(name) + [entry for dist in _distributions().get(name, ()) for entry in _metadata(dist)]
+
+
+@cache
+def _distributions() -> Mapping[str, list[str]]:
+    from importlib.metadata import packages_distributions
+
+    return packages_distributions()
+
+
+def _metadata(dist_name: str) -> list[tuple[str, bytes, int]]:
+    from importlib.metadata import distribution
+
+    dist = distribution(dist_name)
+    out = []
+    for file in dist.files or ():
+        if file.parts and file.parts[0].endswith(".dist-info") and file.name != "RECORD":
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                out.append((f"lib/{file.as_posix()}", path.read_bytes(), 0o644))
+    return out
+
+
+def _code(name: str) -> list[tuple[str, bytes, int]]:
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        raise GpuprovError(f"the bootstrap bundle needs the Python package '{name}', which is not "
+                           "installed here")
+    if spec.submodule_search_locations:
+        return _tree(Path(next(iter(spec.submodule_search_locations))), f"lib/{name}")
+    assert spec.origin is not None
+    return [(f"lib/{name}.py", Path(spec.origin).read_bytes(), 0o644)]
+
+
+def _tree(root: Path, prefix: str) -> list[tuple[str, bytes, int]]:
+    out = []
+    for path in _walk(root):
+        rel = path.relative_to(root).as_posix()
+        mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+        out.append((f"{prefix}/{rel}", path.read_bytes(), mode))
+    return out
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for path in sorted(root.iterdir()):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            if path.name not in _SKIP_DIRS:
+                yield from _walk(path)
+        elif path.is_file() and not path.name.endswith(_SKIP_SUFFIXES):
+            yield path
+
+
+def _json(data: Any) -> bytes:
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _archive(entries: list[tuple[str, bytes, int]]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, mode in sorted(entries, key=lambda e: e[0]):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            tar.addfile(info, io.BytesIO(data))
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=6) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()

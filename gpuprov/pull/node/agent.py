@@ -1,0 +1,240 @@
+#!/usr/bin/python3
+"""gpuprov pull agent: a node bootstraps itself at boot (`gpuprov up --bootstrap pull`).
+
+Installed by the launch with its boot configuration (/etc/gpuprov/pull.json, root 0600: the
+bundle's address and sha256, where to report, the node's name and token) and started once by
+gpuprov-pull.service. Python's standard library only: it runs before anything is installed.
+
+1. Fetch the bootstrap bundle from the controller, and refuse it (reported, nothing
+   unpacked) unless its sha256 is the one the boot configuration carries.
+2. Unpack it, check its format and this Python, and write a one-host inventory for this node
+   (its instance type's host variables, a local connection).
+3. Run the bundle's site.yml with the bundle's ansible-core; the bundle's callback writes each
+   task's start and outcome to the event file.
+4. Run the bundle's probes on this machine (pytest + testinfra's local connection).
+5. Send every event, then the probe results and the outcome, to the controller (each batch
+   numbered, resent until acknowledged), then remove the token and the unpacked bundle. A
+   reboot does not run it again (the unit's condition is the configuration file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+STATE = Path("/var/lib/gpuprov/pull")
+MAX_BUNDLE = 1 << 30
+FORMAT = 1
+
+
+class Reporter:
+    """Sends the event file's lines to the controller in numbered batches, from a thread."""
+
+    def __init__(self, config: dict, events: Path) -> None:
+        self.config, self.events = config, events
+        self.acked = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def add(self, event: str, **data: object) -> None:
+        with self.events.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"event": event, "event_data": {"host": self.config["node"], **data}}) + "\n")
+
+    def _loop(self) -> None:
+        while not self.stop.wait(2.0):
+            self.send()
+
+    def send(self) -> bool:
+        lines = self.events.read_text(encoding="utf-8").splitlines() if self.events.exists() else []
+        batch = [json.loads(line) for line in lines[self.acked:self.acked + 500]]
+        body = json.dumps({"from": self.acked, "events": batch}).encode()
+        try:
+            answer = json.loads(post(self.config, self.config["report_url"], body))
+        except (OSError, ValueError):
+            return False
+        self.acked = max(self.acked, int(answer.get("have", 0)))
+        return self.acked >= len(lines)
+
+    def finish(self, deadline: float) -> bool:
+        self.stop.set()
+        while time.monotonic() < deadline:
+            if self.send():
+                return True
+            time.sleep(3)
+        return False
+
+
+def request(config: dict, url: str, body: bytes | None = None) -> urllib.request.Request:
+    headers = {"Authorization": f"Bearer {config['token']}", "X-Gpuprov-Node": config["node"]}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    return urllib.request.Request(url, data=body, headers=headers, method="POST" if body is not None else "GET")
+
+
+def post(config: dict, url: str, body: bytes) -> bytes:
+    with urllib.request.urlopen(request(config, url, body), timeout=20) as answer:
+        return answer.read()
+
+
+def fetch(config: dict, deadline: float) -> bytes:
+    """The bundle; retried (the controller may still be starting) until the deadline."""
+    wait = 2.0
+    while True:
+        try:
+            with urllib.request.urlopen(request(config, config["bundle_url"]), timeout=60) as answer:
+                data = answer.read(MAX_BUNDLE + 1)
+            if len(data) > MAX_BUNDLE:
+                raise ValueError("bundle larger than 1 GiB")
+            return data
+        except (OSError, urllib.error.URLError) as exc:
+            if time.monotonic() + wait > deadline:
+                raise RuntimeError(f"bundle not fetched from {config['bundle_url']}: {exc}") from None
+            time.sleep(wait)
+            wait = min(wait * 2, 30.0)
+
+
+def unpack(data: bytes, root: Path) -> dict:
+    """The bundle under ``root`` (regular files and directories only, nothing outside it);
+    its manifest."""
+    import io
+
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True, mode=0o700)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            target = (root / member.name).resolve()
+            if not (member.isfile() or member.isdir()) or root.resolve() not in target.parents:
+                raise RuntimeError(f"bundle entry {member.name!r} refused")
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+            target.chmod(member.mode & 0o755)
+    manifest = json.loads((root / "manifest.json").read_text())
+    if manifest.get("format") != FORMAT:
+        raise RuntimeError(f"bundle format {manifest.get('format')}, this agent reads {FORMAT}")
+    if sys.version_info[:2] < tuple(manifest["python_min"]):
+        need = ".".join(map(str, manifest["python_min"]))
+        raise RuntimeError(f"the bundle's ansible-core {manifest['ansible_core']} needs Python >= {need}; "
+                           f"this node has {sys.version.split()[0]}")
+    return manifest
+
+
+def inventory(root: Path, config: dict) -> Path:
+    nodes = json.loads((root / "site" / "nodes.json").read_text())
+    kind = config.get("instance_type") or ""
+    if kind not in nodes["types"]:
+        raise RuntimeError(f"the bundle has no host variables for instance type {kind!r}")
+    host = {**nodes["types"][kind]["hostvars"], "ansible_connection": "local"}
+    data = {"all": {"children": {nodes["group"]: {"hosts": {config["node"]: host}, "vars": nodes["group_vars"]}}}}
+    path = root / "inventory.yml"
+    path.write_text(json.dumps(data, indent=1))
+    (root / "expectations.json").write_text(json.dumps({"local": nodes["types"][kind]["expect"]}))
+    return path
+
+
+def environment(root: Path, events: Path, config: dict) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": str(root / "lib"), "PYTHONDONTWRITEBYTECODE": "1",
+        "ANSIBLE_ROLES_PATH": str(root / "site" / "roles"),
+        "ANSIBLE_COLLECTIONS_PATH": str(root / "collections"),
+        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
+        "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
+        "ANSIBLE_CALLBACKS_ENABLED": "gpuprov_pull",
+        "ANSIBLE_HOME": str(root / "ansible-home"), "ANSIBLE_LOCAL_TEMP": str(root / "ansible-tmp"),
+        "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_GATHERING": "smart",
+        "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
+        "GPUPROV_PULL_EVENTS": str(events), "GPUPROV_PULL_NODE": config["node"],
+    }
+
+
+def converge(root: Path, manifest: dict, env: dict[str, str], log: Path) -> int:
+    cmd = [sys.executable, "-c", "import sys; from ansible.cli.playbook import main; "
+           "sys.argv[0] = 'ansible-playbook'; main()",
+           "-i", str(root / "inventory.yml"), "-e", f"@{root / 'site' / 'vars.json'}",
+           str(root / "site" / "playbooks" / "site.yml")]
+    if manifest.get("tags"):
+        cmd += ["--tags", ",".join(manifest["tags"])]
+    with log.open("a") as out:
+        return subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root, check=False).returncode
+
+
+def probes(root: Path, env: dict[str, str], log: Path) -> list[dict]:
+    results = root / "probes.jsonl"
+    results.write_text("")
+    probes_dir = root / "lib" / "gpuprov" / "probes"
+    cmd = [sys.executable, "-m", "pytest", str(probes_dir), "-p", "gpuprov.probes.collect", "-p",
+           "no:cacheprovider", "--hosts=local://", "-q", "-rN", "-m", "not full"]
+    env = {**env, "GPUPROV_EXPECTATIONS": str(root / "expectations.json"),
+           "GPUPROV_PROBE_RESULTS": str(results)}
+    with log.open("a") as out:
+        subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root, check=False)
+    return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+
+
+def main(config_path: str) -> int:
+    config = json.loads(Path(config_path).read_text())
+    deadline = time.monotonic() + int(config.get("deadline_s", 3600))
+    STATE.mkdir(parents=True, exist_ok=True, mode=0o700)
+    events, log = STATE / "events.jsonl", STATE / "pull.log"
+    events.write_text("")
+    reporter = Reporter(config, events)
+    reporter.thread.start()
+    reporter.add("agent", msg="started")
+    root = STATE / config["sha256"]
+    outcome: dict[str, object] = {"rc": 1}
+    try:
+        data = fetch(config, min(deadline, time.monotonic() + 900))
+        got = hashlib.sha256(data).hexdigest()
+        if got != config["sha256"]:
+            reporter.add("refused", msg=f"bundle sha256 {got}, expected {config['sha256']}: not unpacked, "
+                         "not run")
+            outcome = {"rc": 3, "refused": True}
+            return 3
+        manifest = unpack(data, root)
+        del data
+        inventory(root, config)
+        env = environment(root, events, config)
+        rc = converge(root, manifest, env, log)
+        if rc != 0:
+            outcome = {"rc": rc}
+            return 1
+        rows = probes(root, env, log)
+        if not rows:  # a verification that did not look is a failure, not an empty pass
+            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+            reporter.add("agent_failed", msg=f"the probes did not run: {' '.join(tail)} (node: {log})")
+            outcome = {"rc": 4}
+            return 1
+        reporter.add("probes", rows=rows)
+        outcome = {"rc": 0}
+        return 0
+    except Exception as exc:  # noqa: BLE001 (whatever it is, the controller is told why)
+        reporter.add("agent_failed", msg=f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        reporter.add("done", **outcome)
+        reporter.finish(min(deadline, time.monotonic() + 300))
+        for keep in ("manifest.json", "probes.jsonl"):
+            if (root / keep).exists():
+                shutil.copy2(root / keep, STATE / keep)
+        shutil.rmtree(root, ignore_errors=True)
+        Path(config_path).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "/etc/gpuprov/pull.json"))

@@ -1,0 +1,92 @@
+"""Ansible callback plugin of a pull bootstrap (shipped in the bootstrap bundle, run on the node).
+
+Reports each task's start and outcome, and the final stats, as events in ansible-runner's
+shape (``runner_on_start``, ``runner_on_ok``, ... ``playbook_on_stats``), so that the
+controller shows them with the same per-node progress as a push run. Each event is appended
+to the agent's event file (GPUPROV_PULL_EVENTS); the agent sends them to the controller.
+Only what the progress shows leaves the node: task and role names, changed, and a failed
+task's message; never a task's arguments or full result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from ansible.plugins.callback import CallbackBase
+
+DOCUMENTATION = """
+name: gpuprov_pull
+type: aggregate
+short_description: report a pull bootstrap's tasks to the gpuprov agent
+description: Appends each task's start and outcome as a JSON line to GPUPROV_PULL_EVENTS.
+"""
+
+
+def _message(res: dict) -> str:
+    for key in ("msg", "stderr", "reason"):
+        value = res.get(key)
+        if value:
+            return str(value)[-2000:]
+    for item in res.get("results") or ():
+        if isinstance(item, dict) and item.get("failed"):
+            return _message(item)
+    return "failed"
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "gpuprov_pull"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._path = os.environ.get("GPUPROV_PULL_EVENTS", "")
+        self._node = os.environ.get("GPUPROV_PULL_NODE", "")
+        self._lock = threading.Lock()
+
+    def _emit(self, event: str, data: dict) -> None:
+        if not self._path:
+            return
+        line = json.dumps({"event": event, "event_data": data}) + "\n"
+        with self._lock, open(self._path, "a", encoding="utf-8") as out:
+            out.write(line)
+
+    def _task(self, task, host: str | None = None) -> dict:
+        role = task._role.get_name() if task._role else ""
+        # The task's own name (get_name() puts the role before it; the progress adds it itself).
+        return {"host": self._node or host, "task": task.name or task.action, "role": role,
+                "task_action": task.action}
+
+    def v2_runner_on_start(self, host, task) -> None:
+        self._emit("runner_on_start", self._task(task, host.get_name()))
+
+    def _result(self, event: str, result, res: dict) -> None:
+        data = self._task(result._task, result._host.get_name())
+        data["res"] = res
+        self._emit(event, data)
+
+    def v2_runner_on_ok(self, result) -> None:
+        self._result("runner_on_ok", result, {"changed": bool(result._result.get("changed"))})
+
+    def v2_runner_on_failed(self, result, ignore_errors: bool = False) -> None:
+        data = self._task(result._task, result._host.get_name())
+        data["res"] = {"msg": _message(result._result)}
+        data["ignore_errors"] = bool(ignore_errors)
+        self._emit("runner_on_failed", data)
+
+    def v2_runner_on_skipped(self, result) -> None:
+        self._result("runner_on_skipped", result, {})
+
+    def v2_runner_on_unreachable(self, result) -> None:
+        self._result("runner_on_unreachable", result, {"msg": _message(result._result)})
+
+    def v2_playbook_on_stats(self, stats) -> None:
+        hosts = sorted(stats.processed.keys())
+        sums = {"ok": stats.ok, "changed": stats.changed, "failures": stats.failures,
+                "dark": stats.dark, "skipped": stats.skipped}
+        self._emit("playbook_on_stats", {
+            key: {self._node or h: int(values.get(h, 0)) for h in hosts} for key, values in sums.items()
+        })

@@ -1,0 +1,149 @@
+"""Pull mode end to end through the real CLI: `up --bootstrap pull` on local nodes.
+
+Two nodes boot with gpuprov's agent and their boot configuration; the controller serves the
+bundle on the docker bridge's gateway; each node fetches it, checks its sha256, runs site.yml
+over a local connection with the bundle's ansible-core, runs the probes on itself, and
+reports every task and the probe rows back; `up` shows them as per-node progress and records
+them. A third node is bootstrapped by push with the same plays, and the two kinds of node
+are compared: same packages, same files under /etc, same probe rows.
+
+The plays: preflight, spot, rdma, microcode (`--tags`). They install real Debian packages
+(rdma-core, ibverbs, infiniband-diags, CPU microcode), write modprobe, sysctl, limits and
+systemd files, and run every role's lock check; the driver, CUDA and container plays are left
+to tests/e2e/test_docker_cluster.py's full-stack node (three more full-stack bootstraps would
+prove the same roles again at ten minutes each on this 2-core machine). With these tags the
+probes of the plays left out fail, the same ones on every node (compared, not ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import subprocess
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.e2e
+
+TAGS = "preflight,spot,rdma,microcode"
+# Files under /etc that differ between any two nodes whatever bootstraps them (each node's
+# name and host key), and the boot mechanism of pull mode itself (its unit stays, disabled by
+# its condition: the agent removed its configuration).
+PER_NODE = ("/etc/hostname", "/etc/hosts", "/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_ed25519_key.pub")
+PULL_BOOT = ("/etc/systemd/system/gpuprov-pull.service",
+             "/etc/systemd/system/multi-user.target.wants/gpuprov-pull.service")
+ETC_LISTING = r"""find /etc -xdev \( -type f -o -type l \) -print0 | sort -z |
+while IFS= read -r -d '' f; do
+  if [ -L "$f" ]; then echo "L $f -> $(readlink "$f")";
+  else echo "F $f $(stat -c %a:%U:%G "$f") $(sha256sum < "$f" | cut -c1-64)"; fi
+done"""
+
+
+def _up(env: dict[str, str], name: str, count: int, mode: str) -> tuple[dict, str]:
+    proc = run_cli("up", "--provider", "docker", "--count", str(count), "--name", name, "--bootstrap", mode,
+                   "--tags", TAGS, "-o", "json", env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def clusters(env: dict[str, str]):
+    """(pull cluster: name, JSON, stderr), (push cluster: name, JSON, stderr)."""
+    pulled, pushed = f"pull-{secrets.token_hex(3)}", f"push-{secrets.token_hex(3)}"
+    try:
+        yield (pulled, *_up(env, pulled, 2, "pull")), (pushed, *_up(env, pushed, 1, "push"))
+    finally:
+        for name in (pulled, pushed):
+            run_cli("down", name, "--yes", env=env)
+
+
+def _node(cluster: str, index: int) -> str:
+    return f"gpuprov-{cluster}-node-{index}"
+
+
+def _in(container: str, script: str) -> str:
+    return subprocess.run(["docker", "exec", "-i", container, "bash", "-s"], input=script, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_pull_nodes_fetch_check_run_report_and_verify(clusters, env) -> None:
+    (name, data, stderr), _ = clusters
+    nodes = [f"{name}-node-1", f"{name}-node-2"]
+    boot = data["bootstrap"]
+    assert boot["ok"] is True and set(boot["hosts"]) == set(nodes)
+    for node in nodes:
+        stats = boot["hosts"][node]
+        assert stats["failed"] == stats["unreachable"] == 0 and stats["changed"] > 0 and stats["tasks"] > 50, stats
+        # progress came from the node's own reports, per node and role, as push shows it
+        assert f"{node}: rdma" in stderr and f"{node}: changed  microcode : " in stderr
+        assert f"{node}: " in stderr and "(probes run on the node)" in stderr
+    sha = boot["pull"]["bundle_sha256"]
+    assert re.fullmatch(r"[0-9a-f]{64}", sha) and boot["pull"]["bundle_bytes"] > 1_000_000
+    assert re.search(rf"pull: bundle {sha[:16]} \([0-9.]+ MB, ansible-core [0-9.]+\) served on "
+                     r"http://[0-9.]+:\d+ to this launch's nodes", stderr)
+    # the probes ran on each node and were recorded as a verify run, next to the bootstrap's
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    kinds = [r["kind"] for r in status["runs"]]
+    assert "bootstrap-pull" in kinds and "verify-quick" in kinds
+    counts = boot["pull"]["verify"]
+    assert counts["pass"] > 0 and counts["pass"] + counts["fail"] + counts["skip"] > 40
+    for index in (1, 2):
+        container = _node(name, index)
+        # the node checked the bundle it ran: the manifest it kept is the served bundle's
+        kept = json.loads(_in(container, "cat /var/lib/gpuprov/pull/manifest.json"))
+        assert kept["tags"] == TAGS.split(",") and kept["format"] == 1
+        # its token is gone, the agent ran once and will not again
+        assert _in(container, "test -e /etc/gpuprov/pull.json && echo present || echo gone").strip() == "gone"
+        state = _in(container, "systemctl show -p Result,ActiveState gpuprov-pull.service")
+        assert "Result=success" in state and "ActiveState=active" in state, state
+
+
+def _etc(container: str) -> dict[str, str]:
+    rows = {}
+    for line in _in(container, ETC_LISTING).splitlines():
+        kind, path, rest = line.split(" ", 2)
+        rows[path] = f"{kind} {rest}"
+    return rows
+
+
+def _packages(container: str) -> str:
+    return _in(container, "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n'")
+
+
+def _rows(result: dict, node: str) -> list[tuple[str, str, str]]:
+    return sorted((r["probe"], r["status"], r["detail"].replace(node, "NODE")) for r in result["hosts"][node])
+
+
+def test_a_pull_node_and_a_push_node_end_identical(clusters, env) -> None:
+    (pulled, _, _), (pushed, _, _) = clusters
+    pull_node, push_node = _node(pulled, 1), _node(pushed, 1)
+    assert _packages(pull_node) == _packages(push_node)
+    pull_etc, push_etc = _etc(pull_node), _etc(push_node)
+    differ = sorted(p for p in set(pull_etc) | set(push_etc) if pull_etc.get(p) != push_etc.get(p))
+    assert differ == sorted(PER_NODE + PULL_BOOT), differ
+    # the same probes, with the same results, whoever runs them: push's verify on both
+    one = json.loads(run_cli("verify", pulled, "-o", "json", env=env).stdout)
+    two = json.loads(run_cli("verify", pushed, "-o", "json", env=env).stdout)
+    assert _rows(one, f"{pulled}-node-1") == _rows(two, f"{pushed}-node-1")
+    assert _rows(one, f"{pulled}-node-1") == _rows(one, f"{pulled}-node-2")
+    # ... and the rows each pull node reported of itself, recorded with the bootstrap
+    status = json.loads(run_cli("status", pulled, "-o", "json", env=env, check=True).stdout)
+    run_dir = next(r["artifact_dir"] for r in status["runs"] if r["kind"] == "bootstrap-pull")
+    with open(f"{run_dir}/probes.json") as handle:
+        reported = json.load(handle)
+    for node in (f"{pulled}-node-1", f"{pulled}-node-2"):
+        assert sorted((r["probe"], r["status"], r["detail"].replace(node, "NODE")) for r in reported[node]) == \
+            _rows(one, node)
+
+
+def test_push_after_pull_changes_nothing(clusters, env) -> None:
+    """`provision` (push, the mode of every later run) on the pull-bootstrapped nodes: the
+    same roles find nothing to do."""
+    (pulled, _, _), _ = clusters
+    proc = run_cli("provision", pulled, "--tags", TAGS, "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == dict.fromkeys(hosts, (0, 0)), hosts

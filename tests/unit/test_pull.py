@@ -1,0 +1,233 @@
+"""Pull mode's parts on this machine: the bundle (content-addressed, complete), the controller's
+server (a node reports only as itself, with its own token), the node agent (a bundle of another
+sha256 is refused with nothing unpacked; an archive that reaches outside its directory is
+refused), and the choice of mode. The whole flow on real nodes is tests/e2e/test_pull_e2e.py."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import re
+import tarfile
+import urllib.error
+import urllib.request
+from importlib.metadata import requires
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from gpuprov.pull import PULL_ABOVE, Boot, choose, node_token
+from gpuprov.pull import bundle as bundle_mod
+from gpuprov.pull.server import PullServer
+
+
+@pytest.fixture(scope="module")
+def built() -> bundle_mod.Bundle:
+    return bundle_mod.build(lock={"hash": "abc123"}, extravars={"gpuprov_stack": {"hash": "abc123"}},
+                            group="gpuprov_nodes", group_vars={"gpuprov_cluster": "c"},
+                            types={"docker-node": {"hostvars": {"gpuprov_expected_gpus": 0}, "expect": {}}},
+                            tags=["spot"])
+
+
+def _members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_the_bundle_is_content_addressed_and_byte_for_byte_repeatable(built) -> None:
+    again = bundle_mod.build(lock={"hash": "abc123"}, extravars={"gpuprov_stack": {"hash": "abc123"}},
+                             group="gpuprov_nodes", group_vars={"gpuprov_cluster": "c"},
+                             types={"docker-node": {"hostvars": {"gpuprov_expected_gpus": 0}, "expect": {}}},
+                             tags=["spot"])
+    assert again.data == built.data and built.sha256 == hashlib.sha256(built.data).hexdigest()
+    other = bundle_mod.build(lock={"hash": "abc124"}, extravars={}, group="gpuprov_nodes", group_vars={},
+                             types={}, tags=())
+    assert other.sha256 != built.sha256
+    assert re.fullmatch(r"[0-9a-f]{64}", built.sha256)
+
+
+def test_the_bundle_carries_the_site_the_packages_and_nothing_compiled(built) -> None:
+    members = _members(built.data)
+    names = set(members)
+    for needed in ("manifest.json", "site/playbooks/site.yml", "site/playbooks/vars/lock.yml",
+                   "site/roles/nvidia_driver/tasks/main.yml", "site/vars.json", "site/nodes.json",
+                   "lib/ansible/cli/playbook.py", "lib/testinfra/__init__.py", "lib/gpuprov/probes/collect.py",
+                   "lib/gpuprov/probes/pytest.ini", "plugins/callback/gpuprov_pull.py",
+                   "collections/ansible_collections/community/general/plugins/modules/modprobe.py",
+                   "collections/ansible_collections/ansible/posix/plugins/modules/sysctl.py"):
+        assert needed in names, needed
+    assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".so")) or "/molecule/" in n]
+    assert all(m.uid == 0 and m.gid == 0 and m.mtime == 0 and (m.isfile() or m.isdir()) for m in members.values())
+    manifest = json.loads(_read(built.data, "manifest.json"))
+    assert manifest["format"] == 1 and manifest["lock_hash"] == "abc123" and manifest["tags"] == ["spot"]
+    assert manifest["collections"] == ["ansible.posix", "community.general"]
+    import ansible.release
+
+    assert manifest["ansible_core"] == ansible.release.__version__
+    assert json.loads(_read(built.data, "site/nodes.json"))["types"]["docker-node"]["hostvars"] == {
+        "gpuprov_expected_gpus": 0}
+
+
+def _read(data: bytes, name: str) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        member = tar.extractfile(name)
+        assert member is not None
+        return member.read()
+
+
+def test_every_package_the_node_imports_is_carried() -> None:
+    """The requirements of ansible-core, pytest and testinfra (those that apply to Python 3.11
+    on Linux, extras left out) are in the bundle, except the one named as left out."""
+    from importlib.metadata import packages_distributions
+
+    carried = {dist.lower() for name in bundle_mod.PACKAGES for dist in packages_distributions().get(name, ())}
+    env = {"python_version": "3.11", "sys_platform": "linux", "extra": ""}
+    missing = set()
+    for dist in ("ansible-core", "pytest", "pytest-testinfra", "jinja2"):
+        for line in requires(dist) or ():
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate(env):
+                if req.name.lower() not in carried and req.name.lower() not in bundle_mod.NOT_CARRIED:
+                    missing.add(req.name)
+    assert not missing
+
+
+def test_the_mode_is_push_up_to_the_threshold_and_where_pull_is_not_served() -> None:
+    assert choose("auto", PULL_ABOVE, True) == "push"
+    assert choose("auto", PULL_ABOVE + 1, True) == "pull"
+    assert choose("auto", 1000, False) == "push"
+    assert choose("pull", 1, True) == "pull" and choose("push", 1000, True) == "push"
+
+
+# -- the server ------------------------------------------------------------------------------
+def _call(url: str, node: str, token: str, body: dict | None = None) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
+                                 headers={"X-Gpuprov-Node": node, "Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_server_answers_only_a_node_with_its_own_token() -> None:
+    key = b"k" * 32
+    with PullServer("127.0.0.1", key, b"BUNDLE", "ab" * 32, ["n1"]) as server:
+        url = f"{server.base_url}/bundle/{'ab' * 32}"
+        assert _call(url, "n1", node_token(key, "n1")) == (200, b"BUNDLE")
+        assert _call(url, "n1", "")[0] == 403
+        assert _call(url, "n1", node_token(key, "n2"))[0] == 403  # another node's token
+        assert _call(url, "n1", node_token(b"x" * 32, "n1"))[0] == 403  # another session's
+        assert _call(f"{server.base_url}/bundle/{'cd' * 32}", "n1", node_token(key, "n1"))[0] == 404
+        assert server.refused == 3 and server.fetched == {"n1": 1}
+
+
+def test_a_report_is_kept_once_resent_from_where_it_stopped_and_always_as_its_node() -> None:
+    key = b"k" * 32
+    with PullServer("127.0.0.1", key, b"B", "ab" * 32, []) as server:
+        report = f"{server.base_url}/report"
+        token = node_token(key, "n2")
+        one = {"event": "runner_on_start", "event_data": {"host": "n1", "task": "t1"}}
+        two = {"event": "runner_on_ok", "event_data": {"host": "n2", "task": "t1"}}
+        assert json.loads(_call(report, "n2", token, {"from": 0, "events": [one]})[1]) == {"have": 1}
+        # The answer was lost: the agent sends both again from 0; the first is not doubled.
+        assert json.loads(_call(report, "n2", token, {"from": 0, "events": [one, two]})[1]) == {"have": 2}
+        # A gap (events the controller never had) is not taken: the agent resends from 2.
+        assert json.loads(_call(report, "n2", token, {"from": 5, "events": [one]})[1]) == {"have": 2}
+        assert [e["event_data"]["host"] for e in server.events["n2"]] == ["n2", "n2"]
+        assert _call(report, "n2", token, {"nope": 1})[0] == 400
+
+
+# -- the node agent ------------------------------------------------------------------------------
+def _agent():
+    spec = importlib.util.spec_from_file_location("gpuprov_pull_agent", bundle_mod.NODE_DIR / "agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_agent_refuses_a_bundle_of_another_sha256_and_unpacks_nothing(tmp_path: Path, monkeypatch) -> None:
+    agent = _agent()
+    monkeypatch.setattr(agent, "STATE", tmp_path / "state")
+    key = b"k" * 32
+    served = b"not the bundle the launch named"
+    expected = "0" * 64
+    with PullServer("127.0.0.1", key, served, expected, ["n1"]) as server:
+        boot = Boot(bundle_url=f"{server.base_url}/bundle/{expected}", report_url=f"{server.base_url}/report",
+                    sha256=expected, key=key)
+        config = tmp_path / "pull.json"
+        config.write_text(json.dumps(boot.node_config("n1", "docker-node")))
+        assert agent.main(str(config)) == 3
+        kinds = [e["event"] for e in server.events["n1"]]
+    assert kinds == ["agent", "refused", "done"]
+    refused = server.events["n1"][1]["event_data"]["msg"]
+    assert f"bundle sha256 {hashlib.sha256(served).hexdigest()}, expected {expected}" in refused
+    assert not (tmp_path / "state" / expected).exists()  # nothing unpacked
+    assert not config.exists()  # the token is gone
+
+
+def test_the_agent_unpacks_only_files_and_directories_inside_its_directory(tmp_path: Path) -> None:
+    agent = _agent()
+    for name, kind in (("../escape", tarfile.REGTYPE), ("/etc/passwd", tarfile.REGTYPE),
+                       ("link", tarfile.SYMTYPE)):
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "/etc"
+            tar.addfile(info, io.BytesIO(b""))
+        with pytest.raises(RuntimeError, match="refused"):
+            agent.unpack(raw.getvalue(), tmp_path / "root")
+        assert not (tmp_path / "escape").exists()
+
+
+def test_the_boot_archive_holds_the_agent_its_enabled_unit_and_a_private_config() -> None:
+    boot = Boot(bundle_url="http://10.0.0.1:1/bundle/x", report_url="http://10.0.0.1:1/report", sha256="x",
+                key=b"k" * 32)
+    members = _members_plain(boot.archive("c-node-1", "docker-node"))
+    assert members["etc/gpuprov/pull.json"].mode == 0o600
+    assert members["etc/gpuprov"].mode == 0o700
+    assert members["etc/systemd/system/multi-user.target.wants/gpuprov-pull.service"].linkname == \
+        "/etc/systemd/system/gpuprov-pull.service"
+    assert members["usr/local/lib/gpuprov/pull-agent.py"].mode == 0o755
+    config = boot.node_config("c-node-1", "docker-node")
+    assert config["token"] == node_token(b"k" * 32, "c-node-1") != boot.token("c-node-2")
+    assert "key" not in json.dumps(config).lower().replace("token", "")  # the session key never leaves
+
+
+def _members_plain(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys, tmp_path, monkeypatch) -> None:
+    from gpuprov.errors import BadInput
+    from gpuprov.providers import ClusterSpec, get
+    from gpuprov.pull.controller import mode_for
+    from tests.conftest import invoke
+
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GPUPROV_REGISTRY_PASSWORD", raising=False)
+    for args, why in (
+        (("--count", "1", "--no-bootstrap"), "--bootstrap pull says how nodes bootstrap; it cannot go with "
+                                             "--no-bootstrap"),
+        (("--count", "1"), "--bootstrap pull does not carry GPUPROV_REGISTRY_PASSWORD to the nodes"),
+    ):
+        if "--no-bootstrap" not in args:
+            monkeypatch.setenv("GPUPROV_REGISTRY_PASSWORD", "s3cret")
+        code, _, err = invoke(capsys, "up", "--provider", "docker", "--name", "np", "--bootstrap", "pull", *args)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and why in err and "s3cret" not in err, err
+        assert not (tmp_path / "home" / "clusters" / "np").exists()
+    monkeypatch.delenv("GPUPROV_REGISTRY_PASSWORD")
+    for provider in ("static", "aws"):
+        spec = ClusterSpec(name="np", provider=provider, instance_type="p4d.24xlarge", count=64)
+        with pytest.raises(BadInput, match=f"--bootstrap pull is not built for the {provider} provider yet"):
+            mode_for("pull", get(provider), spec, True)
+        assert mode_for("auto", get(provider), spec, True) == "push"  # auto never picks what is not there
