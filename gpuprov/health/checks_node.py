@@ -69,6 +69,11 @@ def peermem(facts: Facts, expect: Expect) -> HealthCheck:
         return skipped("peermem", f"{expect.kind} uses EFA, whose GPUDirect path needs no nvidia-peermem")
     if reason := no_gpu(facts, expect):
         return skipped("peermem", reason)
+    if not [d for d, driver in parse.infiniband(facts.text("infiniband")).items() if driver != "efa"]:
+        # nvidia-peermem serves an InfiniBand/RoCE adapter; with none (a one-GPU VM, say: the
+        # real H200 of tests/fixtures/recordings/h200-580) it has nothing to do.
+        return skipped("peermem", "no InfiniBand/RoCE device in /sys/class/infiniband: GPUDirect RDMA "
+                       "has no adapter here")
     want = "nvidia-peermem loaded at boot (/etc/modules-load.d)" + ("" if facts.container else " and loaded")
     configured = "nvidia-peermem" in facts.text("modules_load").split()
     loaded = "nvidia_peermem" in facts.text("lsmod").split()

@@ -56,8 +56,10 @@ def test_every_check_passes_or_skips_with_a_reason_on_a_healthy_machine(machine:
     found = verdicts(machine, model)
     assert {k for k, c in found.items() if c.status == "fail"} == set(), [c for c in found.values()]
     skipped = {k: c.reason for k, c in found.items() if c.status == "skip"}
-    # One GPU in a VM: no NVSwitch, no NVLink peer, an untyped host has no EFA.
-    assert set(skipped) == {"fabricmanager", "nvlink", "efa"}
+    # One GPU in a VM: no NVSwitch, no NVLink peer, an untyped host has no EFA, and no
+    # InfiniBand/RoCE adapter for nvidia-peermem to serve.
+    assert set(skipped) == {"fabricmanager", "nvlink", "efa", "peermem"}
+    assert "no InfiniBand/RoCE device" in skipped["peermem"]
     assert all(skipped.values())
     assert found["gpu_answers"].found == f"1 GPU(s) answer: NVIDIA {model}" + (" 80GB HBM3" if model == "H100" else "")
     assert found["driver"].found == "kernel module 580.159.04, nvidia-smi agrees"
