@@ -31,10 +31,6 @@ class HostState:
 FACT_ACTIONS = frozenset({"gather_facts", "setup", "ansible.builtin.gather_facts", "ansible.builtin.setup"})
 
 
-# What OpenSSH says when a host presents a key other than the pinned one.
-HOST_KEY_MISMATCH = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED")
-
-
 def _msg(res: dict[str, Any]) -> str:
     for key in ("msg", "stderr", "reason"):
         value = res.get(key)
