@@ -65,6 +65,7 @@ e2e: $(STAMP) host-setup mirror registry settings
 ## bench: start-up, converge and no-op re-run figures (not a test)
 bench: $(STAMP) host-setup mirror registry settings
 	$(ENV) python benchmarks/run.py
+	$(ENV) python benchmarks/bootstrap_scale.py
 
 clean:
 	rm -rf $(VENV) .ruff_cache

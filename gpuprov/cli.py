@@ -75,7 +75,10 @@ def up(
     rollback: bool | None,
     hosts_file: str | None,
     no_bootstrap: bool,
+    bootstrap_mode: str,
     min_count: int | None,
+    retries: int | None,
+    keep_failed: bool,
     tags: str | None,
     health: str,
     source: str | None,
@@ -100,14 +103,14 @@ def up(
         ("os", os_name), ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda),
         ("mirror_url", mirror_url),
         ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
-        ("min_count", min_count), ("no_baked", no_baked),
-    ) if v}
+        ("min_count", min_count), ("no_baked", no_baked), ("keep_failed", keep_failed),
+    ) if v} | ({"retries": retries} if retries is not None else {})
     spec = ClusterSpec(name=name or core.generate_name(), provider=provider, instance_type=instance_type,
                        count=count or 0, region=region, image=image, ssh_cidr=ssh_cidr, spot=spot,
                        hosts_file=hosts_file, options=options)
     result = core.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
                      confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback,
-                     health=health, tags=tags)
+                     health=health, tags=tags, mode=bootstrap_mode)
     cli_output.up_result(result, output)
     cli_output.eol_warning_of(spec.name)
     return 1 if (result.bootstrap is not None and not result.bootstrap.ok) or (

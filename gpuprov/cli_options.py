@@ -79,7 +79,8 @@ UP_OPTIONS = [
         "--rollback/--no-rollback",
         default=None,
         help="When nodes never answer SSH or the bootstrap fails, terminate what this run launched "
-        "(default: on for a new aws cluster, off otherwise).",
+        "(default: on for a new aws cluster, off otherwise; with --min-count K: when fewer than K "
+        "nodes converge).",
     ),
     click.option(
         "--hosts",
@@ -92,9 +93,21 @@ UP_OPTIONS = [
         is_flag=True,
         help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
     ),
+    click.option("--bootstrap", "bootstrap_mode", type=click.Choice(["auto", "push", "pull"]), default="auto",
+        show_default=True, help="push: Ansible runs here, over SSH to every node. pull: each new node "
+        "fetches a bundle served from here (checked by its sha256), bootstraps and verifies itself, and "
+        "reports back (docker provider). auto: pull above 32 nodes where the provider has it, else push."),
     click.option("--min-count", type=click.IntRange(min=1), metavar="K",
-        help="aws: accept a launch of at least K nodes when capacity runs short in every zone "
-        "(default: all --count or nothing)."),
+        help="aws: accept a launch of at least K nodes when capacity runs short in every zone, and "
+        "at least K nodes that pass the bootstrap and health gate: a node that fails them is named, "
+        "terminated and replaced (default: all --count or nothing)."),
+    click.option("--retries", type=click.IntRange(min=0), metavar="N",
+        help="With --min-count: rounds of replacements for nodes that fail the bootstrap or health gate "
+        "(default 1: one fresh node clears a bad host; a second failure points at the image or the "
+        "plays, where more launches only cost more; 0: none)."),
+    click.option("--keep-failed", is_flag=True,
+        help="With --min-count: leave a failed node running for inspection instead of terminating it; "
+        "it leaves the node list (`status` shows it as kept) and `down` removes it with the cluster."),
     click.option("--tags", metavar="T",
         help="Bootstrap with only these plays/roles (comma-separated Ansible tags, as `provision "
         "--tags`); the cluster is not marked bootstrapped, and `provision` completes it."),

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         NodeRow,
         PatchResult,
         ProvisionResult,
+        Replacement,
         Setting,
         StatusResult,
         UpResult,
@@ -67,6 +68,14 @@ def up_result(result: UpResult, output: str) -> None:
         # The counts, and the failing rows (`gpuprov health NAME` shows every row).
         health_table(dataclasses.replace(result.health, checks=[
             r for r in result.health.checks if r.status == "fail"]))
+    replaced_table(f"set aside and replaced ({result.cluster})", result.replaced or [])
+
+
+def replaced_table(title: str, rows: list[Replacement]) -> None:
+    """Nodes that left the cluster (`up --min-count`, `patch --onto-image`), what took their place."""
+    if rows:
+        table(title, ["node", "id", "replaced by", "kept", "why", "when"],
+              [[r.old, r.old_id, r.new or "(nothing)", "yes" if r.kept else "", r.why, r.when] for r in rows])
 
 
 def provision_table(cluster: str, data: ProvisionResult | Bootstrap) -> None:
@@ -97,6 +106,10 @@ def status(name: str, data: StatusResult) -> None:
         )
     settings_table(data.settings)
     images_lines(data)
+    replaced_table("replaced", data.replaced)
+    for k in data.kept:
+        click.echo(f"kept: {k.name} ({k.id}, {k.address}) runs outside the node list since {k.when}: {k.why}; "
+                   f"`gpuprov down {name}` removes it")
     health_line(name)
     monitoring_line(name)
     table(

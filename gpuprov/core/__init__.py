@@ -106,10 +106,13 @@ def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
 
 
 def refresh(store: Store, cluster: ClusterRecord) -> tuple[Provider, ClusterFiles, list[NodeRecord]]:
-    """Ask the provider what exists now; update state to match."""
+    """Ask the provider what exists now; update state to match (nodes `up --keep-failed` set
+    aside stay out: gpuprov.core.replacing)."""
+    from gpuprov.core.replacing import without_kept
+
     provider = get_provider(cluster.provider)
     files = files_for(cluster.name)
-    nodes = provider.describe(cluster.name, list(cluster.nodes), files)
+    nodes = without_kept(cluster, provider.describe(cluster.name, list(cluster.nodes), files))
     if nodes != list(cluster.nodes):
         store.replace_nodes(cluster.name, nodes)
     return provider, files, nodes

@@ -16,16 +16,19 @@ from gpuprov.core import (
     health_gate,
     load,
     phase_at_least,
+    replacing,
     reporter,
     validate_name,
 )
 from gpuprov.core import settings as cluster_settings
 from gpuprov.core.baking import choose_image
 from gpuprov.core.converge import _provision
+from gpuprov.core.plan_words import show_plan
 from gpuprov.core.results import Bootstrap, ImageUsed, UpResult, node_rows
 from gpuprov.errors import BadInput, GpuprovError, PartialLaunch
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
+from gpuprov.pull import controller as pull
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 
@@ -48,6 +51,8 @@ class Run:
     health: str = "quick"  # the health gate's level after the bootstrap (`--health`), or "off"
     tags: list[str] = field(default_factory=list)  # only these plays (`--tags`); all when empty
     image: ImageUsed | None = None  # what new nodes boot from (providers with images)
+    mode: str = "push"  # how new nodes bootstrap: push (Ansible from here) or pull (gpuprov.pull)
+    pull: Any = None  # a pull bootstrap under way (gpuprov.pull.controller.Session)
 
     @property
     def name(self) -> str:
@@ -69,6 +74,7 @@ def up(
     rollback: bool | None = None,
     health: str = "quick",
     tags: str | None = None,
+    mode: str = "auto",
 ) -> UpResult:
     """Launch (or complete) a cluster and bootstrap it.
 
@@ -82,6 +88,8 @@ def up(
 
     ``tags``: bootstrap with only these plays (``provision --tags``); checked before anything
     is created, and the cluster stays short of ``bootstrapped``.
+
+    ``mode``: push, pull (the new nodes bootstrap themselves: gpuprov.pull) or auto.
     """
     from gpuprov.ansible.runner import parse_tags
 
@@ -91,11 +99,14 @@ def up(
         raise BadInput("--tags chooses the bootstrap's plays; it cannot go with --no-bootstrap")
     provider, spec = checked(spec)
     run = prepare(spec, provider, store or Store(), console)
-    run.health = health
-    run.tags = tag_list
+    run.health, run.tags = health, tag_list
+    run.mode = pull.mode_for(mode, provider, spec, bootstrap)
     if name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     show_plan(run.plan, run.lock, console, provider)
+    if run.mode == "pull":
+        console.say("  bootstrap: pull (each new node fetches a bundle served from here, checks it, "
+                    "bootstraps and verifies itself)")
     if run.image is not None and run.plan.to_create:
         console.say(f"  image: {run.image.reason}")
     if dry_run:
@@ -138,9 +149,9 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
         # The lock first: it says which baked image new nodes boot from, which the plan checks.
         lock = resolve_lock(spec, existing, provider)
         spec, image = choose_image(spec, provider, lock)
-        plan = provider.plan(spec, files_for(spec.name, create=False))
+        plan = provider.plan(replacing.counted(spec, provider, existing), files_for(spec.name, create=False))
     else:
-        plan = provider.plan(spec, files_for(spec.name, create=False))
+        plan = provider.plan(replacing.counted(spec, provider, existing), files_for(spec.name, create=False))
         lock = resolve_lock(spec, existing, provider)
     if existing is None and plan.existing and not provider.adopts_existing:
         # Resources carry this name but this state directory never made them
@@ -157,18 +168,19 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
 # -- under the cluster lock ------------------------------------------------------------------
 def launch_and_bootstrap(run: Run, bootstrap: bool) -> UpResult:
     record(run)
-    nodes = launch(run)
-    if not bootstrap and not run.provider.pins_without_bootstrap:
-        run.console.say(
-            f"{run.name}: {len(nodes)} node(s) running (--no-bootstrap: no SSH wait, no playbooks)"
-        )
-        return up_result(run, nodes)
-    nodes = wait_ready(run, nodes)
-    if not bootstrap:
-        run.console.say(f"{run.name}: {len(nodes)} node(s) reachable with pinned host keys "
-                        "(--no-bootstrap: no playbooks)")
-        return up_result(run, nodes)
-    return check_health(run, bootstrap_nodes(run, nodes))
+    with pull.serving(run):  # pull mode: the bundle served from before the launch
+        nodes = launch(run)
+        if not bootstrap and not run.provider.pins_without_bootstrap:
+            run.console.say(
+                f"{run.name}: {len(nodes)} node(s) running (--no-bootstrap: no SSH wait, no playbooks)"
+            )
+            return up_result(run, nodes)
+        nodes = wait_ready(run, nodes)
+        if not bootstrap:
+            run.console.say(f"{run.name}: {len(nodes)} node(s) reachable with pinned host keys "
+                            "(--no-bootstrap: no playbooks)")
+            return up_result(run, nodes)
+        return replacing.bootstrap(run, nodes)  # with --min-count: failures set aside and replaced
 
 
 def up_result(run: Run, nodes: list[NodeRecord], bootstrap: Bootstrap | None = None) -> UpResult:
@@ -197,7 +209,7 @@ def launch(run: Run) -> list[NodeRecord]:
     assert run.files is not None
     known_ids = {n.id for n in existing.nodes} if existing else set()
     try:
-        nodes = run.provider.launch(run.plan, run.files, run.report)
+        nodes = replacing.without_kept(existing, run.provider.launch(run.plan, run.files, run.report))
     except BaseException as exc:
         leftover = exc.leftover_nodes if isinstance(exc, PartialLaunch) else []
         if leftover:
@@ -268,8 +280,8 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
                         f"(`gpuprov provision {run.name}` converges again)")
         return up_result(run, nodes, Bootstrap(ok=True, hosts={}, errors={}, resumed_from=cluster.state))
     try:
-        outcome = _provision(run.store, cluster, run.provider, run.files, nodes, console=run.console,
-                             tags=run.tags or None)
+        outcome = pull.bootstrap(run, cluster, nodes) if run.pull else _provision(
+            run.store, cluster, run.provider, run.files, nodes, console=run.console, tags=run.tags or None)
     except BaseException:
         if run.rollback:
             rollback(run, nodes, whole=run.created_record)
@@ -277,7 +289,7 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
     if not outcome.ok and run.rollback:
         run.report("bootstrap failed and --rollback is on: removing what this run launched")
         nodes = rollback(run, nodes, whole=run.created_record)
-    return up_result(run, nodes, Bootstrap.of(outcome))
+    return up_result(run, nodes, Bootstrap.of(outcome, run.pull.report if run.pull else None))
 
 
 def check_health(run: Run, result: UpResult) -> UpResult:
@@ -362,31 +374,3 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
         label=spec.instance_type if kinds and len({k.name for k in kinds}) == 1 and spec.instance_type
         else None,
     ).as_dict()
-
-
-def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Provider) -> None:
-    spec = plan.spec
-    total = plan.existing + plan.to_create
-    line = f"plan: {spec.name} ({spec.provider}): {total} x {spec.instance_type or 'node'}"
-    if plan.existing and plan.to_create:
-        line += f" ({plan.existing} exist, {plan.to_create} to create)"
-    elif plan.existing and not provider.adopts_existing:
-        line += " (all exist already)"
-    console.say(line)
-    if plan.price_per_node_hour is not None:
-        from gpuprov import catalog
-
-        console.say(
-            f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
-            f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster "
-            f"(on-demand list price as of {catalog.price_date()}; an estimate, not a quote"
-            f"{'; spot prices differ' if spec.spot else ''})"
-        )
-    for note in plan.notes:
-        console.say(f"  {note}")
-    console.say(
-        f"  stack: driver {lock['driver']} ({lock['source']}), CUDA {lock['cuda']}, "
-        f"cuDNN {lock['cudnn']}"
-        + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
-        + f" [lock {lock['hash']}]"
-    )

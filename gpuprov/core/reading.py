@@ -10,7 +10,9 @@ from gpuprov.core import Console, cluster_lock, expectations, load, refresh
 from gpuprov.core import settings as cluster_settings
 from gpuprov.core.results import (
     ClusterRow,
+    KeptNode,
     NodeImage,
+    Replacement,
     RunRow,
     SettingsResult,
     StatusResult,
@@ -90,6 +92,9 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         settings=settings_of(cluster_settings.recorded(cluster)), nodes=node_rows(nodes),
         runs=[RunRow.of(r) for r in store.runs(name, limit=5)],
         images=node_images(nodes, (cluster.lock or {}).get("hash"), _image_locks(cluster.provider, nodes)),
+        replaced=[Replacement.of(r) for r in cluster.spec.get("replaced") or []],
+        kept=[KeptNode(name=k["name"], id=k["id"], address=k["address"], why=k["why"], when=k["when"])
+              for k in cluster.spec.get("kept") or []],
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpuprov import providers
 from gpuprov.core import Console, cluster_lock, files_for, reporter, validate_name
+from gpuprov.core.replacing import kept_alive
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import Orphans, Provider
 from gpuprov.providers import get as get_provider
@@ -28,12 +29,14 @@ def down(
     if cluster is None:
         return down_unrecorded(name, console=console, confirm=confirm, region=region)
     provider = get_provider(cluster.provider)
-    what, done = provider.removal(len(cluster.nodes))
+    # Nodes `up --keep-failed` set aside are removed with the cluster (those still there).
+    nodes = [*cluster.nodes, *kept_alive(provider, cluster)]
+    what, done = provider.removal(len(nodes))
     if confirm is not None and not confirm(f"{name}: {what}?"):
         raise GpuprovError("aborted; nothing was removed")
     with cluster_lock(name):
         files = files_for(name)
-        removed = provider.terminate(name, list(cluster.nodes), files, reporter(console))
+        removed = provider.terminate(name, nodes, files, reporter(console))
         store.delete_cluster(name)
         shutil.rmtree(files.dir, ignore_errors=True)
     console.say(f"{name}: down ({removed} node(s) {done})")

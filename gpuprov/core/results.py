@@ -119,6 +119,42 @@ class StatusResult:
     runs: list[RunRow]
     # The image each node booted from, and whether it was baked for the cluster's lock.
     images: list[NodeImage] = field(default_factory=list)
+    # Nodes that left the cluster and what took their place (spec.replaced), oldest first.
+    replaced: list[Replacement] = field(default_factory=list)
+    # Nodes `up --min-count K --keep-failed` left running outside the node list (spec.kept).
+    kept: list[KeptNode] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A node that left the cluster, what took its place and why: a roll onto an image (`patch
+    --onto-image`), or a node `up --min-count K` set aside for a failed bootstrap or health gate."""
+
+    old: str
+    new: str | None  # None: nothing took its place (up's --retries spent, or no capacity)
+    why: str
+    when: str
+    kept: bool = False  # up --keep-failed: ``old`` still runs, outside the node list
+    old_id: str | None = field(default=None, metadata={OPTIONAL: True})
+    new_id: str | None = field(default=None, metadata={OPTIONAL: True})
+
+    @classmethod
+    def of(cls, entry: Mapping[str, Any]) -> Replacement:
+        """From a record of the cluster's ``spec.replaced``."""
+        return cls(old=entry["old"], new=entry.get("new"), why=entry["why"], when=entry["when"],
+                   kept=bool(entry.get("kept")), old_id=entry.get("old_id"), new_id=entry.get("new_id"))
+
+
+@dataclass(frozen=True)
+class KeptNode:
+    """A node `up --min-count K --keep-failed` set aside: running, out of the node list, removed
+    by `gpuprov down` with the cluster."""
+
+    name: str
+    id: str
+    address: str
+    why: str
+    when: str
 
 
 @dataclass(frozen=True)
@@ -187,10 +223,12 @@ class Bootstrap:
     hosts: dict[str, HostStats]
     errors: dict[str, str]
     resumed_from: str | None = field(default=None, metadata={OPTIONAL: True})
+    # A pull bootstrap (`up --bootstrap pull`): the bundle and the nodes' own probe runs.
+    pull: PullReport | None = field(default=None, metadata={OPTIONAL: True})
 
     @classmethod
-    def of(cls, done: ProvisionResult) -> Bootstrap:
-        return cls(ok=done.ok, hosts=done.hosts, errors=done.errors)
+    def of(cls, done: ProvisionResult, pull: PullReport | None = None) -> Bootstrap:
+        return cls(ok=done.ok, hosts=done.hosts, errors=done.errors, pull=pull)
 
 
 @dataclass(frozen=True)
@@ -204,6 +242,8 @@ class UpResult:
     health: HealthResult | None = field(default=None, metadata={OPTIONAL: True})
     # The image new nodes booted from (providers with images: docker, aws); else left out.
     image: ImageUsed | None = field(default=None, metadata={OPTIONAL: True})
+    # --min-count: the nodes this run set aside (failed bootstrap or health) and their replacements.
+    replaced: list[Replacement] | None = field(default=None, metadata={OPTIONAL: True})
 
 
 # -- verify ----------------------------------------------------------------------------------------
@@ -223,6 +263,16 @@ class VerifySummary:
     pass_: int = field(metadata={JSON_NAME: "pass"})
     fail: int
     skip: int
+
+
+@dataclass(frozen=True)
+class PullReport:
+    """The bundle a pull bootstrap's nodes ran (its sha256 and size), and the totals of the
+    probes they then ran on themselves (left out when a node ran none: its bootstrap failed)."""
+
+    bundle_sha256: str
+    bundle_bytes: int
+    verify: VerifySummary | None = field(default=None, metadata={OPTIONAL: True})
 
 
 @dataclass(frozen=True)

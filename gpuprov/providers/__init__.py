@@ -100,6 +100,8 @@ class Plan:
     # What the provider prepared for launch (frozen, its own type; None when it needs nothing):
     # carried here, never cached on the provider, so two plans cannot leak into each other.
     details: Any = None
+    # Pull mode (gpuprov.pull.Boot): what each new node gets to bootstrap itself at boot.
+    pull: Any = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,13 @@ class Provider(ABC):
         anything is created) for a flag that is not this provider's or a bad value.
         Cheap and local: no cloud or engine call. plan() calls it too."""
         self.check_type(spec)
+        # They act on the nodes --min-count lets fail (gpuprov.core.replacing); without it `up`
+        # is all or nothing, and there is nothing to keep or replace.
+        for flag, given in (("--keep-failed", spec.options.get("keep_failed")),
+                            ("--retries", spec.options.get("retries") is not None or None)):
+            if given and not spec.options.get("min_count"):
+                raise BadInput(f"{flag} goes with --min-count K (without it `up` is all or nothing: no node "
+                               "failing its bootstrap is kept or replaced)")
         self.refuse_foreign_flags(spec)
         if spec.count < 1 and not (self.adopts_existing and spec.count == 0):
             raise BadInput("--count is required" if spec.count == 0
@@ -218,6 +227,12 @@ class Provider(ABC):
     def supports(self, ability: str) -> bool:
         """Whether this provider overrides the optional method ``ability``."""
         return getattr(type(self), ability) is not getattr(Provider, ability)
+
+    def pull_address(self, spec: ClusterSpec) -> str:
+        """The address of this machine that the new nodes of ``spec`` reach (pull mode serves
+        their bootstrap bundle there); a provider that sets it also hands each new node
+        ``plan.pull``'s boot configuration."""
+        raise NotSupported(f"pull mode is not supported by the {self.name} provider")
 
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
         """Remove just these nodes (what one `up` added); returns the ids that would not go."""

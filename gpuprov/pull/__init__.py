@@ -23,7 +23,6 @@ import hashlib
 import hmac
 import io
 import json
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +61,8 @@ class Boot:
     def archive(self, node: str, instance_type: str) -> bytes:
         """A tar to unpack at a node's root before its first boot: the agent, its systemd unit
         (enabled) and the node's boot configuration."""
+        import tarfile
+
         here = Path(__file__).resolve().parent / "node"
         config = (json.dumps(self.node_config(node, instance_type), indent=1) + "\n").encode()
         entries = [

@@ -15,16 +15,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.core import Console, phase_at_least
 from gpuprov.core.results import HostStats, ProbeRow, ProvisionResult, PullReport, VerifySummary, serialise
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.pull import Boot, choose
-from gpuprov.pull.bundle import Bundle, build
-from gpuprov.pull.server import PullServer
 from gpuprov.state import NodeRecord, Store
+
+if TYPE_CHECKING:  # the bundle and the server are imported when a pull runs (start-up time)
+    from gpuprov.pull.bundle import Bundle
+    from gpuprov.pull.server import PullServer
 
 # A node that has not said a word this long after its launch (boot, fetch) has failed, and
 # so has one silent this long once it started (the agent reports at least every few seconds
@@ -73,6 +75,7 @@ def serving(run: Any) -> Iterator[None]:
         return
     from gpuprov.core import load
     from gpuprov.core.settings import playbook_vars
+    from gpuprov.pull.server import PullServer
 
     extravars = playbook_vars(load(run.store, run.name), run.lock)
     bundle = bundle_for(run.provider, run.spec, run.lock, extravars, run.tags)
@@ -116,6 +119,7 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
                tags: list[str]) -> Bundle:
     """The bundle of one cluster's pull bootstrap: its nodes' variables by instance type."""
     from gpuprov.ansible import inventory
+    from gpuprov.pull.bundle import build
 
     itype = spec.instance_type or ""
     proto = NodeRecord(name="", id="", address="", ssh_port=0, user="", state="", instance_type=itype)

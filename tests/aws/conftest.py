@@ -11,6 +11,7 @@ import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,6 +74,30 @@ def ami(shim: moto_shim.Shim) -> str:
     (image,) = boto3.client("ec2", region_name=REGION).describe_images(ImageIds=[MOTO_AMI])["Images"]
     shim.calls.clear()
     return str(image["ImageId"])
+
+
+@pytest.fixture
+def ec2(shim: moto_shim.Shim, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Instances that are real nodes (tests/aws/ec2_nodes.py): each one RunInstances starts boots
+    a systemd node container with cloud-init; all of them removed on the way out."""
+    import os
+
+    from tests.aws import ec2_nodes
+    from tests.conftest import require_docker
+
+    require_docker()
+    proxy = os.environ.get("GPUPROV_APT_PROXY")
+    if not proxy:
+        raise AssertionError("GPUPROV_APT_PROXY is not set: run through `make test`")
+    nodes = ec2_nodes.Ec2Nodes(apt_proxy=proxy)
+    shim.nodes = nodes
+    # Real boots: SSH comes up in seconds, not the shim's default 3 s.
+    monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "300")
+    try:
+        yield nodes
+    finally:
+        shim.nodes = None
+        nodes.close()
 
 
 def instances(name: str, states: tuple[str, ...] = ("pending", "running")) -> list[dict]:

@@ -23,8 +23,12 @@ image built here from the local node image plus Debian's ``cloud-init``
 
 Injected faults: ``unreachable`` (launch indexes whose port 22 is never published: a
 node that never answers SSH), ``no_bootcmd`` (launch indexes whose cloud-init never runs
-the user-data's bootcmd: a node that answers with a host key gpuprov did not pin), besides
-the shim's own API faults.
+the user-data's bootcmd: a node that answers with a host key gpuprov did not pin),
+``broken_bootstrap`` (FIXTURE fault: the Nth instance this fixture boots, counted from 0
+across every launch of the test, so replacements too, gets a read-only
+``/etc/ansible/facts.d``, as a disk remounted read-only would leave it: it boots, runs
+cloud-init and answers SSH, and the first play's write there fails, so its bootstrap fails),
+besides the shim's own API faults.
 """
 
 from __future__ import annotations
@@ -151,6 +155,10 @@ class Ec2Nodes:
     # Launch indexes whose cloud-init never runs the user-data's bootcmd (cut from their
     # seed): the node comes up with a host key cloud-init made, not the pinned bootstrap key.
     no_bootcmd: set[int] = field(default_factory=set)
+    # FIXTURE fault: boot numbers (0, 1, ... in the order instances boot, across launches) whose
+    # /etc/ansible/facts.d is a read-only mount: their bootstrap fails, nothing before it does.
+    broken_bootstrap: set[int] = field(default_factory=set)
+    _booted: itertools.count = field(default_factory=itertools.count)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpuprov-ec2-")))
     _addresses: itertools.count = field(default_factory=lambda: itertools.count(10))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -173,6 +181,7 @@ class Ec2Nodes:
             iid = item["instanceId"]
             with self._lock:
                 address = f"{self._net}.{next(self._addresses)}"
+                number = next(self._booted)
             index = int(item.get("amiLaunchIndex") or 0)
             work = self.workdir / iid
             (work / "seed").mkdir(parents=True)
@@ -195,13 +204,17 @@ class Ec2Nodes:
             }))
             name = f"gpuprov-ec2-{self.session}-{iid}"
             publish = [] if index in self.unreachable else ["-p", f"{address}:22:22"]
+            faults = []
+            if number in self.broken_bootstrap:
+                (work / "facts.d").mkdir(mode=0o755)
+                faults = ["-v", f"{work / 'facts.d'}:/etc/ansible/facts.d:ro"]
             from gpuprov.providers.docker import SYSTEMD_FLAGS
 
             _docker("run", "-d", "--name", name, "--hostname", hostname, "--label", f"{LABEL}={self.session}",
                     *SYSTEMD_FLAGS, "--tmpfs", "/var/lib/docker:rw,exec,size=6g",
                     "-v", f"{work / 'seed'}:/var/lib/cloud/seed/nocloud:ro",
                     "-v", f"{work / 'imds'}:/var/lib/gpuprov-fixture-imds:ro",
-                    *publish, self.amis.get(item.get("imageId", ""), self.image), "/sbin/init")
+                    *publish, *faults, self.amis.get(item.get("imageId", ""), self.image), "/sbin/init")
             self.instances[iid] = Instance(iid, address, name, work)
 
     def terminated(self, ids: list[str]) -> None:

@@ -16,6 +16,7 @@ moto server and adds:
   parameter, when a test asks for them;
 - injected faults: an error for an action (optionally only in one zone, only
   N times), and a hold after RunInstances so a test can kill the client;
+- per-zone capacity (``capacity``), which TerminateInstances gives back, as on EC2;
 - optionally (``nodes``: ``ec2_nodes.Ec2Nodes``), instances that are real nodes: each
   launched instance boots a systemd node container running its user-data, its public
   address is the node's, TerminateInstances removes it, GetConsoleOutput reads it,
@@ -83,6 +84,7 @@ class Shim:
     # Instances of the launched type a zone can still give (EC2's MinCount/MaxCount: fewer than
     # MinCount is InsufficientInstanceCapacity, else at most what is left); no entry: unlimited.
     capacity: dict[str, int] = field(default_factory=dict)
+    placed: dict[str, str] = field(default_factory=dict)  # instance id -> zone, where capacity is counted
 
     # -- what tests read -----------------------------------------------------------
     def actions(self, service: str = "ec2", include_dry_run: bool = False) -> list[str]:
@@ -104,6 +106,7 @@ class Shim:
         self.quotas.clear()
         self.ssm_parameters.clear()
         self.capacity.clear()
+        self.placed.clear()
         self.idempotent_tokens = False
         self.hold_after_run = False
         self.held.clear()
@@ -149,8 +152,14 @@ class Shim:
         status, out_headers, data = self._forward(method, path, headers, body)
         if tag_later is not None and status == 200:
             tag_later(data)
-        if action == "TerminateInstances" and status == 200 and self.nodes is not None and not dry:
-            self.nodes.terminated([v for k, v in params.items() if re.fullmatch(r"InstanceId\.\d+", k)])
+        if action == "TerminateInstances" and status == 200 and not dry:
+            ids = [v for k, v in params.items() if re.fullmatch(r"InstanceId\.\d+", k)]
+            for iid in ids:  # a terminated instance's capacity is the zone's again
+                zone = self.placed.pop(iid, None)
+                if zone in self.capacity:
+                    self.capacity[zone] += 1
+            if self.nodes is not None:
+                self.nodes.terminated(ids)
         if action == "CreateImage" and status == 200 and self.nodes is not None and not dry:
             self.nodes.imaged(params, data)
         if action == "DeregisterImage" and status == 200 and self.nodes is not None and not dry:
@@ -232,7 +241,9 @@ class Shim:
         status, out_headers, data = self._forward(method, path, headers, body)
         if status == 200:
             if zone in self.capacity and params.get("DryRun") != "true":
-                self.capacity[zone] -= len(re.findall(rb"<instanceId>", data))
+                launched = re.findall(rb"<instanceId>([^<]+)</instanceId>", data)
+                self.capacity[zone] -= len(launched)
+                self.placed.update((iid.decode(), zone) for iid in launched)
             if token:
                 self.tokens[token] = data
             if sum(1 for k in params if re.fullmatch(r"NetworkInterface\.\d+\.DeviceIndex", k)) > 1:

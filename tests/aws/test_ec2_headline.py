@@ -24,7 +24,6 @@ There is no GPU behind these nodes, so the health gate must fail on every node w
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 
@@ -33,29 +32,12 @@ import pytest
 from tests.aws import ec2_nodes
 from tests.aws.conftest import MOTO_AMI, instances
 from tests.aws.moto_shim import Shim
-from tests.conftest import require_docker, run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e
 
 NAME = "headline"
 COUNT = 4
-
-
-@pytest.fixture
-def ec2(shim: Shim, monkeypatch: pytest.MonkeyPatch):
-    require_docker()
-    proxy = os.environ.get("GPUPROV_APT_PROXY")
-    if not proxy:
-        raise AssertionError("GPUPROV_APT_PROXY is not set: run through `make test`")
-    nodes = ec2_nodes.Ec2Nodes(apt_proxy=proxy)
-    shim.nodes = nodes
-    # Real boots: SSH comes up in seconds, not the shim's default 3 s.
-    monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "300")
-    try:
-        yield nodes
-    finally:
-        shim.nodes = None
-        nodes.close()
 
 
 @pytest.fixture

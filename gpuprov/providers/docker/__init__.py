@@ -36,23 +36,10 @@ IMAGE_LABEL = "gpuprov.lock"
 # The flags that run systemd in a container on a cgroup v1/v2 host without
 # --privileged (CAP_SYS_RESOURCE is not in every bounding set).
 SYSTEMD_FLAGS = [
-    "--cap-add",
-    "ALL",
-    "--cap-drop",
-    "SYS_RESOURCE",
-    "--security-opt",
-    "seccomp=unconfined",
-    "--security-opt",
-    "apparmor=unconfined",
-    "--cgroupns=host",
-    "-v",
-    "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "--tmpfs",
-    "/run",
-    "--tmpfs",
-    "/run/lock",
-    "--stop-signal",
-    "SIGRTMIN+3",
+    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "--tmpfs", "/run", "--tmpfs", "/run/lock", "--stop-signal", "SIGRTMIN+3",
 ]
 
 
@@ -166,7 +153,7 @@ class DockerProvider(Provider):
                     continue
                 report(f"{node}: creating container from {spec.image or self.image}")
                 host_keys[cname] = self._create(spec.name, node, cname, pubkey, files, apt_proxy,
-                                                spec.image or self.image)
+                                                spec.image or self.image, plan.pull)
                 created.append(cname)
             for cname in created:
                 docker("start", cname)
@@ -184,7 +171,7 @@ class DockerProvider(Provider):
         return nodes
 
     def _create(self, cluster: str, node: str, cname: str, pubkey: str, files: ClusterFiles,
-                apt_proxy: str = "", image: str = DEFAULT_IMAGE) -> str:
+                apt_proxy: str = "", image: str = DEFAULT_IMAGE, pull: Any = None) -> str:
         volume = f"{cname}-docker"
         docker("volume", "create", "--label", f"{LABEL}={cluster}", volume)
         docker(
@@ -219,7 +206,12 @@ class DockerProvider(Provider):
             ]
         )
         docker("cp", "-a", "-", f"{cname}:/", input=payload)
+        if pull is not None:  # pull mode: the agent, its unit and this node's boot configuration
+            docker("cp", "-a", "-", f"{cname}:/", input=pull.archive(node, "docker-node"))
         return public
+
+    def pull_address(self, spec: ClusterSpec) -> str:
+        return bridge_gateway()
 
     def wait_ready(
         self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter
