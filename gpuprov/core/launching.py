@@ -280,7 +280,7 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
                         f"(`gpuprov provision {run.name}` converges again)")
         return up_result(run, nodes, Bootstrap(ok=True, hosts={}, errors={}, resumed_from=cluster.state))
     try:
-        outcome = pull.bootstrap(run, cluster, nodes) if run.pull else _provision(
+        outcome = pull.bootstrap(run, cluster, nodes) if run.mode == "pull" else _provision(
             run.store, cluster, run.provider, run.files, nodes, console=run.console, tags=run.tags or None)
     except BaseException:
         if run.rollback:

@@ -147,6 +147,8 @@ class Provider(ABC):
     # True where the nodes exist before gpuprov (hosts files): `up` adopts them, --count 0
     # means all of them, and `down` forgets them without touching the machines.
     adopts_existing: bool = False
+    # Pull mode: the provider gives the nodes it launches their boot files before first boot.
+    pull_at_boot: bool = False
     # True where `image bake --from` must clean the node itself (it cannot clean a copy
     # first): the node is captured and terminated, and leaves its cluster.
     bake_consumes_node: bool = False
@@ -228,10 +230,12 @@ class Provider(ABC):
         """Whether this provider overrides the optional method ``ability``."""
         return getattr(type(self), ability) is not getattr(Provider, ability)
 
-    def pull_address(self, spec: ClusterSpec) -> str:
-        """The address of this machine that the new nodes of ``spec`` reach (pull mode serves
-        their bootstrap bundle there); a provider that sets it also hands each new node
-        ``plan.pull``'s boot configuration."""
+    def pull_address(self, spec: ClusterSpec, nodes: list[NodeRecord]) -> str:
+        """The address of this machine that the nodes of ``spec`` reach (pull mode serves
+        their bootstrap bundle there). ``nodes``: the hosts, once reached (empty when asked
+        before anything exists). A provider with ``pull_at_boot`` also hands each node it
+        launches ``plan.pull``'s boot configuration; for one without, gpuprov hands it over
+        SSH once the hosts answer."""
         raise NotSupported(f"pull mode is not supported by the {self.name} provider")
 
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:

@@ -46,25 +46,27 @@ class Boot:
     report_url: str
     sha256: str
     key: bytes  # the session key the node tokens are derived from; kept in memory only
+    profile: str = ""  # the bundle's node profile for the nodes a launch boots (one type)
     deadline_s: int = 3600
 
     def token(self, node: str) -> str:
         return node_token(self.key, node)
 
-    def node_config(self, node: str, instance_type: str) -> dict[str, object]:
+    def node_config(self, node: str, profile: str) -> dict[str, object]:
         """The node's boot configuration (/etc/gpuprov/pull.json, 0600 root)."""
         return {"bundle_url": self.bundle_url, "report_url": self.report_url, "sha256": self.sha256,
-                "node": node, "token": self.token(node), "instance_type": instance_type,
+                "node": node, "token": self.token(node), "profile": profile,
                 "deadline_s": self.deadline_s}
 
 
-    def archive(self, node: str, instance_type: str) -> bytes:
+    def archive(self, node: str, profile: str | None = None) -> bytes:
         """A tar to unpack at a node's root before its first boot: the agent, its systemd unit
         (enabled) and the node's boot configuration."""
         import tarfile
 
         here = Path(__file__).resolve().parent / "node"
-        config = (json.dumps(self.node_config(node, instance_type), indent=1) + "\n").encode()
+        config = (json.dumps(self.node_config(node, self.profile if profile is None else profile),
+                             indent=1) + "\n").encode()
         entries = [
             ("usr/local/lib/gpuprov/pull-agent.py", (here / "agent.py").read_bytes(), 0o755),
             (f"etc/systemd/system/{UNIT}", (here / UNIT).read_bytes(), 0o644),

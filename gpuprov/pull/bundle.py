@@ -8,7 +8,7 @@ owners and modes, no gzip name or time, so its sha256 names its content)::
     site/playbooks/ ...      the playbooks site.yml imports (vars/lock.yml with them)
     site/roles/ ...          the roles (their molecule scenarios left out)
     site/vars.json           the play variables (`-e @vars.json`, as push passes them)
-    site/nodes.json          per instance type: the host variables the push inventory gives
+    site/nodes.json          per node profile: the host variables the push inventory gives
                              such a node, and what its probes expect; and the group variables
     lib/ ...                 ansible-core and the pure-Python packages it and the probes need
                              (jinja2, markupsafe, PyYAML, packaging, resolvelib, pytest,
@@ -66,10 +66,11 @@ class Bundle:
 
 
 def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
-          group_vars: Mapping[str, Any], types: Mapping[str, Mapping[str, Any]],
+          group_vars: Mapping[str, Any], profiles: Mapping[str, Mapping[str, Any]],
           tags: Sequence[str] = ()) -> Bundle:
-    """The bundle for one cluster's bootstrap. ``types``: per instance type, ``hostvars`` (what
-    the push inventory gives such a node) and ``expect`` (what its probes expect); ``group``
+    """The bundle for one cluster's bootstrap. ``profiles``: per kind of node (its key is in
+    each node's boot configuration), ``hostvars`` (what the push inventory gives such a node)
+    and ``expect`` (what its probes expect); ``group``
     and ``group_vars``: the inventory group the nodes are in and its variables."""
     import ansible.release
 
@@ -86,7 +87,7 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
     entries += _tree(paths.playbooks_dir(), "site/playbooks")
     entries += _tree(paths.roles_dir(), "site/roles")
     entries.append(("site/vars.json", _json(extravars), 0o600))
-    entries.append(("site/nodes.json", _json({"group": group, "group_vars": group_vars, "types": types}), 0o644))
+    entries.append(("site/nodes.json", _json({"group": group, "group_vars": group_vars, "profiles": profiles}), 0o644))
     for name in PACKAGES:
         entries += _package(name)
     for namespace, collection in collections_used():

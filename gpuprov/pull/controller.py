@@ -53,6 +53,8 @@ def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: b
     if play_secrets():
         raise BadInput("--bootstrap pull does not carry GPUPROV_REGISTRY_PASSWORD to the nodes "
                        "(the bundle holds no secret); use --bootstrap push")
+    if not provider.pull_at_boot:
+        provider.pull_address(spec, [])  # hosts that could not reach this machine: refused now
     return mode
 
 
@@ -70,28 +72,36 @@ class Session:
 def serving(run: Any) -> Iterator[None]:
     """Around one `up`'s launch and bootstrap (``run``: gpuprov.core.launching.Run): in pull mode,
     the bundle built and served, and the plan carrying the nodes' boot configuration."""
-    if run.mode != "pull":
-        yield
+    if run.mode != "pull" or not run.provider.pull_at_boot:
+        yield  # push; or hosts that exist already (static): served when they are reached
         return
     from gpuprov.core import load
     from gpuprov.core.settings import playbook_vars
-    from gpuprov.pull.server import PullServer
 
     extravars = playbook_vars(load(run.store, run.name), run.lock)
-    bundle = bundle_for(run.provider, run.spec, run.lock, extravars, run.tags)
-    key = secrets.token_bytes(32)
-    with PullServer(run.provider.pull_address(run.spec), key, bundle.data, bundle.sha256, ()) as server:
-        boot = Boot(bundle_url=f"{server.base_url}/bundle/{bundle.sha256}",
-                    report_url=f"{server.base_url}/report", sha256=bundle.sha256, key=key)
-        run.console.say(f"  pull: bundle {bundle.sha256[:16]} ({bundle.size / 1e6:.1f} MB, ansible-core "
-                        f"{bundle.manifest['ansible_core']}) served on {server.base_url} to this "
-                        "launch's nodes")
-        run.plan = dataclasses.replace(run.plan, pull=boot)
-        run.pull = Session(bundle=bundle, server=server, boot=boot)
+    proto = NodeRecord(name="", id="", address="", ssh_port=0, user="", state="",
+                       instance_type=run.spec.instance_type or "")
+    bundle, profiles = bundle_for(run.provider, run.spec, run.lock, extravars, run.tags, [proto])
+    with _served(run, bundle, [], profiles[""], "this launch's nodes") as session:
+        run.plan = dataclasses.replace(run.plan, pull=session.boot)
         try:
             yield
         finally:
             run.pull = None
+
+
+@contextmanager
+def _served(run: Any, bundle: Bundle, nodes: list[NodeRecord], profile: str, whom: str) -> Iterator[Session]:
+    from gpuprov.pull.server import PullServer
+
+    key = secrets.token_bytes(32)
+    with PullServer(run.provider.pull_address(run.spec, nodes), key, bundle.data, bundle.sha256, ()) as server:
+        boot = Boot(bundle_url=f"{server.base_url}/bundle/{bundle.sha256}",
+                    report_url=f"{server.base_url}/report", sha256=bundle.sha256, key=key, profile=profile)
+        run.console.say(f"  pull: bundle {bundle.sha256[:16]} ({bundle.size / 1e6:.1f} MB, ansible-core "
+                        f"{bundle.manifest['ansible_core']}) served on {server.base_url} to {whom}")
+        run.pull = Session(bundle=bundle, server=server, boot=boot)
+        yield run.pull
 
 
 def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResult:
@@ -100,6 +110,8 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResul
     from gpuprov.ansible.runner import new_run_dir
     from gpuprov.core.converge import _provision
 
+    if run.pull is None:  # hosts that exist (static): served now, handed their boot files over SSH
+        return _existing_hosts(run, cluster, nodes)
     session: Session = run.pull
     added = {n.name for n in run.added}
     pulled = [n for n in nodes if n.name in added]
@@ -115,28 +127,74 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResul
                            errors={**result.errors, **pushed.errors})
 
 
+def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResult:
+    """Pull on hosts gpuprov did not boot: the bundle is built for what their PCI buses
+    showed, served, and each host is handed the agent, its unit and its configuration over
+    SSH (pinned host key); the agent starts there and the run goes on as at boot."""
+    from gpuprov import ssh
+    from gpuprov.ansible.runner import new_run_dir
+    from gpuprov.core import load, version_lock
+    from gpuprov.core.settings import playbook_vars
+
+    lock = version_lock(run.store, load(run.store, run.name))  # as the hosts' buses relocked it
+    bundle, profiles = bundle_for(run.provider, run.spec, lock, playbook_vars(cluster, lock), run.tags, nodes)
+    with _served(run, bundle, nodes, "", f"{len(nodes)} host(s)") as session:
+        ssh.each_node(nodes, lambda n: _hand_over(n, run.files, session.boot, profiles[n.name]))
+        for node in nodes:
+            run.console.say(f"  {node.name}: pull agent started over SSH")
+        result, session.report = follow(run.store, run.name, session.server, bundle, nodes,
+                                        new_run_dir(run.files, "bootstrap-pull"), console=run.console,
+                                        tags=run.tags)
+    return result
+
+
+# On the host, as root: the archive (Boot.archive: fixed paths) unpacked at /, and the agent's
+# unit (re)started without waiting for it. Nothing from a hosts file reaches it but the login.
+_HAND_OVER = ("sudo -n sh -c 'tar -x -o -C / -f - && systemctl daemon-reload && "
+              "systemctl restart --no-block gpuprov-pull.service'")
+
+
+def _hand_over(node: NodeRecord, files: Any, boot: Boot, profile: str) -> None:
+    import subprocess
+
+    from gpuprov import ssh
+    from gpuprov.errors import GpuprovError
+
+    proc = subprocess.run(
+        ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+         "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}", _HAND_OVER],
+        input=boot.archive(node.name, profile), capture_output=True, check=False, timeout=120)
+    if proc.returncode != 0:
+        why = ssh.ssh_error_line(proc.stderr.decode(errors="replace"), proc.returncode)
+        raise GpuprovError(f"{node.name}: the pull agent could not be handed over ({why})")
+
+
 def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], extravars: Mapping[str, Any],
-               tags: list[str]) -> Bundle:
-    """The bundle of one cluster's pull bootstrap: its nodes' variables by instance type."""
+               tags: list[str], nodes: list[NodeRecord]) -> tuple[Bundle, dict[str, str]]:
+    """The bundle of one cluster's pull bootstrap, and each node's profile in it: the host
+    variables and probe expectations of each kind of node (named by their digest)."""
+    import hashlib
+
     from gpuprov.ansible import inventory
     from gpuprov.pull.bundle import build
 
-    itype = spec.instance_type or ""
-    proto = NodeRecord(name="", id="", address="", ssh_port=0, user="", state="", instance_type=itype)
-    expect = {**provider.expectations(proto), "stack": dict(lock)}
-    hostvars = inventory.host_vars({
-        "address": "", "ssh_port": 0, "user": "", "key_file": None, "instance_type": itype,
-        "expected_gpus": expect.get("gpus"), "expected_nvswitch": bool(expect.get("nvswitch")),
-        "expected_efa": bool(expect.get("efa")),
-    })
+    profiles: dict[str, dict[str, Any]] = {}
+    chosen: dict[str, str] = {}
+    for node in nodes:
+        expect = {**provider.expectations(node), "stack": dict(lock)}
+        hostvars = inventory.host_vars({
+            "address": "", "ssh_port": 0, "user": "", "key_file": None, "instance_type": node.instance_type,
+            "expected_gpus": expect.get("gpus"), "expected_nvswitch": bool(expect.get("nvswitch")),
+            "expected_efa": bool(expect.get("efa")),
+        })
+        profile = {"hostvars": {k: v for k, v in hostvars.items() if k not in _CONNECTION_VARS}, "expect": expect}
+        key = hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:12]
+        profiles[key], chosen[node.name] = profile, key
     group_vars = inventory.group_vars({"cluster": spec.name, "provider": spec.provider, "known_hosts": ""})
-    return build(
-        lock=lock, extravars=extravars, group=inventory.GROUP,
-        group_vars={k: v for k, v in group_vars.items() if k not in _CONNECTION_VARS},
-        types={itype: {"hostvars": {k: v for k, v in hostvars.items() if k not in _CONNECTION_VARS},
-                       "expect": expect}},
-        tags=tags,
-    )
+    bundle = build(lock=lock, extravars=extravars, group=inventory.GROUP,
+                   group_vars={k: v for k, v in group_vars.items() if k not in _CONNECTION_VARS},
+                   profiles=profiles, tags=tags)
+    return bundle, chosen
 
 
 def follow(store: Store, name: str, server: PullServer, bundle: Bundle, nodes: list[NodeRecord],

@@ -5,7 +5,9 @@ bundle on the docker bridge's gateway; each node fetches it, checks its sha256, 
 over a local connection with the bundle's ansible-core, runs the probes on itself, and
 reports every task and the probe rows back; `up` shows them as per-node progress and records
 them. A third node is bootstrapped by push with the same plays, and the two kinds of node
-are compared: same packages, same files under /etc, same probe rows.
+are compared: same packages, same files under /etc, same probe rows. Last, a host that
+exists already (static provider, reached at its own address on the bridge) is handed the
+agent over SSH and pulls the same way.
 
 The plays: preflight, spot, rdma, microcode (`--tags`). They install real Debian packages
 (rdma-core, ibverbs, infiniband-diags, CPU microcode), write modprobe, sysctl, limits and
@@ -24,7 +26,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, unbootstrapped_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -147,3 +149,34 @@ def test_push_after_pull_changes_nothing(clusters, env) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     hosts = json.loads(proc.stdout)["hosts"]
     assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == dict.fromkeys(hosts, (0, 0)), hosts
+
+
+def test_an_existing_host_is_handed_the_agent_over_ssh_and_pulls(env, tmp_path) -> None:
+    """On-prem: the static provider's host is reached at its own address (the bridge, not a
+    port forward on this machine's loopback), so the bundle server listens on the address
+    on the route to it; the agent and its configuration go over SSH with the pinned key."""
+    with unbootstrapped_cluster(env, "prem", count=1) as (machine, nodes):
+        container = f"gpuprov-{nodes[0]}"
+        address = subprocess.run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                                  container], capture_output=True, text=True, check=True).stdout.strip()
+        cdir = f"{env['GPUPROV_HOME']}/clusters/{machine}"
+        with open(f"{cdir}/hostkeys/{nodes[0]}.pub") as handle:
+            host_key = " ".join(handle.read().split()[:2])
+        hosts = tmp_path / "hosts.yml"
+        hosts.write_text(f"user: gpuprov\nkey: {cdir}/id_ed25519\nhosts:\n  - name: rack-1\n"
+                         f"    address: {address}\n    port: 22\n    host_key: {host_key}\n")
+        name = f"onprem-{secrets.token_hex(3)}"
+        try:
+            proc = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", name, "--bootstrap", "pull",
+                           "--tags", TAGS, "-o", "json", env=env, timeout=900)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            boot = json.loads(proc.stdout)["bootstrap"]
+            assert boot["ok"] is True and boot["hosts"]["rack-1"]["changed"] > 0, boot
+            assert boot["pull"]["verify"]["pass"] > 0
+            gateway = address.rsplit(".", 1)[0]
+            assert re.search(rf"served on http://{re.escape(gateway)}\.\d+:\d+ to 1 host\(s\)", proc.stderr), \
+                proc.stderr
+            assert "rack-1: pull agent started over SSH" in proc.stderr and "rack-1: rdma" in proc.stderr
+            assert _in(container, "test -e /etc/gpuprov/pull.json && echo present || echo gone").strip() == "gone"
+        finally:
+            run_cli("down", name, "--yes", env=env)

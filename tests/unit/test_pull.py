@@ -28,7 +28,7 @@ from gpuprov.pull.server import PullServer
 def built() -> bundle_mod.Bundle:
     return bundle_mod.build(lock={"hash": "abc123"}, extravars={"gpuprov_stack": {"hash": "abc123"}},
                             group="gpuprov_nodes", group_vars={"gpuprov_cluster": "c"},
-                            types={"docker-node": {"hostvars": {"gpuprov_expected_gpus": 0}, "expect": {}}},
+                            profiles={"docker-node": {"hostvars": {"gpuprov_expected_gpus": 0}, "expect": {}}},
                             tags=["spot"])
 
 
@@ -40,11 +40,11 @@ def _members(data: bytes) -> dict[str, tarfile.TarInfo]:
 def test_the_bundle_is_content_addressed_and_byte_for_byte_repeatable(built) -> None:
     again = bundle_mod.build(lock={"hash": "abc123"}, extravars={"gpuprov_stack": {"hash": "abc123"}},
                              group="gpuprov_nodes", group_vars={"gpuprov_cluster": "c"},
-                             types={"docker-node": {"hostvars": {"gpuprov_expected_gpus": 0}, "expect": {}}},
+                             profiles={"docker-node": {"hostvars": {"gpuprov_expected_gpus": 0}, "expect": {}}},
                              tags=["spot"])
     assert again.data == built.data and built.sha256 == hashlib.sha256(built.data).hexdigest()
     other = bundle_mod.build(lock={"hash": "abc124"}, extravars={}, group="gpuprov_nodes", group_vars={},
-                             types={}, tags=())
+                             profiles={}, tags=())
     assert other.sha256 != built.sha256
     assert re.fullmatch(r"[0-9a-f]{64}", built.sha256)
 
@@ -67,7 +67,7 @@ def test_the_bundle_carries_the_site_the_packages_and_nothing_compiled(built) ->
     import ansible.release
 
     assert manifest["ansible_core"] == ansible.release.__version__
-    assert json.loads(_read(built.data, "site/nodes.json"))["types"]["docker-node"]["hostvars"] == {
+    assert json.loads(_read(built.data, "site/nodes.json"))["profiles"]["docker-node"]["hostvars"] == {
         "gpuprov_expected_gpus": 0}
 
 
@@ -226,8 +226,15 @@ def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys,
         assert code == 2 and len(err.strip().splitlines()) == 1 and why in err and "s3cret" not in err, err
         assert not (tmp_path / "home" / "clusters" / "np").exists()
     monkeypatch.delenv("GPUPROV_REGISTRY_PASSWORD")
-    for provider in ("static", "aws"):
-        spec = ClusterSpec(name="np", provider=provider, instance_type="p4d.24xlarge", count=64)
-        with pytest.raises(BadInput, match=f"--bootstrap pull is not built for the {provider} provider yet"):
-            mode_for("pull", get(provider), spec, True)
-        assert mode_for("auto", get(provider), spec, True) == "push"  # auto never picks what is not there
+    spec = ClusterSpec(name="np", provider="aws", instance_type="p4d.24xlarge", count=64)
+    with pytest.raises(BadInput, match="--bootstrap pull is not built for the aws provider yet"):
+        mode_for("pull", get("aws"), spec, True)
+    assert mode_for("auto", get("aws"), spec, True) == "push"  # auto never picks what is not there
+    # Static hosts reached through this machine's loopback (a port forward) could never reach
+    # its bundle server: refused before anything is recorded.
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("user: gpuprov\nhosts:\n  - name: rack-1\n    address: 127.0.0.1\n    port: 2222\n")
+    spec = ClusterSpec(name="np", provider="static", instance_type=None, count=0, hosts_file=str(hosts))
+    with pytest.raises(BadInput, match="through this machine's loopback"):
+        mode_for("pull", get("static"), spec, True)
+    assert mode_for("auto", get("static"), spec, True) == "push"

@@ -68,6 +68,7 @@ class DockerProvider(Provider):
     name = "docker"
     display_name = "Docker"
     nodes_on_this_host = True  # (not billable: the default)
+    pull_at_boot = True  # pull mode: the agent and its configuration copied in before start
 
     def __init__(self) -> None:
         self.image = os.environ.get("GPUPROV_NODE_IMAGE", DEFAULT_IMAGE)
@@ -207,10 +208,10 @@ class DockerProvider(Provider):
         )
         docker("cp", "-a", "-", f"{cname}:/", input=payload)
         if pull is not None:  # pull mode: the agent, its unit and this node's boot configuration
-            docker("cp", "-a", "-", f"{cname}:/", input=pull.archive(node, "docker-node"))
+            docker("cp", "-a", "-", f"{cname}:/", input=pull.archive(node))
         return public
 
-    def pull_address(self, spec: ClusterSpec) -> str:
+    def pull_address(self, spec: ClusterSpec, nodes: list[NodeRecord]) -> str:
         return bridge_gateway()
 
     def wait_ready(

@@ -322,6 +322,25 @@ class StaticProvider(Provider):
     def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
         return list(known)
 
+    def pull_address(self, spec: ClusterSpec, nodes: list[NodeRecord]) -> str:
+        """This machine's address on the route to the first host (the kernel's choice; no
+        packet is sent). A loopback address (hosts reached through a local port forward)
+        cannot be reached from the hosts: refused."""
+        import socket
+
+        target = nodes[0].address if nodes else parse_hosts_file(spec.hosts_file)[0][0].address
+        family = socket.AF_INET6 if ":" in target else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))
+                address = str(probe.getsockname()[0])
+        except OSError as exc:
+            raise BadInput(f"--bootstrap pull: no route from this machine to {target} ({exc.strerror})") from None
+        if address.startswith("127.") or address == "::1":
+            raise BadInput(f"--bootstrap pull: the hosts are reached at {target}, through this machine's "
+                           "loopback; they could not reach its bundle server; use --bootstrap push")
+        return address
+
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
         for n in known:
             report(f"{n.name}: forgotten (the machine is not touched)")

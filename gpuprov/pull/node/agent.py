@@ -8,7 +8,7 @@ gpuprov-pull.service. Python's standard library only: it runs before anything is
 1. Fetch the bootstrap bundle from the controller, and refuse it (reported, nothing
    unpacked) unless its sha256 is the one the boot configuration carries.
 2. Unpack it, check its format and this Python, and write a one-host inventory for this node
-   (its instance type's host variables, a local connection).
+   (its profile's host variables, a local connection).
 3. Run the bundle's site.yml with the bundle's ansible-core; the bundle's callback writes each
    task's start and outcome to the event file.
 4. Run the bundle's probes on this machine (pytest + testinfra's local connection).
@@ -142,14 +142,14 @@ def unpack(data: bytes, root: Path) -> dict:
 
 def inventory(root: Path, config: dict) -> Path:
     nodes = json.loads((root / "site" / "nodes.json").read_text())
-    kind = config.get("instance_type") or ""
-    if kind not in nodes["types"]:
-        raise RuntimeError(f"the bundle has no host variables for instance type {kind!r}")
-    host = {**nodes["types"][kind]["hostvars"], "ansible_connection": "local"}
+    kind = config.get("profile") or ""
+    if kind not in nodes["profiles"]:
+        raise RuntimeError(f"the bundle has no host variables for node profile {kind!r}")
+    host = {**nodes["profiles"][kind]["hostvars"], "ansible_connection": "local"}
     data = {"all": {"children": {nodes["group"]: {"hosts": {config["node"]: host}, "vars": nodes["group_vars"]}}}}
     path = root / "inventory.yml"
     path.write_text(json.dumps(data, indent=1))
-    (root / "expectations.json").write_text(json.dumps({"local": nodes["types"][kind]["expect"]}))
+    (root / "expectations.json").write_text(json.dumps({"local": nodes["profiles"][kind]["expect"]}))
     return path
 
 
