@@ -11,8 +11,8 @@ On local nodes (the docker provider; the Docker engine, node image and package c
   - image bake of one of those nodes;
   - up to verified, 2 nodes, from the baked image;
   - no-op `provision` of the whole site on 1, 2, 4 and 8 nodes booted from the baked image,
-    and T(8)/T(1), with Mitogen's strategy (gpuprov's default) and, with --strategies
-    mitogen,linear, Ansible's own beside it;
+    and T(8)/T(1), with Mitogen's strategy (opt-in: GPUPROV_ANSIBLE_STRATEGY=mitogen) and,
+    with --strategies mitogen,linear, Ansible's own (gpuprov's default) beside it;
   - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py): with
     --image, from the default image (no AMI baked for the lock), and from an AMI baked for it.
 Uses its own GPUPROV_HOME and image repository; removes its clusters and image. Writes
