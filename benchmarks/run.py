@@ -12,7 +12,9 @@ On local nodes (the docker provider; the Docker engine, node image and package c
   - up to verified, 2 nodes, from the baked image;
   - no-op `provision` of the whole site on 1, 2, 4 and 8 nodes booted from the baked image,
     and T(8)/T(1), with Mitogen's strategy (opt-in: GPUPROV_ANSIBLE_STRATEGY=mitogen) and,
-    with --strategies mitogen,linear, Ansible's own (gpuprov's default) beside it;
+    with --strategies mitogen,linear, Ansible's own (gpuprov's default) beside it; for each,
+    the CPU it cost (the controller's process tree and the node containers' cgroups) and the
+    floor that CPU puts under the wall time on this machine's cores: CPU / cores;
   - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py): with
     --image, from the default image (no AMI baked for the lock), and from an AMI baked for it.
 Uses its own GPUPROV_HOME and image repository; removes its clusters and image. Writes
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import secrets
 import statistics
 import subprocess
@@ -35,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bootstrap_scale import node_cpu_s  # noqa: E402  (a sibling script, not a package)
 
 
 def timed(*args: str, env: dict[str, str]) -> float:
@@ -45,6 +50,16 @@ def timed(*args: str, env: dict[str, str]) -> float:
     if proc.returncode != 0:
         sys.exit(f"gpuprov {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return elapsed
+
+
+def cpu_timed(*args: str, env: dict[str, str], cluster: str) -> tuple[float, float, float]:
+    """Wall time, controller CPU (this gpuprov and every process it waited for) and the CPU the
+    cluster's node containers used meanwhile (their cgroups), in seconds."""
+    before, nodes = resource.getrusage(resource.RUSAGE_CHILDREN), node_cpu_s(cluster)
+    wall = timed(*args, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            node_cpu_s(cluster) - nodes)
 
 
 def figure(samples: list[float], scale: float = 1.0) -> dict[str, float | int]:
@@ -130,11 +145,21 @@ def main() -> None:
                 clusters.append(name)
                 timed("up", "--provider", "docker", "--count", str(n), "--name", name, "--health", "off", env=env)
                 samples = {x: [] for x in strategies}
+                cpu = {x: [] for x in strategies}
                 for _ in range(args.runs):  # alternating: both strategies see the same machine state
                     for x in strategies:
-                        samples[x].append(timed("provision", name, env={**env, "GPUPROV_ANSIBLE_STRATEGY": x}))
+                        wall, controller, nodes = cpu_timed("provision", name, cluster=name,
+                                                            env={**env, "GPUPROV_ANSIBLE_STRATEGY": x})
+                        samples[x].append(wall)
+                        cpu[x].append((controller, nodes))
                 for x in strategies:
-                    results[f"noop_provision_{n}_s{_suffix(x, strategies)}"] = figure(samples[x])
+                    sfx = _suffix(x, strategies)
+                    results[f"noop_provision_{n}_s{sfx}"] = figure(samples[x])
+                    results[f"noop_provision_{n}_controller_cpu_s{sfx}"] = figure([c for c, _ in cpu[x]])
+                    results[f"noop_provision_{n}_node_cpu_s{sfx}"] = figure([d for _, d in cpu[x]])
+                    # No schedule beats the CPU the run needs spread over every core of the machine.
+                    results[f"noop_provision_{n}_cpu_floor_s{sfx}"] = figure(
+                        [(c + d) / os.cpu_count() for c, d in cpu[x]])
                 down(name, env)
             for x in strategies:
                 key = f"noop_provision_{{}}_s{_suffix(x, strategies)}"
