@@ -121,7 +121,7 @@ def complete_lock(lock: dict[str, Any]) -> dict[str, Any]:
     """A stored lock with every field today's plays read: a lock stored by an older gpuprov
     lacks the fields added since (container toolkit, base images, ...); they are taken from
     the same request resolved against today's stack data, and what the lock has always wins
-    (the plays map it to the roles' variables: roles/gpuprov_base/vars/main/lock.yml)."""
+    (the plays map it to the roles' variables: playbooks/vars/lock.yml)."""
     from gpuprov import stack
 
     try:

