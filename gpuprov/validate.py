@@ -25,6 +25,15 @@ FINGERPRINT = re.compile(r"[0-9A-F]{40}")
 DRIVER = re.compile(r"[0-9]{3}(?:\.[0-9]{1,3}){0,2}")
 CUDA = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
 TAG = re.compile(r"[a-z][a-z0-9_]{0,40}")
+# A content digest as registries name an image: sha256 and 64 lowercase hex digits, nothing else.
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# An image reference without its digest: [host[:port]/]path[:tag] (the distribution spec's
+# characters); no template, space or quote can be in one.
+IMAGE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?(?::[0-9]{1,5})?(?:/[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?)*"
+                        r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?")
+# What a URL gpuprov hands a play never holds: a template's braces, a percent sign (Jinja's
+# statements, and an escape that could hide any character), a fragment or a comment.
+URL_REFUSED = "{}%#"
 
 
 def cluster_name(name: str) -> str:
@@ -103,6 +112,9 @@ def mirror_url(value: str, flag: str = "--mirror-url") -> str:
 
     if not isinstance(value, str) or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
         raise BadInput(f"{flag} {value!r}: a URL has no spaces, tabs or newlines")
+    if any(c in URL_REFUSED for c in value):
+        raise BadInput(f"{flag} {value!r}: a mirror URL has no '{{', '}}', '%' or '#' "
+                       "(a template, an escape or a fragment)")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BadInput(f"{flag} {value!r}: expected http:// or https:// and a host")
@@ -120,6 +132,20 @@ def key_fingerprint(value: str, flag: str = "--mirror-key-fingerprint") -> str:
     if not FINGERPRINT.fullmatch(compact):
         raise BadInput(f"{flag} {value!r}: expected the key's full fingerprint, 40 hex digits")
     return compact
+
+
+def digest(value: Any, where: str) -> str:
+    """A registry digest: ``sha256:`` and exactly 64 lowercase hex digits."""
+    if not isinstance(value, str) or not DIGEST.fullmatch(value):
+        raise BadInput(f"{where}: invalid digest {value!r} (expected sha256: and 64 lowercase hex digits)")
+    return value
+
+
+def image_name(value: Any, where: str) -> str:
+    """An image reference without a digest: [host[:port]/]path[:tag], lowercase path."""
+    if not isinstance(value, str) or len(value) > 255 or not IMAGE_NAME.fullmatch(value):
+        raise BadInput(f"{where}: invalid image name {value!r} ([host[:port]/]path[:tag])")
+    return value
 
 
 def driver(value: str) -> str:

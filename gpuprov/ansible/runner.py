@@ -6,6 +6,12 @@ each run's artifacts, and it would set ANSIBLE_HOST_KEY_CHECKING=False, which
 beats ansible.cfg and puts ``-o StrictHostKeyChecking=no`` first on every ssh
 command line). Arguments reach ansible-playbook as a list, never re-split from
 a string a user typed.
+
+Extra variables are data, never templates: ansible-core loads ``-e @file`` as trusted
+template source (so ``{{ lookup('pipe', ...) }}`` in any value would run), and ansible-runner
+hands its ``extravars`` over that way. So they are written here as YAML in which every string,
+key or value, carries Ansible's ``!unsafe`` tag (extravars_yaml), and passed with ``-e @file``;
+ansible-runner gets none.
 """
 
 from __future__ import annotations
@@ -37,6 +43,48 @@ ENV_FORCED = {
     "ANSIBLE_NOCOLOR": "1",
     "ANSIBLE_FORCE_COLOR": "0",
 }
+
+
+EXTRAVARS_FILE = "extravars.yml"
+
+
+def extravars_yaml(data: Mapping[str, Any]) -> str:
+    """``data`` as YAML that ansible-core reads back as the same values, every string (a
+    mapping's keys too) tagged ``!unsafe``: Ansible never evaluates one as a template, whatever
+    it holds. Booleans, numbers and null stay themselves; any other type is refused (a
+    value's ``str()`` would be a guess)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def unsafe(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        # Double-quoted: every character, newlines and non-ASCII included, escaped and exact.
+        return dumper.represent_scalar("!unsafe", str(value), style='"')
+
+    def refuse(dumper: yaml.SafeDumper, value: Any) -> yaml.Node:
+        raise GpuprovError(f"internal: a play variable of type {type(value).__name__} ({value!r})")
+
+    # Exact types first (str's own representer would otherwise win), then subclasses by MRO.
+    Dumper.add_representer(str, unsafe)
+    Dumper.add_multi_representer(str, unsafe)
+    Dumper.add_representer(tuple, Dumper.represent_list)
+    Dumper.add_multi_representer(dict, Dumper.represent_dict)
+    Dumper.add_multi_representer(list, Dumper.represent_list)
+    Dumper.add_multi_representer(object, refuse)
+    # No anchors or aliases: each value written out where it is.
+    Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
+    return yaml.dump(dict(data), Dumper=Dumper, default_flow_style=False, sort_keys=True,
+                     width=1 << 16, allow_unicode=False, explicit_start=True)
+
+
+def write_extravars(path: Path, data: Mapping[str, Any]) -> Path:
+    """:func:`extravars_yaml` of ``data`` in a new file only its owner reads (0600)."""
+    text = extravars_yaml(data)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    return path
 
 
 @dataclass(frozen=True)
@@ -142,12 +190,17 @@ def run_playbook(
     base_env = {"ANSIBLE_CONFIG": str(files.ansible_cfg)}
     progress = PlaybookProgress(hosts, title, console=console)
     with progress, SecretFiles(secrets or {}) as secret_files:
+        # Every value as data (extravars_yaml); the secrets' file paths too. ansible-runner is
+        # given no extravars: its own file would be read as trusted template source.
+        variables = {**(extravars or {}), **secret_files}
+        if variables:
+            vars_file = write_extravars(run_dir / EXTRAVARS_FILE, variables)
+            args += ["-e", f"@{vars_file}"]
         runner = ansible_runner.interface.init_runner(
             private_data_dir=str(run_dir),
             playbook=str(playbook),
             inventory=str(files.inventory),
             envvars=base_env,
-            extravars={**(extravars or {}), **secret_files},
             # A list joined with shlex.join comes back from ansible-runner's
             # shlex.split as exactly the same list: no argument is re-split.
             cmdline=shlex.join(args) if args else None,

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +80,18 @@ def _provision(
     tags: list[str] | None = None,
 ) -> ProvisionResult:
     from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir
+    from gpuprov.ansible.runner import new_run_dir, write_extravars
     from gpuprov.core.monitoring import monitoring_host
 
     lock = version_lock(store, cluster)
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
            monitoring_host(cluster.spec))
     extravars = playbook_vars(cluster, lock)
-    # The same variables, for running the playbooks by hand (-e @vars.json).
-    (files.dir / "vars.json").write_text(json.dumps(extravars, indent=2) + "\n")
+    # The same variables, for running the playbooks by hand (-e @vars.yml): as data, every
+    # string tagged !unsafe like the run's own (a JSON file would be read as trusted template
+    # source). A vars.json an older gpuprov wrote is removed so nobody runs it by mistake.
+    write_extravars(files.dir / "vars.yml", extravars)
+    (files.dir / "vars.json").unlink(missing_ok=True)
     kind = "provision-check" if check else "provision"
     run_dir = new_run_dir(files, kind)
     run_id = store.start_run(cluster.name, kind, str(run_dir))

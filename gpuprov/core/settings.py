@@ -59,10 +59,11 @@ def check(key: str, value: Any, where: str) -> str:
             data = json.loads(value)
         except ValueError:
             raise BadInput(f"{where}: {key} must be a JSON object of image -> digest") from None
-        if not isinstance(data, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and v.startswith("sha256:")
-                for k, v in data.items()):
+        if not isinstance(data, dict):
             raise BadInput(f"{where}: {key} must map image names to sha256: digests")
+        for image, digest in data.items():
+            validate.image_name(image, f"{where}: {key}")
+            validate.digest(digest, f"{where}: {key} {image}")
         return json.dumps(data, sort_keys=True)
     return validate.mirror_url(value, f"{where}: {key}")
 

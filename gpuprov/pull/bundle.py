@@ -7,7 +7,8 @@ owners and modes, no gzip name or time, so its sha256 names its content)::
     manifest.json            format, gpuprov and ansible-core versions, the lock's hash, tags
     site/playbooks/ ...      the playbooks site.yml imports (vars/lock.yml with them)
     site/roles/ ...          the roles (their molecule scenarios left out)
-    site/vars.json           the play variables (`-e @vars.json`, as push passes them)
+    site/vars.yml            the play variables (`-e @vars.yml`, as push passes them: every
+                             string tagged !unsafe, data and never a template)
     site/nodes.json          per node profile: the host variables the push inventory gives
                              such a node, and what its probes expect; and the group variables
     lib/ ...                 ansible-core and the pure-Python packages it and the probes need
@@ -74,6 +75,13 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
     and ``group_vars``: the inventory group the nodes are in and its variables."""
     import ansible.release
 
+    from gpuprov.ansible.runner import extravars_yaml
+
+    # The node's inventory (the agent writes it from nodes.json) is read by ansible-core as
+    # trusted source, with no way to tag a value: one that looks like a template is refused
+    # here (validation keeps such values out of node records; this is the second wall).
+    _no_templates({"group_vars": group_vars,
+                   "hostvars": {kind: profile.get("hostvars", {}) for kind, profile in profiles.items()}})
     manifest = {
         "format": FORMAT,
         "gpuprov": __version__,
@@ -86,7 +94,9 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
     entries: list[tuple[str, bytes, int]] = [("manifest.json", _json(manifest), 0o644)]
     entries += _tree(paths.playbooks_dir(), "site/playbooks")
     entries += _tree(paths.roles_dir(), "site/roles")
-    entries.append(("site/vars.json", _json(extravars), 0o600))
+    # As push hands them over (gpuprov.ansible.runner.extravars_yaml): every string `!unsafe`,
+    # so no value, whatever the cluster's record holds, is a template on the node.
+    entries.append(("site/vars.yml", extravars_yaml(extravars).encode(), 0o600))
     entries.append(("site/nodes.json", _json({"group": group, "group_vars": group_vars, "profiles": profiles}), 0o644))
     for name in PACKAGES:
         entries += _package(name)
@@ -96,6 +106,22 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
     entries.append(("plugins/callback/gpuprov_pull.py", (NODE_DIR / "gpuprov_pull.py").read_bytes(), 0o644))
     data = _archive(entries)
     return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), manifest=manifest)
+
+
+_TEMPLATE_MARKERS = ("{{", "{%", "{#")
+
+
+def _no_templates(data: Any, where: str = "") -> None:
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            _no_templates(key, where)
+            _no_templates(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(data, list | tuple):
+        for number, value in enumerate(data):
+            _no_templates(value, f"{where}[{number}]")
+    elif isinstance(data, str) and any(marker in data for marker in _TEMPLATE_MARKERS):
+        raise GpuprovError(f"the pull bundle's inventory variable {where or '(a name)'} holds a template "
+                           f"({data!r}); refused (a node's inventory is no place for one)")
 
 
 def collections_used() -> list[tuple[str, str]]:

@@ -144,3 +144,38 @@ def test_changed_host_key_is_one_row_saying_so(cluster, env, tmp_path) -> None:
     proc = run_cli("verify", name, "-o", "json", env=env, timeout=300)
     rows = json.loads(proc.stdout)["hosts"][node]
     assert len(rows) > 10 and all(r["probe"] != "reachable" for r in rows), rows
+
+
+def test_a_template_smuggled_into_the_record_runs_nothing(cluster, env) -> None:
+    """Issue 30 item 1, push: a template written straight into the cluster's stored lock (an
+    attacker with write access to the state, or an older gpuprov; no validator saw it) reaches
+    the play as text. The microcode play compares the lock's pin with what the node's apt
+    sources offer (apt-cache madison on the node) and names the pin as it arrived; the pipe
+    lookup in it never runs, on the controller or on a node. The lock is restored after."""
+    from gpuprov.state import Store
+
+    name, node, other = cluster
+    store = Store(Path(env["GPUPROV_HOME"]) / "state.db")
+    record = store.get_cluster(name)
+    assert record is not None and record.lock
+    lock = record.lock
+    marker = f"/tmp/pwned-{name}"
+    pin = f"3.2025{{{{ lookup('pipe', 'touch {marker}') }}}}"
+    store.set_lock(name, {**lock, "microcode": {"intel": pin, "amd": pin}})
+    try:
+        proc = run_cli("provision", name, "--tags", "microcode", "-o", "json", env=env, timeout=300)
+    finally:
+        store.set_lock(name, lock)
+    assert proc.returncode == 1, proc.stderr
+    errors = json.loads(proc.stdout)["errors"]
+    for host in (node, other):
+        assert "the pin is " in errors[host] and pin in errors[host], errors
+        assert subprocess.run(["docker", "exec", _container(host), "test", "-e", marker],
+                              check=False).returncode == 1
+    assert not Path(marker).exists()
+    # The variables kept for running the playbooks by hand are data too: the pin as written,
+    # tagged !unsafe, in a file only the owner reads; no JSON copy (read as template source).
+    cdir = Path(env["GPUPROV_HOME"]) / "clusters" / name
+    by_hand = cdir / "vars.yml"
+    assert by_hand.stat().st_mode & 0o077 == 0 and not (cdir / "vars.json").exists()
+    assert f"!unsafe \"{pin}\"" in by_hand.read_text()
