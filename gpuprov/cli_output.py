@@ -40,12 +40,14 @@ def emit_json(data: Any) -> None:
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    out = Table(title=title, title_justify="left")
+    # Cells (and titles) carry what nodes said (probe details, errors): text, never markup.
+    out = Table(title=None if title is None else Text(title), title_justify="left")
     for col in columns:
         out.add_column(col)
     for row in rows:
-        out.add_row(*["" if v is None else str(v) for v in row])
+        out.add_row(*[Text("" if v is None else str(v)) for v in row])
     Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(out)
 
 

@@ -2,7 +2,9 @@
 
 On a terminal: a rich table, one row per node, with its current role/task
 and ok/changed/failed counts. Elsewhere (CI logs, pipes): one line per
-node when it starts a role, and one per change or failure.
+node when it starts a role, and one per change or failure. What a node says
+(task names, messages) is printed as text, never read as rich markup: a
+message such as ``cannot stat [/dev/nvidia0]`` is shown as it came.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class PlaybookProgress:
             self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
             self.live.__enter__()
         else:
-            self.console.print(f"{self.title}: {len(self.hosts)} node(s)", highlight=False)
+            self.console.print(f"{self.title}: {len(self.hosts)} node(s)", highlight=False, markup=False, emoji=False)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -115,14 +117,14 @@ class PlaybookProgress:
             h.tasks += 1
         if kind == "runner_on_start":
             if role and role != h.role and not self.interactive:
-                self.console.print(f"  {h.host}: {role}", highlight=False)
+                self.console.print(f"  {h.host}: {role}", highlight=False, markup=False, emoji=False)
             h.role, h.task = role, f"{role} : {task}" if role else task
         elif kind == "runner_on_ok":
             h.ok += 1
             if res.get("changed"):
                 h.changed += 1
                 if not self.interactive:
-                    self.console.print(f"  {h.host}: changed  {h.task}", highlight=False)
+                    self.console.print(f"  {h.host}: changed  {h.task}", highlight=False, markup=False, emoji=False)
         elif kind == "runner_on_skipped":
             h.skipped += 1
         elif kind == "runner_on_failed":
@@ -131,7 +133,7 @@ class PlaybookProgress:
             h.failed += 1
             h.error = f"{h.task or task}: {_msg(res)}"
             if not self.interactive:
-                self.console.print(f"  {h.host}: FAILED   {h.error}", highlight=False)
+                self.console.print(f"  {h.host}: FAILED   {h.error}", highlight=False, markup=False, emoji=False)
         elif kind == "runner_on_unreachable":
             h.unreachable += 1
             why = unreachable_reason(res)
@@ -139,13 +141,15 @@ class PlaybookProgress:
             # One line per node: Ansible drops an unreachable host from the rest of the run,
             # but a task that ignores unreachable hosts may report it again.
             if not self.interactive and h.unreachable == 1:
-                self.console.print(f"  {h.host}: UNREACHABLE {why}", highlight=False)
+                self.console.print(f"  {h.host}: UNREACHABLE {why}", highlight=False, markup=False, emoji=False)
 
     # -- rendering -----------------------------------------------------------------
     def _table(self):
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=self.title, title_justify="left", expand=False)
+        # Node names, tasks and roles are the node's words: text, never rich markup.
+        table = Table(title=Text(self.title), title_justify="left", expand=False)
         table.add_column("node")
         table.add_column("task", overflow="ellipsis", max_width=60, no_wrap=True)
         for col in ("ok", "changed", "failed", "unreach"):
@@ -153,7 +157,8 @@ class PlaybookProgress:
         for h in self.hosts.values():
             style = "red" if (h.failed or h.unreachable) else ("green" if h.done else "")
             table.add_row(
-                h.host, h.task, str(h.ok), str(h.changed), str(h.failed), str(h.unreachable), style=style
+                Text(h.host), Text(h.task), str(h.ok), str(h.changed), str(h.failed), str(h.unreachable),
+                style=style,
             )
         return table
 

@@ -172,7 +172,8 @@ def _run(
                     counts[item["host"]][item["status"]] += 1
                     if item["status"] == "fail":
                         console.print(
-                            f"  {item['host']}: FAIL {item['probe']}: {item['detail']}", highlight=False
+                            f"  {item['host']}: FAIL {item['probe']}: {item['detail']}", highlight=False,
+                            markup=False, emoji=False,  # the node's words, as text
                         )
             seen = len(lines)
             if done:

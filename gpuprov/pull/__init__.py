@@ -53,10 +53,11 @@ class Boot:
         return node_token(self.key, node)
 
     def node_config(self, node: str, profile: str) -> dict[str, object]:
-        """The node's boot configuration (/etc/gpuprov/pull.json, 0600 root)."""
+        """The node's boot configuration (/etc/gpuprov/pull.json, 0600 root): with its token
+        (who it is), the secret it signs its reports with (report_secret)."""
         return {"bundle_url": self.bundle_url, "report_url": self.report_url, "sha256": self.sha256,
-                "node": node, "token": self.token(node), "profile": profile,
-                "deadline_s": self.deadline_s}
+                "node": node, "token": self.token(node), "report_secret": report_secret(self.key, node),
+                "profile": profile, "deadline_s": self.deadline_s}
 
 
     def archive(self, node: str, profile: str | None = None) -> bytes:
@@ -92,6 +93,20 @@ def node_token(key: bytes, node: str) -> str:
     """A node's token: HMAC-SHA256 of its name under the session key (one per node; a node
     cannot report as another)."""
     return hmac.new(key, node.encode(), hashlib.sha256).hexdigest()
+
+
+def report_secret(key: bytes, node: str) -> str:
+    """The secret a node signs its report batches with: derived from the session key as its
+    token is, under another label, so the one never gives the other (a captured bearer token
+    alone cannot sign a report)."""
+    return hmac.new(key, b"gpuprov-pull-report\0" + node.encode(), hashlib.sha256).hexdigest()
+
+
+def report_signature(secret: str, seq: int, body: bytes) -> str:
+    """A report batch's signature (the X-Gpuprov-Signature header): HMAC-SHA256 under the
+    node's report secret of its sequence number (X-Gpuprov-Seq), a newline, and its body.
+    The agent (node/agent.py, standard library only) computes the same."""
+    return hmac.new(secret.encode(), str(seq).encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
 def choose(requested: str, count: int, can_pull: bool) -> str:

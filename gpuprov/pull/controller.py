@@ -214,12 +214,15 @@ def follow(store: Store, name: str, server: PullServer, bundle: Bundle, nodes: l
             _watch(server, names, outcome, progress, run_dir)
         hosts, errors = {}, {}
         summary = progress.summary()
+        expected = expected_probes()
         for node in names:
             got = outcome[node]
             hosts[node] = HostStats.of(got.get("stats") or summary[node])
             why = got.get("why") or progress.errors().get(node)
             if got.get("rc") != 0 and not why:
                 why = f"the bootstrap ended with exit {got.get('rc')}"
+            if not why:
+                why = _unproven(hosts[node], got, expected)
             if why:
                 errors[node] = why
                 console.say(f"  {node}: FAILED {why}")
@@ -236,11 +239,50 @@ def follow(store: Store, name: str, server: PullServer, bundle: Bundle, nodes: l
     return result, PullReport(bundle_sha256=bundle.sha256, bundle_bytes=bundle.size, verify=verify)
 
 
+def expected_probes(probes_dir: Path | None = None) -> set[str]:
+    """The probes a node's quick verification runs (the agent runs them with ``-m "not
+    full"``): each probe module's test functions, by the name its rows carry (collect.py),
+    read from the probes the bundle carries (this gpuprov's)."""
+    import ast
+
+    from gpuprov import paths
+
+    def full(marks: list[ast.expr]) -> bool:
+        return any("mark.full" in ast.unparse(mark) for mark in marks)
+
+    names = set()
+    for module in sorted((probes_dir or paths.probes_dir()).glob("test_*.py")):
+        tree = ast.parse(module.read_text(), str(module))
+        if any(isinstance(s, ast.Assign) and "pytestmark" in ast.unparse(s.targets[0]) and full([s.value])
+               for s in tree.body):
+            continue
+        names |= {f.name.removeprefix("test_") for f in tree.body
+                  if isinstance(f, ast.FunctionDef) and f.name.startswith("test_") and not full(f.decorator_list)}
+    return names
+
+
+def _unproven(stats: HostStats, got: Mapping[str, Any], expected: set[str]) -> str | None:
+    """Why a node that reported success has proved nothing, as push says it
+    (gpuprov.ansible.runner): no task ran there, or its probes are not all there."""
+    if stats.tasks == 0 and not stats.failed and not stats.unreachable:
+        return "no task ran on this node"
+    missing = sorted(expected - {str(r.get("probe")) for r in got.get("probes") or ()})
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        return f"its report lacks {len(missing)} of the {len(expected)} probes it must run: {shown}"
+    return None
+
+
 def _watch(server: PullServer, names: list[str], outcome: dict[str, dict[str, Any]], progress: Any,
            run_dir: Path) -> None:
     start = time.monotonic()
     read = dict.fromkeys(names, 0)
     while True:
+        for node, why in list(server.failed.items()):
+            # A report that is not what an agent sends fails its node, and that node alone.
+            if node in outcome and "rc" not in outcome[node]:
+                outcome[node] |= {"rc": None, "why": why}
+                progress.hosts[node].error = why
         for node in names:
             events = server.events.get(node, [])
             new, read[node] = events[read[node]:], len(events)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from gpuprov.pull import PULL_ABOVE, Boot, choose, node_token
+from gpuprov.pull import PULL_ABOVE, Boot, choose, node_token, report_secret, report_signature
 from gpuprov.pull import bundle as bundle_mod
 from gpuprov.pull.server import PullServer
 
@@ -53,7 +53,7 @@ def test_the_bundle_carries_the_site_the_packages_and_nothing_compiled(built) ->
     members = _members(built.data)
     names = set(members)
     for needed in ("manifest.json", "site/playbooks/site.yml", "site/playbooks/vars/lock.yml",
-                   "site/roles/nvidia_driver/tasks/main.yml", "site/vars.json", "site/nodes.json",
+                   "site/roles/nvidia_driver/tasks/main.yml", "site/vars.yml", "site/nodes.json",
                    "lib/ansible/cli/playbook.py", "lib/testinfra/__init__.py", "lib/gpuprov/probes/collect.py",
                    "lib/gpuprov/probes/pytest.ini", "plugins/callback/gpuprov_pull.py",
                    "collections/ansible_collections/community/general/plugins/modules/modprobe.py",
@@ -103,11 +103,18 @@ def test_the_mode_is_push_up_to_the_threshold_and_where_pull_is_not_served() -> 
 
 
 # -- the server ------------------------------------------------------------------------------
-def _call(url: str, node: str, token: str, body: dict | None = None) -> tuple[int, bytes]:
+_SEQ = iter(range(1, 1 << 30))
+
+
+def _call(url: str, node: str, token: str, body: dict | None = None, key: bytes = b"k" * 32) -> tuple[int, bytes]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
                                  headers={"X-Gpuprov-Node": node, "Authorization": f"Bearer {token}",
                                           "Content-Type": "application/json"})
+    if data is not None:  # signed as the agent signs a batch (tests/unit/test_pull_reports.py)
+        seq = next(_SEQ)
+        req.add_header("X-Gpuprov-Seq", str(seq))
+        req.add_header("X-Gpuprov-Signature", report_signature(report_secret(key, node), seq, data))
     try:
         with urllib.request.urlopen(req, timeout=10) as answer:
             return answer.status, answer.read()

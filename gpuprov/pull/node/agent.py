@@ -20,6 +20,7 @@ gpuprov-pull.service. Python's standard library only: it runs before anything is
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -35,18 +36,37 @@ from pathlib import Path
 STATE = Path("/var/lib/gpuprov/pull")
 MAX_BUNDLE = 1 << 30
 FORMAT = 1
+MAX_BATCH = 500  # events in one report batch, and characters in one string: what the
+MAX_TEXT = 4096  # controller takes (gpuprov/pull/server.py)
 
 
 class Reporter:
-    """Sends the event file's lines to the controller in numbered batches, from a thread."""
+    """Sends the event file's lines to the controller in numbered batches, from a thread.
+
+    Each batch is signed (HMAC-SHA256 under the node's report secret, over a sequence number
+    that grows with every send, and the body; gpuprov.pull.report_signature computes the same):
+    the token says who the node is, the signature that the report is its own. Strings are cut
+    to the length the controller takes (MAX_TEXT)."""
 
     def __init__(self, config: dict, events: Path) -> None:
         self.config, self.events = config, events
         self.acked = 0
+        # The last sequence number sent, kept beside the events: an agent started again (the
+        # node rebooted mid-run) goes on above it, where the controller refuses what it has seen.
+        self.seq_file = events.with_name(events.name + ".seq")
+        try:
+            self.seq = int(self.seq_file.read_text())
+        except (OSError, ValueError):
+            self.seq = 0
+        self.refused = ""  # why the controller refused this node's report (it stops sending)
+        self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def add(self, event: str, **data: object) -> None:
+        data = {k: clip(v) if isinstance(v, str) else v for k, v in data.items()}
+        if isinstance(data.get("rows"), list):
+            data["rows"] = [{**r, "detail": clip(str(r.get("detail", "")))} for r in data["rows"]]
         with self.events.open("a", encoding="utf-8") as out:
             out.write(json.dumps({"event": event, "event_data": {"host": self.config["node"], **data}}) + "\n")
 
@@ -55,15 +75,28 @@ class Reporter:
             self.send()
 
     def send(self) -> bool:
-        lines = self.events.read_text(encoding="utf-8").splitlines() if self.events.exists() else []
-        batch = [json.loads(line) for line in lines[self.acked:self.acked + 500]]
-        body = json.dumps({"from": self.acked, "events": batch}).encode()
-        try:
-            answer = json.loads(post(self.config, self.config["report_url"], body))
-        except (OSError, ValueError):
-            return False
-        self.acked = max(self.acked, int(answer.get("have", 0)))
-        return self.acked >= len(lines)
+        with self.lock:
+            if self.refused:
+                return True  # nothing more to say: the controller has failed this node
+            lines = self.events.read_text(encoding="utf-8").splitlines() if self.events.exists() else []
+            batch = [json.loads(line) for line in lines[self.acked:self.acked + MAX_BATCH]]
+            body = json.dumps({"from": self.acked, "events": batch}).encode()
+            self.seq += 1
+            self.seq_file.write_text(str(self.seq))
+            try:
+                answer = json.loads(post(self.config, self.config["report_url"], body, self.seq))
+            except urllib.error.HTTPError as exc:
+                if exc.code == 400:
+                    try:
+                        self.refused = exc.read(MAX_TEXT).decode(errors="replace") or "refused"
+                    except OSError:
+                        self.refused = "refused"
+                    return True
+                return False
+            except (OSError, ValueError):
+                return False
+            self.acked = max(self.acked, int(answer.get("have", 0)))
+            return self.acked >= len(lines)
 
     def finish(self, deadline: float) -> bool:
         self.stop.set()
@@ -74,6 +107,15 @@ class Reporter:
         return False
 
 
+def clip(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 3] + "..."
+
+
+def signature(secret: str, seq: int, body: bytes) -> str:
+    """HMAC-SHA256 of a report batch: its sequence number, a newline, its body."""
+    return hmac.new(secret.encode(), str(seq).encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
 def request(config: dict, url: str, body: bytes | None = None) -> urllib.request.Request:
     headers = {"Authorization": f"Bearer {config['token']}", "X-Gpuprov-Node": config["node"]}
     if body is not None:
@@ -81,8 +123,11 @@ def request(config: dict, url: str, body: bytes | None = None) -> urllib.request
     return urllib.request.Request(url, data=body, headers=headers, method="POST" if body is not None else "GET")
 
 
-def post(config: dict, url: str, body: bytes) -> bytes:
-    with urllib.request.urlopen(request(config, url, body), timeout=20) as answer:
+def post(config: dict, url: str, body: bytes, seq: int) -> bytes:
+    req = request(config, url, body)
+    req.add_header("X-Gpuprov-Seq", str(seq))
+    req.add_header("X-Gpuprov-Signature", signature(config["report_secret"], seq, body))
+    with urllib.request.urlopen(req, timeout=20) as answer:
         return answer.read()
 
 
@@ -175,7 +220,8 @@ def environment(root: Path, events: Path, config: dict) -> dict[str, str]:
 def converge(root: Path, manifest: dict, env: dict[str, str], log: Path) -> int:
     cmd = [sys.executable, "-c", "import sys; from ansible.cli.playbook import main; "
            "sys.argv[0] = 'ansible-playbook'; main()",
-           "-i", str(root / "inventory.yml"), "-e", f"@{root / 'site' / 'vars.json'}",
+           # The play variables, every string tagged !unsafe by the controller: data, never a template.
+           "-i", str(root / "inventory.yml"), "-e", f"@{root / 'site' / 'vars.yml'}",
            str(root / "site" / "playbooks" / "site.yml")]
     if manifest.get("tags"):
         cmd += ["--tags", ",".join(manifest["tags"])]

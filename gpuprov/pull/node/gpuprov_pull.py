@@ -57,8 +57,9 @@ class CallbackModule(CallbackBase):
     def _task(self, task, host: str | None = None) -> dict:
         role = task._role.get_name() if task._role else ""
         # The task's own name (get_name() puts the role before it; the progress adds it itself).
-        return {"host": self._node or host, "task": task.name or task.action, "role": role,
-                "task_action": task.action}
+        # Cut to the length the controller takes (MAX_TEXT in gpuprov/pull/server.py).
+        return {"host": self._node or host, "task": str(task.name or task.action)[:4000], "role": str(role)[:4000],
+                "task_action": str(task.action)[:4000]}
 
     def v2_runner_on_start(self, host, task) -> None:
         self._emit("runner_on_start", self._task(task, host.get_name()))
