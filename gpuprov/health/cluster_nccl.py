@@ -7,14 +7,17 @@ the length of one run gpuprov gives the nodes a way in to each other, and takes 
 
 - a key pair made for this run only, its private half on the launcher in a directory on a
   memory file system (/dev/shm, mode 0700: never on a disk), its public half added to the login
-  user's authorized_keys on every node, limited to the launcher's address (``from=``; mpirun
-  starts every remote daemon from the launcher: no tree spawn), with no forwarding, and marked
-  with the run's id;
+  user's authorized_keys on every other node, limited to the launcher's address (``from=``; mpirun
+  starts every remote daemon from the launcher: no tree spawn), with no forwarding, marked
+  with the run's id and with an expiry (gpuprov.health.mpi_key says how the line is added,
+  removed and expired);
 - the other nodes' host keys, the ones gpuprov pinned for them (the cluster's known_hosts),
   written for their cluster addresses into the launcher's known_hosts for the run: mpirun's
   ssh checks them (StrictHostKeyChecking=yes), as every SSH connection of gpuprov does;
-- afterwards (also when the run fails or times out): the marked key line removed from every
-  node, the launcher's directory removed.
+- afterwards (also when the run fails, times out, or gpuprov gets SIGTERM or SIGINT): the
+  run's key line removed from every node (each tried whatever happened on the others; a node
+  where it could not be is named in the row), the launcher's directory and what is left of
+  the run there removed.
 
 Nothing a user typed reaches a command: the addresses are the nodes' own readings, checked to
 be IPv4 addresses; the counts are ints; the run's id is hex that gpuprov makes.
@@ -30,11 +33,12 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuprov.core.results import HealthCheck
-from gpuprov.health import nccl
+from gpuprov.health import mpi_key, nccl
 from gpuprov.health.checks_gpu import failed, skipped
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
@@ -43,7 +47,7 @@ from gpuprov.state import NodeRecord
 CHECK = "nccl_allreduce_cluster"
 NODE = "cluster"  # the row's node: the run is the cluster's, not one node's
 BUDGET_S = 900
-MARK = "gpuprov-mpi-"
+MARK = mpi_key.MARK
 EXPECTED = "all_reduce_perf across all the nodes (one rank per GPU): no wrong result, busbw at the type's floor"
 
 
@@ -119,50 +123,82 @@ def _bundle(entries: Mapping[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class MpiRun:
+    """What one run under mpirun came to."""
+
+    rc: int | None  # mpirun's exit status; None: past its budget, or never started (``setup``)
+    output: str
+    setup: str = ""  # why the run could not start ("node: why"), "" when it started
+    left: tuple[str, ...] = ()  # "node: why" for each node the run's key could not be removed from
+    run_id: str = ""
+    expires: str = ""  # when the run's key stops working (YYYYMMDDHHMMZ)
+
+
 def mpi_run(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], *, ranks_per_node: int,
-            env: Sequence[str] = (), timeout: int = BUDGET_S) -> tuple[int | None, str]:
+            env: Sequence[str] = (), timeout: int = BUDGET_S) -> MpiRun:
     """``program`` under mpirun on ``group`` (launched from the first), ``ranks_per_node`` ranks
-    on each; (its exit status, None when it ran past ``timeout``; its output). ``program`` and
-    ``env`` (NAME=VALUE for -x) are gpuprov's constants, quoted all the same."""
-    run_id = MARK + secrets.token_hex(6)
+    on each, within ``timeout``. ``program`` and ``env`` (NAME=VALUE for -x) are gpuprov's
+    constants, quoted all the same. The run's key is taken away from every node before this
+    returns, also on SIGTERM or SIGINT (then ``mpi_key.Interrupted`` is raised after it)."""
+    run_id = mpi_key.new_run_id(secrets.token_hex(6))
     shm = f"/dev/shm/{run_id}"
     launcher = group[0]
-    # Only the launcher logs in to the others (no tree spawn: plm_rsh_no_tree_spawn below).
-    authorized = f'from="{launcher.address}",no-agent-forwarding,no-port-forwarding,no-X11-forwarding '
-
-    with tempfile.TemporaryDirectory(prefix=run_id, dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
-        key = Path(tmp) / "id"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", run_id, "-f", str(key)], check=True)
-        public = authorized + key.with_suffix(".pub").read_text().strip() + "\n"
-        bundle = _bundle({"id": key.read_bytes(), "known_hosts": _known_hosts(group, files).encode(),
-                          "hostfile": "".join(f"{p.address} slots={ranks_per_node}\n" for p in group).encode()})
-    try:
-        for p in group:
-            subprocess.run(_ssh(p.node, files, 'umask 077; mkdir -p "$HOME/.ssh" && cat >> "$HOME/.ssh/authorized_keys"'),
-                           input=public, text=True, capture_output=True, check=True, timeout=60)
-        subprocess.run(_ssh(launcher.node, files, f"umask 077; mkdir -p {shm} && tar -xf - -C {shm}"),
-                       input=bundle, capture_output=True, check=True, timeout=60)
-        agent = (f"ssh -i {shm}/id -o UserKnownHostsFile={shm}/known_hosts -o StrictHostKeyChecking=yes "
-                 "-o IdentitiesOnly=yes -o BatchMode=yes")
-        exports = " ".join(f"-x {shlex.quote(e)}" for e in env)
-        command = (f'[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; '
-                   f"timeout {int(timeout)} mpirun --hostfile {shm}/hostfile "
-                   f"-np {len(group) * int(ranks_per_node)} --map-by ppr:{int(ranks_per_node)}:node --bind-to none "
-                   f"--mca plm_rsh_agent {shlex.quote(agent)} --mca plm_rsh_no_tree_spawn 1 {exports} {shlex.join(program)} 2>&1")
+    expires = mpi_key.expiry(datetime.now(UTC))
+    ran, line = MpiRun(None, "", run_id=run_id, expires=expires), ""
+    with mpi_key.Guard() as guard:  # from the key's making: a signal never leaves a half of it anywhere
         try:
-            proc = subprocess.run(_ssh(launcher.node, files, command), capture_output=True, text=True,
-                                  timeout=timeout + 60, check=False)
-        except subprocess.TimeoutExpired:
-            return None, ""
-        return (None if proc.returncode == 124 else proc.returncode), proc.stdout + proc.stderr
-    finally:
-        for p in group:
-            # Rewritten in place (the login may not write its .ssh directory, only the file).
-            cleanup = (f'f="$HOME/.ssh/authorized_keys"; [ -f "$f" ] && t=$(mktemp) && '
-                       f'{{ grep -v " {run_id}$" "$f" > "$t"; cat "$t" > "$f"; rm -f "$t"; }}; true')
-            if p is launcher:
-                cleanup = f"rm -rf {shm}; " + cleanup
-            subprocess.run(_ssh(p.node, files, cleanup), capture_output=True, check=False, timeout=60)
+            try:
+                with tempfile.TemporaryDirectory(prefix=run_id,
+                                                 dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+                    key = Path(tmp) / "id"
+                    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", run_id, "-f", str(key)],
+                                   check=True, stdin=subprocess.DEVNULL, capture_output=True)
+                    # Only the launcher logs in to the others (no tree spawn: plm_rsh_no_tree_spawn below).
+                    line = mpi_key.key_line(key.with_suffix(".pub").read_text(), run_id, [launcher.address], expires)
+                    bundle = _bundle({"id": key.read_bytes(), "known_hosts": _known_hosts(group, files).encode(),
+                                      "hostfile": "".join(f"{p.address} slots={ranks_per_node}\n"
+                                                          for p in group).encode()})
+                ran = _launch(group, files, program, line, bundle, shm, ranks_per_node, env, timeout, ran)
+            finally:
+                guard.disarm()  # from here on a signal is noted: the cleanup below always runs whole
+        finally:
+            left = mpi_key.remove_everywhere(
+                [(p.node.name, _ssh(p.node, files, mpi_key.remote("remove", run_id))) for p in group],
+                line) if line else []
+            if guard.caught is not None:
+                raise guard.interrupted(left, run_id, expires) from None
+    return replace(ran, left=tuple(left))
+
+
+def _launch(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], line: str, bundle: bytes,
+            shm: str, ranks_per_node: int, env: Sequence[str], timeout: int, ran: MpiRun) -> MpiRun:
+    launcher = group[0]
+    for p in group[1:]:  # the launcher starts its own ranks itself: its sshd is not asked
+        why = mpi_key.add(_ssh(p.node, files, mpi_key.remote("add", ran.run_id)), line)
+        if why is not None:
+            return replace(ran, setup=f"{p.node.name}: could not add the run's key to authorized_keys: {why}")
+    try:
+        proc = subprocess.run(_ssh(launcher.node, files, f"umask 077; mkdir -p {shm} && tar -xf - -C {shm}"),
+                              input=bundle, capture_output=True, check=False, timeout=60)
+        why = None if proc.returncode == 0 else proc.stderr.decode(errors="replace").strip()[-200:]
+    except subprocess.TimeoutExpired:
+        why = "no answer within 60 s"
+    if why is not None:
+        return replace(ran, setup=f"{launcher.node.name}: could not copy the run's key to {shm}: {why}")
+    agent = (f"ssh -i {shm}/id -o UserKnownHostsFile={shm}/known_hosts -o StrictHostKeyChecking=yes "
+             "-o IdentitiesOnly=yes -o BatchMode=yes")
+    exports = " ".join(f"-x {shlex.quote(e)}" for e in env)
+    command = (f'[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; '
+               f"timeout {int(timeout)} mpirun --hostfile {shm}/hostfile "
+               f"-np {len(group) * int(ranks_per_node)} --map-by ppr:{int(ranks_per_node)}:node --bind-to none "
+               f"--mca plm_rsh_agent {shlex.quote(agent)} --mca plm_rsh_no_tree_spawn 1 {exports} {shlex.join(program)} 2>&1")
+    try:
+        proc = subprocess.run(_ssh(launcher.node, files, command), capture_output=True, text=True,
+                              timeout=timeout + 60, check=False)
+    except subprocess.TimeoutExpired:
+        return ran
+    return replace(ran, rc=None if proc.returncode == 124 else proc.returncode, output=proc.stdout + proc.stderr)
 
 
 def across_nodes(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Mapping[str, Expect],
@@ -175,17 +211,27 @@ def across_nodes(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expect
     env = ["FI_PROVIDER=efa"] if first.efa_interfaces else []
     program = ["sh", "-c", 'exec "$(command -v all_reduce_perf || echo /opt/nccl-tests/build/all_reduce_perf)" '
                '-b 8 -e 2G -f 2 -g 1']
-    rc, text = mpi_run(group, files, program, ranks_per_node=group[0].gpus, env=env)
-    (run_dir / "nccl-across-nodes.txt").write_text(text)
+    ran = mpi_run(group, files, program, ranks_per_node=group[0].gpus, env=env)
+    (run_dir / "nccl-across-nodes.txt").write_text(ran.output)
     where = f"{len(group)} nodes x {group[0].gpus} GPUs"
-    if rc is None:
-        return _cluster(failed(CHECK, f"all_reduce_perf across {where} did not finish in {BUDGET_S} s", EXPECTED,
-                               "drain the nodes and run the in-node check on each (--level standard): a "
-                               "collective that hangs across nodes points at the network (EFA, security group)"))
-    row = nccl.bandwidth_check(NODE, text, instance_type=first.instance_type, nodes=len(group))
-    if rc != 0 and row.status == "pass":
-        row = failed(CHECK, f"mpirun exited {rc}: {text.strip().splitlines()[-1][:200] if text.strip() else ''}",
-                     EXPECTED, "read the raw output (nccl-across-nodes.txt in the run's directory)")
+    if ran.setup:
+        row = failed(CHECK, f"all_reduce_perf across {where} could not start: {ran.setup}", EXPECTED,
+                     "check the node named (its disk, its ~/.ssh) and run the full level again")
+    elif ran.rc is None:
+        row = failed(CHECK, f"all_reduce_perf across {where} did not finish in {BUDGET_S} s", EXPECTED,
+                     "drain the nodes and run the in-node check on each (--level standard): a "
+                     "collective that hangs across nodes points at the network (EFA, security group)")
+    else:
+        row = nccl.bandwidth_check(NODE, ran.output, instance_type=first.instance_type, nodes=len(group))
+        if ran.rc != 0 and row.status == "pass":
+            text = ran.output.strip()
+            row = failed(CHECK, f"mpirun exited {ran.rc}: {text.splitlines()[-1][:200] if text else ''}",
+                         EXPECTED, "read the raw output (nccl-across-nodes.txt in the run's directory)")
+    if ran.left:
+        found = mpi_key.left_line(ran.left, ran.run_id, ran.expires)
+        row = failed(CHECK, f"{row.found}; {found}" if row.status == "fail" else found, EXPECTED,
+                     f"remove the line ending in {ran.run_id} from ~/.ssh/authorized_keys on the nodes named "
+                     "(or leave it: it opens nothing after its expiry)")
     return _cluster(row)
 
 
@@ -195,7 +241,5 @@ def one_node() -> HealthCheck:
 
 
 def _cluster(row: HealthCheck | None) -> HealthCheck:
-    from dataclasses import replace
-
     assert row is not None
     return replace(row, node=NODE, check=CHECK)

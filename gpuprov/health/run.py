@@ -113,9 +113,13 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
             row = cluster_nccl.across_nodes(nodes, readings, expected, files, run_dir)
             progress(console, row.node, [row], 0.0)
             rows.append(row)
-    finally:
-        result = _result(name, level, started, rows)
-        store.finish_run(run_id, result.ok, _stored(result))
+    except BaseException:
+        # Interrupted or failed part way (SIGTERM, Ctrl-C, an error): the run is recorded as
+        # failed, whatever the rows gathered so far said.
+        store.finish_run(run_id, False, _stored(_result(name, level, started, rows)))
+        raise
+    result = _result(name, level, started, rows)
+    store.finish_run(run_id, result.ok, _stored(result))
     console.say(f"  raw readings: {run_dir}")
     return result
 

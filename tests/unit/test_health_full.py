@@ -6,12 +6,19 @@ and on a copy edited in memory to show one fault, named where it is made."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from gpuprov.health import FULL, cluster_nccl, evaluate, gather
+from gpuprov.health import FULL, cluster_nccl, evaluate, gather, mpi_key
 from gpuprov.health.checks_deep import dcgm_diag_long
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.health.gather import Section, recorded
@@ -110,12 +117,13 @@ def test_every_gpu_of_every_node_takes_part() -> None:
 
 
 # -- the verdict on what mpirun returned -----------------------------------------------------------
-def _across(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str, rc: int | None, itype: str) -> tuple:
+def _across(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str, rc: int | None, itype: str,
+            left: tuple[str, ...] = ()) -> tuple:
     seen: dict = {}
 
     def fake_mpi_run(group, files, program, *, ranks_per_node, env=(), timeout=0):
         seen.update(group=group, program=program, ranks=ranks_per_node, env=list(env))
-        return rc, text
+        return cluster_nccl.MpiRun(rc, text, left=left, run_id="gpuprov-mpi-0123456789ab", expires="202611261635Z")
 
     # mpirun itself cannot run here (no GPU, no EFA): what it printed on the published nodes stands in.
     monkeypatch.setattr(cluster_nccl, "mpi_run", fake_mpi_run)
@@ -152,3 +160,193 @@ def test_a_run_below_the_floor_fails(monkeypatch, tmp_path) -> None:
 def test_a_run_past_its_budget_fails_saying_so(monkeypatch, tmp_path) -> None:
     row, _ = _across(monkeypatch, tmp_path, "", None, "p4de.24xlarge")
     assert row.status == "fail" and "did not finish in 900 s" in row.found
+
+
+def test_a_run_whose_key_could_not_be_removed_everywhere_fails_naming_the_node(monkeypatch, tmp_path) -> None:
+    """The published p4de run passes its floor; the key left on c-node-2 turns the row to a
+    failure that names the node, why, the run's line and when the key stops working."""
+    text = (REC / "p4de-24xlarge-x2-efa" / "all_reduce_perf.txt").read_text()
+    row, _ = _across(monkeypatch, tmp_path, text, 0, "p4de.24xlarge", left=("c-node-2: no answer within 60 s",))
+    assert row.status == "fail", row
+    assert row.found == ("the run's key (gpuprov-mpi-0123456789ab) could not be removed from c-node-2: no answer "
+                         "within 60 s; it stops working at 2026-11-26 16:35 UTC, and the next run across nodes "
+                         "removes it"), row
+    assert "gpuprov-mpi-0123456789ab" in row.action and "authorized_keys" in row.action
+
+
+# -- the run's key line (gpuprov.health.mpi_key) ----------------------------------------------------
+PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFqLpR0wK9m3bYv5x0aD1cU8e2hQ7sT4nJ6oW1rZ3yXk gpuprov-mpi-0123456789ab"
+RUN = "gpuprov-mpi-0123456789ab"
+
+
+def test_the_key_line_is_limited_to_the_launcher_and_expires() -> None:
+    line = mpi_key.key_line(PUB, RUN, ["10.0.1.5"], "202611261635Z")
+    assert line == ('expiry-time="202611261635Z",from="10.0.1.5",restrict ssh-ed25519 '
+                    "AAAAC3NzaC1lZDI1NTE5AAAAIFqLpR0wK9m3bYv5x0aD1cU8e2hQ7sT4nJ6oW1rZ3yXk gpuprov-mpi-0123456789ab")
+    assert mpi_key.key_line(PUB, RUN, ["10.0.1.5", "10.0.1.6"], "202611261635Z").startswith(
+        'expiry-time="202611261635Z",from="10.0.1.5,10.0.1.6",restrict ')
+
+
+@pytest.mark.parametrize(("public", "run", "sources", "expires"), [
+    (PUB, RUN, ["10.0.1.5,0.0.0.0/0"], "202611261635Z"),
+    (PUB, RUN, ['10.0.1.5",command="id'], "202611261635Z"),
+    (PUB, RUN, ["0.0.0.0"], "202611261635Z"),
+    (PUB, RUN, ["10.0.1.5 "], "202611261635Z"),
+    (PUB, RUN, [], "202611261635Z"),
+    (PUB, "gpuprov-mpi-0123", ["10.0.1.5"], "202611261635Z"),
+    (PUB, RUN + "\nssh-ed25519 AAAA x", ["10.0.1.5"], "202611261635Z"),
+    (PUB, RUN, ["10.0.1.5"], '202611261635Z",command="id'),
+    (PUB, RUN, ["10.0.1.5"], "2026112616Z"),
+    ('command="id" ' + PUB, RUN, ["10.0.1.5"], "202611261635Z"),
+    ("ssh-rsa AAAAB3NzaC1yc2E x", RUN, ["10.0.1.5"], "202611261635Z"),
+    ("ssh-ed25519 AAAA\nssh-ed25519 BBBB", RUN, ["10.0.1.5"], "202611261635Z"),
+])
+def test_the_key_line_takes_nothing_but_its_parts(public, run, sources, expires) -> None:
+    with pytest.raises(ValueError):
+        mpi_key.key_line(public, run, sources, expires)
+
+
+def test_the_key_expires_half_an_hour_after_the_run_starts_in_utc() -> None:
+    assert mpi_key.expiry(datetime(2026, 11, 26, 16, 4, 30, tzinfo=UTC)) == "202611261635Z"
+    assert mpi_key.expiry(datetime(2026, 12, 31, 23, 59, 0, tzinfo=UTC)) == "202701010030Z"
+    assert mpi_key.expiry(datetime(2026, 11, 26, 18, 4, 30, tzinfo=timezone(timedelta(hours=2)))) == "202611261635Z"
+    assert mpi_key.shown("202611261635Z") == "2026-11-26 16:35 UTC"
+
+
+# -- the script that adds and removes it, run here on a home directory of the test's own ------------
+OPERATOR = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorOne op@one",
+            # an operator's own line that has the marker and an expiry of its own, past: it is not
+            # a gpuprov line unless its comment is the run's id alone
+            'expiry-time="202001010000Z" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorTwo gpuprov-mpi-1 op',
+            'expiry-time="202001010000Z" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorThree op@three',
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOldRun gpuprov-mpi-00000000000a"]  # no expiry: kept
+STALE = 'expiry-time="202001010000Z",from="10.0.1.9",restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStale gpuprov-mpi-00000000000b'
+LIVE = 'expiry-time="209901010000Z",from="10.0.1.9",restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILive gpuprov-mpi-00000000000c'
+
+
+def _home(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    (tmp_path / ".ssh").mkdir(mode=0o700)
+    keys = tmp_path / ".ssh" / "authorized_keys"
+    keys.write_text(text)
+    keys.chmod(mode)
+    return keys
+
+
+def _script(home: Path, mode: str, line: str, *, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    """SCRIPT as a node's shell runs it, here: this machine's sh, awk, grep and coreutils."""
+    prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user else []
+    return subprocess.run([*prefix, "sh", "-c", mpi_key.SCRIPT, "sh", mode, RUN], input=line + "\n", text=True,
+                          capture_output=True, env={"HOME": str(home), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
+                          timeout=30, check=False)
+
+
+def test_adding_ends_the_last_line_first_and_removes_only_expired_run_lines(tmp_path) -> None:
+    line = mpi_key.key_line(PUB, RUN, ["10.0.1.5"], "209901010000Z")
+    before = "\n".join([OPERATOR[0], STALE, *OPERATOR[1:], LIVE, "ssh-rsa AAAAB3NzaC1yc2E last@line"])  # no final newline
+    keys = _home(tmp_path, before, 0o640)
+    proc = _script(tmp_path, "add", line)
+    assert proc.returncode == 0, proc.stderr
+    assert keys.read_text() == "\n".join([OPERATOR[0], *OPERATOR[1:], LIVE, "ssh-rsa AAAAB3NzaC1yc2E last@line",
+                                         line]) + "\n"
+    assert keys.stat().st_mode & 0o777 == 0o640 and sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]
+
+
+def test_adding_makes_the_file_when_there_is_none(tmp_path) -> None:
+    line = mpi_key.key_line(PUB, RUN, ["10.0.1.5"], "209901010000Z")
+    proc = _script(tmp_path, "add", line)
+    keys = tmp_path / ".ssh" / "authorized_keys"
+    assert proc.returncode == 0 and keys.read_text() == line + "\n", proc.stderr
+    assert keys.stat().st_mode & 0o777 == 0o600 and keys.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_removing_takes_the_run_line_and_expired_ones_and_keeps_every_other_byte(tmp_path) -> None:
+    line = mpi_key.key_line(PUB, RUN, ["10.0.1.5"], "209901010000Z")
+    kept = [OPERATOR[0], *OPERATOR[1:], LIVE, "ssh-rsa AAAAB3NzaC1yc2E last@line"]
+    keys = _home(tmp_path, "\n".join([kept[0], line, STALE, *kept[1:], line]) + "\n", 0o644)
+    owner = keys.stat().st_uid, keys.stat().st_gid
+    proc = _script(tmp_path, "remove", line)
+    assert proc.returncode == 0, proc.stderr
+    assert keys.read_text() == "\n".join(kept) + "\n"
+    assert keys.stat().st_mode & 0o777 == 0o644 and (keys.stat().st_uid, keys.stat().st_gid) == owner
+    assert sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]  # no temporary file left
+    inode = keys.stat().st_ino
+    again = _script(tmp_path, "remove", line)  # nothing to remove: the file is not even rewritten
+    assert again.returncode == 0 and keys.stat().st_ino == inode and keys.read_text() == "\n".join(kept) + "\n"
+
+
+@pytest.fixture
+def nobody_home() -> Iterator[Path]:
+    """A home directory of user nobody's (pytest's own tmp_path is root's alone)."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as another user (nobody) takes root")
+    home = Path(tempfile.mkdtemp(prefix="gpuprov-mpi-key-test-"))
+    os.chown(home, NOBODY, NOBODY)
+    try:
+        yield home
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwX", str(home)], check=False)
+        shutil.rmtree(home)
+
+
+NOBODY = 65534
+
+
+def test_removing_rewrites_in_place_where_the_login_cannot_write_its_ssh_directory(nobody_home) -> None:
+    """The reason the old cleanup wrote in place, kept as the fallback: the directory is the
+    login's but read-only to it (as a user other than root: root writes any directory)."""
+    line = mpi_key.key_line(PUB, RUN, ["10.0.1.5"], "209901010000Z")
+    keys = _home(nobody_home, "\n".join([OPERATOR[0], line, OPERATOR[2]]) + "\n")
+    os.chown(keys.parent, NOBODY, NOBODY)
+    os.chown(keys, NOBODY, NOBODY)
+    keys.parent.chmod(0o500)
+    inode = keys.stat().st_ino
+    proc = _script(nobody_home, "remove", line, user=str(NOBODY))
+    assert proc.returncode == 0, proc.stderr
+    assert keys.read_text() == "\n".join([OPERATOR[0], OPERATOR[2]]) + "\n" and keys.stat().st_ino == inode
+    assert keys.stat().st_mode & 0o777 == 0o600 and (keys.stat().st_uid, keys.stat().st_gid) == (NOBODY, NOBODY)
+
+
+def test_a_failed_read_leaves_the_file_as_it_was(nobody_home) -> None:
+    """grep's exit above 1 (here: the file cannot be read by the login): nothing is written."""
+    line = mpi_key.key_line(PUB, RUN, ["10.0.1.5"], "209901010000Z")
+    before = "\n".join([OPERATOR[0], line]) + "\n"
+    keys = _home(nobody_home, before)
+    os.chown(keys.parent, NOBODY, NOBODY)
+    keys.chmod(0o000)
+    proc = _script(nobody_home, "remove", line, user=str(NOBODY))
+    assert proc.returncode == 1 and "could not read" in proc.stderr, proc
+    assert keys.read_text() == before and sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]
+
+
+def test_every_node_cleanup_is_tried_whatever_happens_to_the_others(tmp_path) -> None:
+    """remove_everywhere over real commands: one never answers (past its time), one cannot be
+    started at all, one does the work: the last is done, the first two named with why."""
+    line = mpi_key.key_line(PUB, RUN, ["10.0.1.5"], "209901010000Z")
+    keys = _home(tmp_path, "\n".join([OPERATOR[0], line]) + "\n")
+    env_sh = ["env", f"HOME={tmp_path}", "sh", "-c", mpi_key.SCRIPT, "sh", "remove", RUN]
+    left = mpi_key.remove_everywhere([("n-hangs", ["sleep", "30"]), ("n-broken", [str(tmp_path / "no-such-ssh")]),
+                                      ("n-ok", env_sh)], line, timeout=2)
+    assert left[0] == "n-hangs: no answer within 2 s" and left[1].startswith("n-broken: FileNotFoundError"), left
+    assert len(left) == 2 and keys.read_text() == OPERATOR[0] + "\n"
+
+
+def test_sigterm_while_the_key_is_out_is_raised_once_and_never_cuts_the_cleanup_short() -> None:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    cleaned = []
+    with pytest.raises(mpi_key.Interrupted) as raised, mpi_key.Guard() as guard:
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the signal's handler raises here, at once
+                raise AssertionError("SIGTERM was not raised")
+            finally:
+                guard.disarm()
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)  # during the cleanup: noted, not raised
+            time.sleep(0.1)
+            cleaned.append(True)
+            raise guard.interrupted([], RUN, "202611261635Z") from None
+    assert cleaned == [True] and raised.value.exit_code == 143
+    assert str(raised.value) == ("interrupted (SIGTERM) during the run across nodes; the run's key is removed from "
+                                 "every node")
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
