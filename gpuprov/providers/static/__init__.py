@@ -3,13 +3,13 @@
 ``up`` checks every host is reachable with its pinned host key and records
 them; ``down`` forgets them and never touches the machines.
 
-Accepted files (see inventory/static-hosts.example.yml and .ini):
+Accepted files (see inventory/static-hosts.example.yml and .ini; hosts_file.py reads them):
 
 - gpuprov YAML: ``hosts: [{name, address, user, port, key, instance_type, gpus,
-  host_key}]`` plus optional top-level ``known_hosts`` and ``user``/``key`` defaults;
-- Ansible YAML inventory: ``all: {hosts: {NAME: {ansible_host, ...}}}``;
-- Ansible INI inventory: ``NAME ansible_host=... ansible_user=... ansible_port=...
-  ansible_ssh_private_key_file=...`` lines.
+  host_key}]`` plus optional top-level ``known_hosts`` and defaults for every host;
+- any Ansible inventory, YAML or INI, read by ansible-core's own parser (groups, group
+  vars, children, host ranges), with ``ansible_host``/``ansible_user``/``ansible_port``/
+  ``ansible_ssh_private_key_file`` and ``gpuprov_gpus``/``gpuprov_instance_type``.
 
 Host keys: ``host_key`` per host, or a ``known_hosts`` file that already holds
 them; otherwise they are read once with ssh-keyscan, printed with their
@@ -19,186 +19,18 @@ fingerprints (trust on first use), and pinned from then on.
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import subprocess
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuprov import ssh, validate
+from gpuprov import ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
+from gpuprov.providers.static.hosts_file import StaticHost, parse_hosts_file
 from gpuprov.state import NodeRecord
 
-HOST_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/]+={0,3}")
-
-
-@dataclass(frozen=True)
-class StaticHost:
-    name: str
-    address: str
-    user: str
-    port: int
-    key: str | None
-    instance_type: str | None
-    gpus: int | None
-    host_key: str | None
-
-
-def parse_hosts_file(path: str | None) -> tuple[list[StaticHost], Path | None]:
-    """Parse a hosts file; BadInput with the file and the reason when it is not usable."""
-    if not path:
-        raise BadInput("the static provider needs --hosts FILE (YAML or INI inventory)")
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise BadInput(f"hosts file {path} not found")
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        raise BadInput(f"hosts file {path} cannot be read ({exc.strerror})") from None
-    if b"\0" in raw:
-        raise BadInput(f"hosts file {path} is not a text file (NUL bytes; UTF-16 or binary?): "
-                       "save it as UTF-8 YAML or INI")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadInput(f"hosts file {path} is not UTF-8 text (byte {exc.start})") from None
-    try:
-        if file.suffix in (".yml", ".yaml") or text.lstrip().startswith(("hosts:", "all:", "---")):
-            hosts, known = _parse_yaml(text, Path(path))
-        else:
-            hosts, known = _parse_ini(text, Path(path)), None
-    except BadInput:
-        raise
-    except Exception as exc:  # noqa: BLE001  (any parser error is bad input)
-        raise BadInput(f"hosts file {path} is malformed: {str(exc).splitlines()[0]}") from None
-    if not hosts:
-        raise BadInput(f"hosts file {path} lists no hosts")
-    names = [h.name for h in hosts]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise BadInput(f"hosts file {path} lists {', '.join(dupes)} more than once")
-    ends = [(h.address, h.port) for h in hosts]
-    same = sorted({f"{a}:{p}" for a, p in ends if ends.count((a, p)) > 1})
-    if same:
-        raise BadInput(f"hosts file {path}: {', '.join(same)} is listed for more than one host")
-    for h in hosts:
-        if h.key and not Path(h.key).expanduser().is_file():
-            raise BadInput(f"hosts file {path}: key {h.key} for {h.name} not found")
-    return hosts, known
-
-
-def _host(name: Any, data: dict[str, Any], defaults: dict[str, Any], where: Path) -> StaticHost:
-    """One host, every field checked: each value reaches ssh and Ansible as data of one
-    known shape, never as an option, inventory syntax or a template."""
-    if not isinstance(data, dict):
-        raise BadInput(f"hosts file {where}: host {name!r} must be a mapping of fields, not {data!r}")
-    name = validate.host_name(name, f"hosts file {where}")
-
-    def pick(*keys: str) -> tuple[str, Any]:
-        for source in (data, defaults):
-            for k in keys:
-                if source.get(k) not in (None, ""):
-                    return k, source[k]
-        return keys[0], None
-
-    at = f"hosts file {where}: host {name}"
-    field, address = pick("address", "ansible_host")
-    address = validate.address(address if address is not None else name, f"{at}: {field}")
-    field, user = pick("user", "ansible_user")
-    if user is None:
-        raise BadInput(f"{at}: no user (set user: or ansible_user)")
-    user = validate.user_name(user, f"{at}: {field}")
-    field, port = pick("port", "ansible_port")
-    port = 22 if port is None else validate.port(port, f"{at}: {field}")
-    field, gpus = pick("gpus", "gpuprov_gpus")
-    gpus = None if gpus is None else validate.count(gpus, f"{at}: {field}")
-    field, key = pick("key", "ansible_ssh_private_key_file", "ansible_private_key_file")
-    key = None if key is None else validate.text(key, f"{at}: {field}")
-    field, itype = pick("instance_type", "gpuprov_instance_type")
-    itype = None if itype is None else validate.instance_type(itype, f"{at}: {field}")
-    field, host_key = pick("host_key")
-    if host_key is not None:
-        host_key = " ".join(validate.text(host_key, f"{at}: host_key").split()[:2])
-        if not HOST_KEY.fullmatch(host_key):
-            raise BadInput(f"{at}: host_key must be 'TYPE BASE64' as in known_hosts "
-                           f"(ssh-keyscan prints it), not {host_key!r}")
-    return StaticHost(name=name, address=address, user=user, port=port, key=key,
-                      instance_type=itype, gpus=gpus, host_key=host_key)
-
-
-def _parse_yaml(text: str, where: Path) -> tuple[list[StaticHost], Path | None]:
-    import yaml
-
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise BadInput(f"hosts file {where} is malformed: expected a mapping at the top")
-    known = data.get("known_hosts")
-    if known is not None:
-        validate.text(known, f"hosts file {where}: known_hosts")
-    known_path = Path(known).expanduser() if known else None
-    if known_path is not None and not known_path.is_file():
-        raise BadInput(f"hosts file {where}: known_hosts {known} not found")
-    if "hosts" in data and isinstance(data["hosts"], list):
-        defaults = {k: v for k, v in data.items() if k not in ("hosts", "known_hosts")}
-        hosts = []
-        for i, item in enumerate(data["hosts"]):
-            if not isinstance(item, dict) or "name" not in item:
-                raise BadInput(f"hosts file {where} is malformed: host #{i + 1} has no name")
-            hosts.append(_host(item["name"], item, defaults, where))
-        return hosts, known_path
-    if "all" in data and isinstance(data["all"], dict):
-        hosts = []
-
-        def walk(group: dict[str, Any], inherited: dict[str, Any]) -> None:
-            group_vars = {**inherited, **(group.get("vars") or {})}
-            for name, hv in (group.get("hosts") or {}).items():
-                hosts.append(_host(name, hv or {}, group_vars, where))
-            for child in (group.get("children") or {}).values():
-                walk(child or {}, group_vars)
-
-        walk(data["all"], {})
-        return hosts, known_path
-    raise BadInput(f"hosts file {where} is malformed: expected a 'hosts:' list or an 'all:' group")
-
-
-def _parse_ini(text: str, where: Path) -> list[StaticHost]:
-    hosts: dict[str, dict[str, Any]] = {}
-    group_vars: dict[str, Any] = {}
-    section = ""
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            if not line.endswith("]"):
-                raise BadInput(f"hosts file {where}: line {lineno}: unterminated section header")
-            section = line[1:-1]
-            continue
-        parts = shlex.split(line)
-        if section.endswith(":vars"):
-            key, sep, value = line.partition("=")
-            if not sep:
-                raise BadInput(f"hosts file {where}: line {lineno}: expected key=value in [{section}]")
-            group_vars[key.strip()] = value.strip()
-            continue
-        if section.endswith(":children"):
-            continue
-        name, *pairs = parts
-        hv = {}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise BadInput(f"hosts file {where}: line {lineno}: expected key=value, found '{pair}'")
-            hv[key] = value
-        if name in hosts:
-            # Ansible merges repeated lines; for gpuprov two lines are two hosts, and one name twice
-            # is a mistake to show, not to merge silently.
-            raise BadInput(f"hosts file {where}: line {lineno}: host {name} is listed more than once")
-        hosts[name] = hv
-    return [_host(n, hv, group_vars, where) for n, hv in hosts.items()]
-
+__all__ = ["PROVIDER", "StaticHost", "StaticProvider", "parse_hosts_file"]
 
 class StaticProvider(Provider):
     name = "static"
