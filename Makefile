@@ -32,7 +32,7 @@ registry: $(STAMP) host-setup
 # The machine's package cache, artifact mirror and registry as gpuprov's settings file (user
 # config dir): a new cluster records them at `up`, from any shell, with nothing exported.
 settings: $(STAMP) host-setup mirror registry
-	$(ENV) python -c "from gpuprov.core.settings import write_file; print(f'settings: {write_file()}')"
+	$(ENV) python -c "from gpuprov.shared.settings import write_file; print(f'settings: {write_file()}')"
 
 ## demo: two local nodes, bootstrapped and verified (the main job, no GPU, no cost)
 demo: $(STAMP) host-setup mirror registry settings

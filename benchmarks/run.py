@@ -18,7 +18,7 @@ On local nodes (the docker provider; the Docker engine, node image and package c
   - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py): with
     --image, from the default image (no AMI baked for the lock), and from an AMI baked for it.
 Uses its own GPUPROV_HOME and image repository; removes its clusters and image. Writes
-bench-results/<time>.json and prints a Markdown table (the README's performance section).
+bench-results/<time>.json and prints a Markdown table (docs/performance.md).
 """
 
 from __future__ import annotations

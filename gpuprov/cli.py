@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpuprov import __version__, cli_output
+from gpuprov import __version__, cli_local, cli_output
 from gpuprov.cli_health import health
 from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
@@ -21,11 +21,11 @@ from gpuprov.cli_monitor import monitor
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_stack import stack, types
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers import ClusterSpec
+from gpuprov.shared.console import Console
 
 
 def _console():
-    from gpuprov.core import Console
-
     return Console()
 
 
@@ -92,12 +92,12 @@ def up(
     output: str,
 ) -> int:
     """Launch a cluster and bootstrap it (idempotent: re-running completes a cluster)."""
-    from gpuprov import core
-    from gpuprov.providers import ClusterSpec
+    from gpuprov.core import launching  # lazy: CLI start-up
+    from gpuprov.shared import cluster  # lazy: CLI start-up
 
     # Each provider checks its own flags (core.up -> Provider.check_spec), before anything is made.
     if name is not None:
-        core.validate_name(name)
+        cluster.validate_name(name)
     options = {k: v for k, v in (
         ("disk_gb", disk_gb), ("capacity_reservation", capacity_reservation), ("source", source),
         ("os", os_name), ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda),
@@ -105,10 +105,10 @@ def up(
         ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
         ("min_count", min_count), ("no_baked", no_baked), ("keep_failed", keep_failed),
     ) if v} | ({"retries": retries} if retries is not None else {})
-    spec = ClusterSpec(name=name or core.generate_name(), provider=provider, instance_type=instance_type,
+    spec = ClusterSpec(name=name or cluster.generate_name(), provider=provider, instance_type=instance_type,
                        count=count or 0, region=region, image=image, ssh_cidr=ssh_cidr, spot=spot,
                        hosts_file=hosts_file, options=options)
-    result = core.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
+    result = launching.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
                      confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback,
                      health=health, tags=tags, mode=bootstrap_mode)
     cli_output.up_result(result, output)
@@ -141,7 +141,7 @@ def down(name: str, yes: bool, region: str | None) -> int:
     aws: terminates the instances, waits, then deletes the cluster's elastic
     IPs, placement group, security group and key pair, all found by the tag
     gpuprov:cluster=NAME (also when local state is gone)."""
-    from gpuprov import core
+    from gpuprov.core import removal  # lazy: CLI start-up
 
     def confirm(question: str) -> bool:
         if yes:
@@ -150,7 +150,7 @@ def down(name: str, yes: bool, region: str | None) -> int:
             raise BadInput(f"refusing to take '{name}' down without --yes (no terminal to ask)")
         return click.confirm(question, default=False, err=True)
 
-    core.down(name, console=_console(), confirm=confirm, region=region)
+    removal.down(name, console=_console(), confirm=confirm, region=region)
     return 0
 
 
@@ -163,9 +163,9 @@ def list_(region: str | None, output: str) -> int:
     When AWS is set up here, clusters tagged gpuprov:cluster=NAME that no
     state knows show as `untracked (tags only)`, and recorded aws clusters
     whose instances are gone as `missing at aws`."""
-    from gpuprov import core
+    from gpuprov.core import reading  # lazy: CLI start-up
 
-    rows = core.list_clusters(region=region, console=_console())
+    rows = reading.list_clusters(region=region, console=_console())
     if output == "json":
         cli_output.emit_json(rows)
     else:
@@ -178,9 +178,9 @@ def list_(region: str | None, output: str) -> int:
 @output_option
 def status(name: str, output: str) -> int:
     """Show a cluster's nodes as the provider sees them now, and its recent runs."""
-    from gpuprov import core
+    from gpuprov.core import reading  # lazy: CLI start-up
 
-    data = core.status(name)
+    data = reading.status(name)
     cli_output.eol_warning_of(name)
     if output == "json":
         cli_output.emit_json(data)
@@ -197,9 +197,9 @@ def status(name: str, output: str) -> int:
 @output_option
 def provision(name: str, check: bool, tags: str | None, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node; safe to re-run."""
-    from gpuprov import core
+    from gpuprov.core import converge  # lazy: CLI start-up
 
-    data = core.provision(name, console=_console(), check=check, tags=tags)
+    data = converge.provision(name, console=_console(), check=check, tags=tags)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -235,14 +235,14 @@ def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool
           output: str) -> int:
     """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates:
     in place, or by replacing the nodes from a baked image (--onto-image)."""
-    from gpuprov.core import patch as patching
+    from gpuprov.core import patch as patching  # lazy: CLI start-up
 
     req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
                            microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
                            resume=resume, onto_image=onto_image,
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
     if onto_image is not None:
-        from gpuprov.core.replace import roll_onto_image
+        from gpuprov.core.replace import roll_onto_image  # lazy: CLI start-up
 
         data = roll_onto_image(name, req, console=_console(), health=health)
     else:
@@ -263,12 +263,12 @@ def verify(name: str | None, level: str, local: bool, output: str, **flags: Any)
     """Probe every node (testinfra) and report pass / fail / skip, each with its reason.
 
     With --local instead of NAME: this machine itself (no cluster, no SSH)."""
-    from gpuprov import cli_local, core
+    from gpuprov.core import converge  # lazy: CLI start-up
 
     name = cli_local.cluster_name(name, local, output, flags)
     if name is None:
         return cli_local.verify_local(level, output, **flags)
-    data = core.verify(name, console=_console(), level=level)
+    data = converge.verify(name, console=_console(), level=level)
     cli_output.eol_warning_of(name)
     if output == "json":
         cli_output.emit_json(data)
@@ -287,7 +287,7 @@ def exec_(name: str, command: tuple[str, ...]) -> int:
     \b
     gpuprov exec demo -- uname -r
     """
-    from gpuprov.core import remote
+    from gpuprov.core import remote  # lazy: CLI start-up
 
     results = remote.run(name, list(command), console=_console())
     return 0 if all(r.exit_code == 0 for r in results) else 1
@@ -306,7 +306,7 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
     Recorded at `up` (the environment, else the settings file in the user config dir) and
     reused by every later command; the next `provision` or `patch` applies a change.
     """
-    from gpuprov import core
+    from gpuprov.core import reading  # lazy: CLI start-up
 
     changes = {}
     for item in assignments:
@@ -314,7 +314,7 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
         if not sep:
             raise BadInput(f"--set {item!r}: expected KEY=VALUE")
         changes[key] = value
-    data = core.change_settings(name, changes, record=record)
+    data = reading.change_settings(name, changes, record=record)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -329,9 +329,9 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
 @output_option
 def inventory(name: str, output: str) -> int:
     """Print the cluster's Ansible inventory (YAML; JSON in ansible-inventory's form)."""
-    from gpuprov import core
+    from gpuprov.core import reading  # lazy: CLI start-up
 
-    text, data = core.inventory(name)
+    text, data = reading.inventory(name)
     if output == "json":
         cli_output.emit_json(data)
     else:

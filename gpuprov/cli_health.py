@@ -9,6 +9,7 @@ import click
 
 from gpuprov import cli_output
 from gpuprov.errors import BadInput
+from gpuprov.shared.console import Console
 
 
 @click.command()
@@ -34,14 +35,13 @@ def health(name: str | None, level: str, nodes: tuple[str, ...], local: bool, ou
     gpuprov health demo
     gpuprov health --local --type p5.48xlarge -o junit > health.xml
     """
-    from gpuprov.core import Console
-    from gpuprov.health import run
+    from gpuprov.health import run  # lazy: CLI start-up
 
     run.check_level(level)
     if _target(name, local, nodes, flags) is None:
-        from gpuprov.core import local as local_mod
+        from gpuprov.shared import localhost  # lazy: CLI start-up
 
-        req = local_mod.request(instance_type=flags["local_type"], gpus=flags["gpus"], gpu_model=flags["gpu_model"])
+        req = localhost.request(instance_type=flags["local_type"], gpus=flags["gpus"], gpu_model=flags["gpu_model"])
         data = run.local_health(req, console=Console(), level=level)
     else:
         data = run.cluster_health(str(name), console=Console(), level=level, only=nodes)
@@ -50,7 +50,7 @@ def health(name: str | None, level: str, nodes: tuple[str, ...], local: bool, ou
     elif output == "junit":
         click.echo(junit(data))
     else:
-        health_table(data)
+        cli_output.health_table(data)
     return 0 if data.ok else 1
 
 
@@ -70,14 +70,6 @@ def _target(name: str | None, local: bool, nodes: tuple[str, ...], flags: dict[s
         raise BadInput(f"{', '.join(given)}: only with --local (a cluster's nodes are held to what `up` "
                        "recorded, with the cluster's lock)")
     return name
-
-
-def health_table(data: Any) -> None:
-    rows = [[r.node, r.check, r.status.upper(), r.found or r.reason or "", r.expected,
-             r.action] for r in data.checks]
-    s = data.summary
-    cli_output.table(f"health {data.cluster} ({data.level}): {s.pass_} pass, {s.fail} fail, {s.skip} skip",
-                     ["node", "check", "status", "found", "expected", "action"], rows)
 
 
 def junit(data: Any) -> str:

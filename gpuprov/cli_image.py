@@ -6,12 +6,13 @@ from typing import Any
 
 import click
 
+from gpuprov import cli_output
 from gpuprov.cli_options import output_option
 from gpuprov.errors import BadInput
+from gpuprov.shared.console import Console
 
 
 def _console():
-    from gpuprov.core import Console
 
     return Console()
 
@@ -66,8 +67,7 @@ def _asker(yes: bool, what: str) -> Any:
 def bake(from_: str | None, node: str | None, instance_type: str | None, provider: str, region: str | None,
          copy_to: tuple[str, ...], yes: bool, output: str) -> int:
     """Bake an image for a version lock, from a cluster's node or a new node."""
-    from gpuprov import cli_output
-    from gpuprov.core import baking
+    from gpuprov.core import baking  # lazy: CLI start-up
 
     copy_to = tuple(dict.fromkeys(copy_to))
     if from_ is not None:
@@ -98,8 +98,7 @@ def bake(from_: str | None, node: str | None, instance_type: str | None, provide
 @output_option
 def list_(provider: str, region: str | None, output: str) -> int:
     """The baked images, oldest first."""
-    from gpuprov import cli_output
-    from gpuprov.core import baking
+    from gpuprov.core import baking  # lazy: CLI start-up
 
     if provider == "docker" and region:
         raise BadInput("--region is for --provider aws")
@@ -121,7 +120,7 @@ def list_(provider: str, region: str | None, output: str) -> int:
 def delete(ref: str, provider: str, region: str | None, yes: bool) -> int:
     """Delete a baked image (REF: its name or id, as `gpuprov image list` shows; aws: the AMI
     is deregistered and its snapshots deleted)."""
-    from gpuprov.core import baking
+    from gpuprov.core import baking  # lazy: CLI start-up
 
     if provider == "docker" and region:
         raise BadInput("--region is for --provider aws")
@@ -132,9 +131,8 @@ def delete(ref: str, provider: str, region: str | None, yes: bool) -> int:
 
 
 def _table(rows: list[Any]) -> None:
-    from gpuprov.cli_output import table
 
-    table("baked images", ["image", "lock", "driver", "cuda", "from", "baked", "size"],
+    cli_output.table("baked images", ["image", "lock", "driver", "cuda", "from", "baked", "size"],
           [[i.ref, i.lock_hash, f"{i.lock.get('driver', '')} ({i.lock.get('source', '')})",
             i.lock.get("cuda", ""), i.source, i.created, "" if i.size_gb is None else f"{i.size_gb} GB"]
            for i in rows])

@@ -10,6 +10,7 @@ import click
 
 from gpuprov import cli_output
 from gpuprov.errors import BadInput
+from gpuprov.shared.console import Console
 
 VERIFY_OPTIONS = [
     click.option("--local", is_flag=True, help="Probe this machine itself instead of a cluster: no "
@@ -58,14 +59,15 @@ def cluster_name(name: str | None, local: bool, output: str, flags: dict[str, An
 
 def verify_local(level: str, output: str, local_type: str | None, gpus: int | None,
                  gpu_model: str | None, driver: str | None, only: str | None) -> int:
-    from gpuprov.core import Console, local
+    from gpuprov.core import local  # lazy: CLI start-up
+    from gpuprov.shared import localhost  # lazy: CLI start-up
 
-    req = local.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver, only=only)
+    req = localhost.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver, only=only)
     data, junit = local.verify_local(req, console=Console(), level=level)
     if output == "json":
         cli_output.emit_json(data)
     elif output == "junit":
         click.echo(junit, nl=not junit.endswith("\n"))
     else:
-        cli_output.verify_table(local.LOCAL, data)
+        cli_output.verify_table(localhost.LOCAL, data)
     return 0 if data.ok else 1

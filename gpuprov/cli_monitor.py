@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import click
 
+from gpuprov import cli_output
 from gpuprov.cli_options import output_option
+from gpuprov.shared.console import Console
 
 
 @click.command()
@@ -21,9 +23,7 @@ def monitor(name: str, on: str | None, output: str) -> int:
     Everything listens on the nodes' cluster addresses or loopback; `status` shows where
     Prometheus answers (and, for remote clusters, the SSH tunnel that reaches it).
     """
-    from gpuprov import cli_output
-    from gpuprov.core import Console
-    from gpuprov.core.monitoring import monitor as run
+    from gpuprov.core.monitoring import monitor as run  # lazy: CLI start-up
 
     data = run(name, on=on, console=Console())
     if output == "json":

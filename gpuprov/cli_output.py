@@ -6,14 +6,17 @@ of docs/json-output.md); the tables read the same results' attributes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from gpuprov.state import Store
+
 if TYPE_CHECKING:
-    from gpuprov.core.results import (
+    from gpuprov.shared.results import (
         Bootstrap,
         ClusterRow,
         NodeRow,
@@ -32,7 +35,7 @@ NODE_COLUMNS = ["node", "id", "address", "ssh", "state", "zone", "type"]
 def emit_json(data: Any) -> None:
     """One JSON document on stdout: a command's result (a dataclass of core.results), or plain
     data (types, stack, inventory)."""
-    from gpuprov.core.results import serialise
+    from gpuprov.shared.results import serialise  # lazy: CLI start-up
 
     click.echo(json.dumps(serialise(data), indent=2, sort_keys=False))
 
@@ -63,10 +66,6 @@ def up_result(result: UpResult, output: str) -> None:
     if result.bootstrap is not None:
         provision_table(result.cluster, result.bootstrap)
     if result.health is not None:
-        import dataclasses
-
-        from gpuprov.cli_health import health_table
-
         # The counts, and the failing rows (`gpuprov health NAME` shows every row).
         health_table(dataclasses.replace(result.health, checks=[
             r for r in result.health.checks if r.status == "fail"]))
@@ -139,7 +138,6 @@ def images_lines(data: StatusResult) -> None:
 
 def monitoring_line(name: str) -> None:
     """Where the cluster's Prometheus answers, from its last `gpuprov monitor` run (none: nothing)."""
-    from gpuprov.state import Store
 
     run = next((r for r in Store().runs(name, limit=200) if r.kind == "monitor" and r.ok), None)
     if run is None or not run.summary.get("prometheus"):
@@ -151,7 +149,6 @@ def monitoring_line(name: str) -> None:
 
 def health_line(name: str) -> None:
     """The cluster's last `gpuprov health` run, in one line (none yet: says so)."""
-    from gpuprov.state import Store
 
     run = next((r for r in Store().runs(name, limit=200) if r.kind == "health"), None)
     if run is None:
@@ -222,7 +219,7 @@ def stack_table(instance_type: str, data: dict[str, Any]) -> None:
 
 def eol_warning(lock: dict[str, Any] | None) -> None:
     """Say once, on stderr, that a lock's driver branch is past its end of life."""
-    from gpuprov import stack
+    from gpuprov import stack  # lazy: CLI start-up
 
     line = stack.eol_warning(lock)
     if line:
@@ -231,7 +228,14 @@ def eol_warning(lock: dict[str, Any] | None) -> None:
 
 def eol_warning_of(name: str) -> None:
     """``eol_warning`` for the lock recorded with cluster ``name`` (none recorded: nothing)."""
-    from gpuprov.state import Store
 
     record = Store().get_cluster(name)
     eol_warning(record.lock if record is not None else None)
+
+
+def health_table(data: Any) -> None:
+    rows = [[r.node, r.check, r.status.upper(), r.found or r.reason or "", r.expected,
+             r.action] for r in data.checks]
+    s = data.summary
+    table(f"health {data.cluster} ({data.level}): {s.pass_} pass, {s.fail} fail, {s.skip} skip",
+                     ["node", "check", "status", "found", "expected", "action"], rows)

@@ -8,6 +8,7 @@ import click
 from gpuprov import cli_output
 from gpuprov.cli_options import output_option
 from gpuprov.errors import BadInput
+from gpuprov.shared.console import Console
 
 
 @click.command()
@@ -21,11 +22,10 @@ def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> in
     Facts come from EC2's DescribeInstanceTypes where cached (every aws `up`
     caches its type; --refresh reads all GPU types), and from gpuprov's
     bundled table for what that API lacks (NVSwitch, compute capability, price)."""
-    from gpuprov import catalog
+    from gpuprov import catalog  # lazy: CLI start-up
 
     if refresh:
-        from gpuprov.core import Console
-        from gpuprov.providers.aws import refresh_catalog
+        from gpuprov.providers.aws import refresh_catalog  # lazy: CLI start-up
 
         count, region = refresh_catalog(region)
         Console().say(f"cached {count} GPU instance type(s) of {region} from EC2")
@@ -56,8 +56,8 @@ def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str 
 
     Also which operating systems the roles are proven on here (Debian 12) and which they only
     claim (Ubuntu)."""
-    from gpuprov import platforms
-    from gpuprov import stack as stack_mod
+    from gpuprov import platforms  # lazy: CLI start-up
+    from gpuprov import stack as stack_mod  # lazy: CLI start-up
 
     lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module)
     cli_output.eol_warning(lock.as_dict())

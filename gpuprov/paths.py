@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpuprov.errors import BadInput, GpuprovError
+
 _PKG = Path(__file__).resolve().parent
 
 
@@ -18,19 +20,13 @@ def home() -> Path:
 
         path = user_state_path("gpuprov", appauthor=False)
     if any(c in str(path) for c in "\n\r\0"):
-        from gpuprov.errors import BadInput
-
         raise BadInput(f"GPUPROV_HOME {str(path)!r}: a state directory path has no newlines")
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        from gpuprov.errors import GpuprovError
-
         raise GpuprovError(f"state directory {path} cannot be created ({exc.strerror}); "
                            "set GPUPROV_HOME to a directory you can write") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        from gpuprov.errors import GpuprovError
-
         raise GpuprovError(f"state directory {path} is not writable; fix its permissions or set "
                            "GPUPROV_HOME to a directory you can write")
     return path

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
+from gpuprov.errors import GpuprovError
 
 # Each entry moves the schema from version i to i+1. Never edit a released
 # entry; append a new one.
@@ -135,8 +136,6 @@ class Store:
         try:
             self._migrate()
         except sqlite3.DatabaseError as exc:
-            from gpuprov.errors import GpuprovError
-
             raise GpuprovError(
                 f"state database {self.path} cannot be used ({exc}); if it is damaged, move it "
                 "aside (gpuprov starts a new one; clusters it knew can still be removed by tag "
@@ -175,8 +174,6 @@ class Store:
         with self._tx("EXCLUSIVE") as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                from gpuprov.errors import GpuprovError
-
                 raise GpuprovError(
                     f"state database {self.path} has schema version {version}, newer than this "
                     f"gpuprov understands ({SCHEMA_VERSION}); upgrade gpuprov"

@@ -2,7 +2,8 @@
 # Prepare this machine to run gpuprov's local (docker) nodes and its test suite.
 #
 # Idempotent: installs only what is missing, starts only what is stopped,
-# builds the node image only when it does not exist yet.
+# builds the node image only when it does not exist yet. Says what it will
+# install, stop, start and build before it does any of it.
 #   - Docker engine from the distribution (docker.io) when no engine answers
 #   - debootstrap (node images are built from the distribution archive:
 #     no image registry is assumed to be reachable)
@@ -56,9 +57,32 @@ command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 # promtool (Debian's prometheus package): tests/unit/test_alert_rules.py proves the
 # monitoring role's alert rules with it.
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# --- what this run will do, said before it does any of it ------------------
+uniq=()
 if [ "${#missing[@]}" -gt 0 ]; then
   # shellcheck disable=SC2207
   uniq=($(printf '%s\n' "${missing[@]}" | sort -u))
+fi
+service_enabled() { [ -d /run/systemd/system ] && systemctl is-enabled "$1" >/dev/null 2>&1; }
+plan=()
+[ "${#uniq[@]}" -gt 0 ] && plan+=("install with apt: ${uniq[*]}")
+for svc in docker-registry prometheus; do
+  if service_enabled "$svc" || { [ -d /run/systemd/system ] && printf '%s\n' "${uniq[@]}" | grep -qx "$svc"; }; then
+    plan+=("stop and disable the $svc service if enabled (it would listen on every interface; gpuprov runs its own registry on the docker bridge gateway, and needs only promtool from prometheus)")
+  fi
+done
+docker info >/dev/null 2>&1 || plan+=("start the Docker engine (systemctl start docker, else dockerd in the background)")
+[ "$(cat /etc/apt-cacher-ng/zz-gpuprov.conf 2>/dev/null)" = "ConnectProto: v4
+BindAddress: 127.0.0.1 $(bridge_gateway)" ] ||
+  plan+=("configure apt-cacher-ng to listen on 127.0.0.1 and the docker bridge gateway (/etc/apt-cacher-ng/zz-gpuprov.conf) and restart it")
+docker image inspect "$image" >/dev/null 2>&1 ||
+  plan+=("build the node image $image with debootstrap from the Debian archive (minutes)")
+if [ "${#plan[@]}" -gt 0 ]; then
+  log "this machine will be changed as follows:"
+  for line in "${plan[@]}"; do log "  - $line"; done
+fi
+
+if [ "${#uniq[@]}" -gt 0 ]; then
   apt_install "${uniq[@]}"
 fi
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuprov import paths
+from gpuprov import paths, templating
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
 from gpuprov.ssh import node_key
@@ -90,8 +90,6 @@ def render(
         f"Host keys are pinned in {files.known_hosts}; host key checking stays on.",
     ))
     _write(files.inventory, header + _yaml_dump(inventory_data(context)))
-    from gpuprov import templating
-
     _write(files.ansible_cfg, templating.render("ansible.cfg.j2", dict(context)))
     return context
 

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprov.ssh import ssh_error_line
+
 
 @dataclass
 class HostState:
@@ -54,8 +56,6 @@ _SSH_QUOTE = ("Failed to connect to the host via ssh:", "can be reached over ssh
 def unreachable_reason(res: dict[str, Any]) -> str:
     """Why Ansible could not reach a host, in one line: OpenSSH's own last line, without
     Ansible's wrapping; a host key mismatch said plainly."""
-    from gpuprov.ssh import ssh_error_line
-
     raw = str(res.get("msg") or res.get("stderr") or "")
     for marker in _SSH_QUOTE:
         if marker in raw:

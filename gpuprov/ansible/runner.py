@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths, validate
+from gpuprov.ansible.progress import PlaybookProgress
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles
 
@@ -176,8 +177,6 @@ def run_playbook(
     system for the length of the run, so the secret is never written to disk or to
     the run's artifacts."""
     import ansible_runner
-
-    from gpuprov.ansible.progress import PlaybookProgress
 
     args: list[str] = []
     if check:

@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from gpuprov import paths
 from gpuprov.errors import BadInput
 
 _DATA = Path(__file__).with_name("instance_types.json")
@@ -266,8 +267,6 @@ def from_api(record: dict[str, Any], region: str) -> InstanceType:
 
 
 def cache_dir() -> Path:
-    from gpuprov import paths
-
     return paths.home() / "catalog"
 
 

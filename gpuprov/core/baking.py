@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from typing import Any
 
-from gpuprov.core import Console, cluster_lock, load, refresh, reporter
-from gpuprov.core.results import ImageUsed
+from gpuprov.core.converge import verify
+from gpuprov.core.launching import up
+from gpuprov.core.removal import down
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.images import BakedImage
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.providers import get as get_provider
+from gpuprov.shared.cluster import cluster_lock, load, refresh
+from gpuprov.shared.console import Console, reporter
 from gpuprov.state import Store
 
 
@@ -28,8 +30,6 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
     whose probes fail is not baked. Where the provider must clean the node itself
     (``bake_consumes_node``: aws), ``confirm(question)`` is asked first: the node is
     terminated after capture."""
-    from gpuprov.core.converge import verify
-
     store = store or Store()
     cluster = load(store, name)
     provider = baking_provider(cluster.provider)
@@ -76,9 +76,6 @@ def bake_type(instance_type: str | None, *, provider_name: str, options: dict[st
               copy_to: tuple[str, ...] = ()) -> BakedImage:
     """The whole flow on one new node: up (from scratch), verify, bake, down (also when a
     step fails)."""
-    from gpuprov.core.launching import up
-    from gpuprov.core.removal import down
-
     baking_provider(provider_name)
     store = store or Store()
     name = f"bake-{secrets.token_hex(3)}"
@@ -110,21 +107,4 @@ def delete_image(ref: str, *, provider_name: str, region: str | None, console: C
     return found
 
 
-def choose_image(spec: ClusterSpec, provider: Provider, lock: dict[str, Any]) -> tuple[ClusterSpec, ImageUsed]:
-    """What new nodes boot from: --image, else the newest image baked for ``lock`` (unless
-    --no-baked), else the provider's default. The spec comes back naming it."""
-    from gpuprov import images
-
-    no_baked = bool(spec.options.get("no_baked"))
-    # Listing is what tells whether an --image was baked for another lock; where it costs an API
-    # call (aws), an --image is not listed: the plan describes it anyway.
-    listed = not (spec.image and provider.images_cost_a_call) and not (no_baked and not spec.image)
-    found = provider.baked_images(spec.region) if listed else []
-    choice = images.choose(found, lock, explicit=spec.image, no_baked=no_baked, os=spec.options.get("os"))
-    if choice.ref:
-        spec = dataclasses.replace(spec, image=choice.ref)
-    return spec, ImageUsed(ref=choice.ref, baked_for=choice.baked.lock_hash if choice.baked else None,
-                           reason=choice.reason)
-
-
-__all__ = ["bake_from", "bake_type", "choose_image", "delete_image", "list_images"]
+__all__ = ["bake_from", "bake_type", "delete_image", "list_images"]

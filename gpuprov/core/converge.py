@@ -7,17 +7,25 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
-from gpuprov.core import (
-    Console,
+from gpuprov.ansible import runner
+from gpuprov.ansible.inventory import render
+from gpuprov.ansible.runner import new_run_dir, parse_tags, write_extravars
+from gpuprov.core.monitoring import monitoring_host
+from gpuprov.probes import run as probes_run
+from gpuprov.providers import ClusterFiles, Provider
+from gpuprov.shared.cluster import (
+    check_reachable,
     cluster_lock,
     expectations,
     load,
     phase_at_least,
     reachable_nodes,
     refresh,
+    unreachable_row,
     version_lock,
 )
-from gpuprov.core.results import (
+from gpuprov.shared.console import Console
+from gpuprov.shared.results import (
     UNREACHED,
     HostStats,
     ProbeRow,
@@ -26,38 +34,14 @@ from gpuprov.core.results import (
     VerifySummary,
     serialise,
 )
-from gpuprov.core.settings import play_secrets, playbook_vars
-from gpuprov.providers import ClusterFiles, Provider
+from gpuprov.shared.settings import play_secrets, playbook_vars
 from gpuprov.state import ClusterRecord, NodeRecord, Store
-
-# The one row an unreachable node gets in `verify`, instead of a failure per probe.
-REACHABLE_PROBE = "reachable"
-
-
-def check_reachable(
-    files: ClusterFiles, nodes: list[NodeRecord], console: Console
-) -> tuple[list[NodeRecord], dict[str, str]]:
-    """One SSH check per node (in parallel, pinned host keys): the nodes that answer, and
-    {node: why not} for the others, each reported here in one line."""
-    from gpuprov.ssh import unreachable_nodes
-
-    down = unreachable_nodes(nodes, files.key, files.known_hosts)
-    for node in nodes:
-        if node.name in down:
-            console.say(f"  {node.name}: UNREACHABLE {down[node.name]}")
-    return [n for n in nodes if n.name not in down], down
-
-
-def unreachable_row(why: str) -> ProbeRow:
-    return ProbeRow(probe=REACHABLE_PROBE, status="fail", detail=f"unreachable: {why}")
 
 
 # -- provision --------------------------------------------------------------------------
 def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None
 ) -> ProvisionResult:
-    from gpuprov.ansible.runner import parse_tags
-
     tag_list = parse_tags(tags)
     store = store or Store()
     cluster = load(store, name)
@@ -79,10 +63,6 @@ def _provision(
     check: bool = False,
     tags: list[str] | None = None,
 ) -> ProvisionResult:
-    from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir, write_extravars
-    from gpuprov.core.monitoring import monitoring_host
-
     lock = version_lock(store, cluster)
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
            monitoring_host(cluster.spec))
@@ -116,13 +96,11 @@ def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path
     """site.yml on the nodes that answer SSH: each is checked once; an unreachable one is
     reported once and left out of the play (--limit), and the others are still served.
     The result, and where the run's artifacts are."""
-    from gpuprov.ansible.runner import run_playbook
-
     reachable, down = check_reachable(files, nodes, console)
     errors = {host: f"unreachable: {why}" for host, why in down.items()}
     result = None
     if reachable:
-        result = run_playbook(
+        result = runner.run_playbook(
             paths.playbooks_dir() / "site.yml",
             files,
             [n.name for n in reachable],
@@ -153,11 +131,6 @@ def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path
 def verify(
     name: str, *, console: Console, store: Store | None = None, level: str = "quick"
 ) -> VerifyResult:
-    from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir
-    from gpuprov.core.monitoring import monitoring_host
-    from gpuprov.probes.run import run_probes
-
     store = store or Store()
     cluster = load(store, name)
     provider, files, nodes = refresh(store, cluster)
@@ -175,7 +148,7 @@ def verify(
         reachable, down = check_reachable(files, nodes, console)
         probed = {}
         if reachable:
-            probed = run_probes(
+            probed = probes_run.run_probes(
                 files.inventory,
                 files.ansible_cfg,
                 [n.name for n in reachable],

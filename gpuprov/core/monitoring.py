@@ -17,10 +17,23 @@ import shlex
 import subprocess
 
 from gpuprov import paths
-from gpuprov.core import cluster_lock, expectations, load, reachable_nodes, refresh, version_lock
-from gpuprov.core.results import UNREACHED, HostStats, MonitorResult
+from gpuprov.ansible import runner
+from gpuprov.ansible.inventory import render
+from gpuprov.ansible.runner import new_run_dir
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
+from gpuprov.shared.cluster import (
+    check_reachable,
+    cluster_lock,
+    expectations,
+    load,
+    reachable_nodes,
+    refresh,
+    version_lock,
+)
+from gpuprov.shared.results import UNREACHED, HostStats, MonitorResult
+from gpuprov.shared.settings import play_secrets, playbook_vars
+from gpuprov.ssh import node_key, ssh_options
 from gpuprov.state import NodeRecord, Store
 
 KIND = "monitor"
@@ -35,11 +48,6 @@ def monitoring_host(spec: dict) -> str | None:
 
 
 def monitor(name: str, *, on: str | None, console, store: Store | None = None) -> MonitorResult:
-    from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir, run_playbook
-    from gpuprov.core.converge import check_reachable
-    from gpuprov.core.settings import play_secrets, playbook_vars
-
     store = store or Store()
     cluster = load(store, name)
     with cluster_lock(name):
@@ -63,7 +71,7 @@ def monitor(name: str, *, on: str | None, console, store: Store | None = None) -
             errors = {h: f"unreachable: {why}" for h, why in down.items()}
             played: dict = {}
             if reachable:
-                result = run_playbook(paths.playbooks_dir() / "monitoring.yml", files, [n.name for n in reachable],
+                result = runner.run_playbook(paths.playbooks_dir() / "monitoring.yml", files, [n.name for n in reachable],
                                       run_dir, title=f"monitor {name}", check=False, tags=(),
                                       limit=[n.name for n in reachable] if down else (),
                                       extravars=playbook_vars(cluster, lock), secrets=play_secrets(),
@@ -90,8 +98,6 @@ def monitor(name: str, *, on: str | None, console, store: Store | None = None) -
 def prometheus_url(node: NodeRecord, files: ClusterFiles) -> str | None:
     """http://ADDRESS:PORT where the host's Prometheus listens, from the file the role wrote
     (read over the cluster's pinned SSH)."""
-    from gpuprov.ssh import node_key, ssh_options
-
     proc = subprocess.run(
         ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
          "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}",
@@ -105,8 +111,6 @@ def tunnel(node: NodeRecord, files: ClusterFiles, url: str) -> str:
     """An ssh command run here that makes the host's Prometheus answer on localhost:9090, with
     the cluster's pinned known_hosts (remote clusters: Prometheus listens on the node's
     cluster address, which this machine may not reach)."""
-    from gpuprov.ssh import node_key, ssh_options
-
     target = url.removeprefix("http://")
     return shlex.join(["ssh", "-N", "-p", str(node.ssh_port),
                        *ssh_options(files.known_hosts, node_key(node, files.key)),

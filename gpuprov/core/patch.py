@@ -34,7 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
+from gpuprov.ansible import runner
+from gpuprov.ansible.inventory import render
+from gpuprov.ansible.runner import new_run_dir
 from gpuprov.core import health_gate
+from gpuprov.core.monitoring import monitoring_host
 from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-exported)
     REPORT_TASK,
     Request,
@@ -47,8 +51,22 @@ from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-e
     request,
     run_hook,
 )
-from gpuprov.core.results import LockMove, PatchHost, PatchResult, serialise
 from gpuprov.errors import BadInput
+from gpuprov.health import run as health_run
+from gpuprov.health.facts import Expect
+from gpuprov.probes import run as probes_run
+from gpuprov.shared.cluster import (
+    check_reachable,
+    cluster_lock,
+    expectations,
+    load,
+    reachable_nodes,
+    refresh,
+    validate_name,
+    version_lock,
+)
+from gpuprov.shared.results import LockMove, PatchHost, PatchResult, serialise
+from gpuprov.shared.settings import playbook_vars
 from gpuprov.state import NodeRecord, Store
 
 
@@ -91,23 +109,18 @@ class Roll:
 
 def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
           health: str = "quick") -> PatchResult:
-    from gpuprov import core
-    from gpuprov.ansible.inventory import render
-    from gpuprov.ansible.runner import new_run_dir
-    from gpuprov.core.monitoring import monitoring_host
-
     health = health_gate.level(health)
     store = store or Store()
-    core.validate_name(name)
-    cluster = core.load(store, name)
-    old = core.version_lock(store, cluster)
+    validate_name(name)
+    cluster = load(store, name)
+    old = version_lock(store, cluster)
     lock = new_lock(old, req)
-    roll = Roll(name, req, old, lock, patch_vars(core.playbook_vars(cluster, lock), req, lock), console,
+    roll = Roll(name, req, old, lock, patch_vars(playbook_vars(cluster, lock), req, lock), console,
                 health=health)
-    with core.cluster_lock(name):
-        provider, roll.files, nodes = core.refresh(store, cluster)
-        nodes = core.reachable_nodes(cluster, nodes)
-        new_expect = core.expectations(provider, nodes, lock)
+    with cluster_lock(name):
+        provider, roll.files, nodes = refresh(store, cluster)
+        nodes = reachable_nodes(cluster, nodes)
+        new_expect = expectations(provider, nodes, lock)
         render(cluster.name, cluster.provider, nodes, new_expect, roll.files, monitoring_host(cluster.spec))
         kind = "patch-check" if req.check else "patch"
         roll.run_dir = new_run_dir(roll.files, kind)
@@ -119,7 +132,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
             if roll.by_name:
                 todo = plan(roll)
                 if not req.check:
-                    stopped = roll_out(roll, todo, core.expectations(provider, nodes, old), new_expect)
+                    stopped = roll_out(roll, todo, expectations(provider, nodes, old), new_expect)
                     # The lock moves only when every node has it: not with a node left unreachable.
                     roll.ok = not stopped and not roll.down
                     if roll.ok:
@@ -157,8 +170,6 @@ def patch_vars(extravars: dict[str, Any], req: Request, lock: dict[str, Any]) ->
 def reach(roll: Roll, nodes: list[NodeRecord]) -> None:
     """0. Each node once over SSH: one that does not answer is reported here, once, and is
     never planned, drained or patched; the others are served."""
-    from gpuprov.core.converge import check_reachable
-
     reachable, roll.down = check_reachable(roll.files, nodes, roll.console)
     for host, why in roll.down.items():
         mark_unreachable(roll.hosts[host], why)
@@ -168,10 +179,8 @@ def reach(roll: Roll, nodes: list[NodeRecord]) -> None:
 def plan(roll: Roll) -> list[str]:
     """1. Check mode on every reachable node at once: each node's plan; the nodes to patch.
     With ``--check`` the roll ends here."""
-    from gpuprov.ansible.runner import run_playbook
-
     hosts = roll.hosts
-    planned = run_playbook(_playbook(), roll.files, list(roll.by_name), _sub(roll.run_dir, "plan"),
+    planned = runner.run_playbook(_playbook(), roll.files, list(roll.by_name), _sub(roll.run_dir, "plan"),
                            title=f"plan {roll.name}", check=True, extravars=roll.extravars,
                            limit=list(roll.by_name) if roll.down else (), console=roll.console.rich)
     reports = host_reports(planned.artifact_dir)
@@ -207,9 +216,7 @@ def plan(roll: Roll) -> list[str]:
 def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect: dict[str, Any]) -> bool:
     """2. The baseline (the probes and health checks against the lock the nodes run now), then
     3. batch by batch: drain, patch, probe and check, resume. True when a node stopped the roll."""
-    from gpuprov.probes.run import run_probes
-
-    baseline = run_probes(roll.files.inventory, roll.files.ansible_cfg, todo, old_expect,
+    baseline = probes_run.run_probes(roll.files.inventory, roll.files.ansible_cfg, todo, old_expect,
                           _sub(roll.run_dir, "probes-before"), console=roll.console.rich) if todo else {}
     well_before = check_health(roll, todo, old_expect, "health-before", "before the patch")
     for number, batch in enumerate(roll.batches, 1):
@@ -217,7 +224,7 @@ def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect
         ready = [host for host in batch if hook(roll, host, "drain")]
         passed = play(roll, number, ready) if ready else []
         if passed:
-            after = run_probes(roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
+            after = probes_run.run_probes(roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
                                _sub(roll.run_dir, f"probes-batch-{number}"), console=roll.console.rich)
             well = check_health(roll, passed, new_expect, f"health-batch-{number}", f"after batch {number}")
             for host in passed:
@@ -239,12 +246,9 @@ def check_health(roll: Roll, hosts: list[str], expect: dict[str, Any], part: str
     Nothing with ``--health off``."""
     if roll.health == health_gate.OFF or not hosts:
         return {}
-    from gpuprov.health.facts import Expect
-    from gpuprov.health.run import check_nodes
-
     roll.say(f"{roll.name}: health checks ({roll.health}) {when}: {', '.join(hosts)}")
     expected = {h: Expect.of(expect[h], expect[h].get("stack"), f"gpuprov provision {roll.name}") for h in hosts}
-    rows = check_nodes([roll.by_name[h] for h in hosts], expected, roll.files, _sub(roll.run_dir, part),
+    rows = health_run.check_nodes([roll.by_name[h] for h in hosts], expected, roll.files, _sub(roll.run_dir, part),
                        roll.console, roll.health)
     return health_gate.by_node(rows)
 
@@ -263,9 +267,7 @@ def judge(state: dict[str, Any], broken: list[str], sick: list[Any]) -> None:
 
 def play(roll: Roll, number: int, ready: list[str]) -> list[str]:
     """``patch.yml`` on one batch's drained nodes; the nodes whose play went through."""
-    from gpuprov.ansible.runner import run_playbook
-
-    played = run_playbook(_playbook(), roll.files, ready, _sub(roll.run_dir, f"batch-{number}"),
+    played = runner.run_playbook(_playbook(), roll.files, ready, _sub(roll.run_dir, f"batch-{number}"),
                           title=f"patch {roll.name} batch {number}", limit=ready,
                           extravars=roll.extravars, console=roll.console.rich)
     reports = host_reports(played.artifact_dir)

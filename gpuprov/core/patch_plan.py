@@ -13,6 +13,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from gpuprov import drivers, stack, validate
 from gpuprov.errors import BadInput
 from gpuprov.state import NodeRecord
 
@@ -46,8 +47,6 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
     if all_:
         kw.update(kernel=True, microcode=True)
     kw["move_driver"] = bool(kw.get("driver")) or bool(kw.get("kernel_module")) or all_
-    from gpuprov import drivers, validate
-
     validate.stack_options(kw)
     req = Request(**kw)
     if req.kernel_module is not None and req.kernel_module not in drivers.KERNEL_MODULES:
@@ -66,8 +65,6 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
 def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
     """The lock after the patch: a new driver through the resolver (fabric manager moves
     with it); microcode pins from the current stack data; everything else as it was."""
-    from gpuprov import stack
-
     # The kernel module flavour moves only when asked (--kernel-module); else it stays what the
     # cluster runs (a lock from before flavours installed the proprietary one).
     fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock["cuda"],

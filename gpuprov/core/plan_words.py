@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuprov.core import Console
+from gpuprov import catalog
 from gpuprov.providers import Plan, Provider
+from gpuprov.shared.console import Console
 
 
 def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Provider) -> None:
@@ -18,8 +19,6 @@ def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Prov
         line += " (all exist already)"
     console.say(line)
     if plan.price_per_node_hour is not None:
-        from gpuprov import catalog
-
         console.say(
             f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
             f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster "

@@ -6,9 +6,14 @@ import dataclasses
 from typing import Any
 
 from gpuprov import providers
-from gpuprov.core import Console, cluster_lock, expectations, load, refresh
-from gpuprov.core import settings as cluster_settings
-from gpuprov.core.results import (
+from gpuprov.ansible.inventory import render, to_json
+from gpuprov.core.monitoring import monitoring_host
+from gpuprov.errors import GpuprovError
+from gpuprov.providers import Provider, get
+from gpuprov.shared import settings as cluster_settings
+from gpuprov.shared.cluster import cluster_lock, expectations, load, refresh
+from gpuprov.shared.console import Console
+from gpuprov.shared.results import (
     ClusterRow,
     KeptNode,
     NodeImage,
@@ -19,8 +24,6 @@ from gpuprov.core.results import (
     node_rows,
     settings_of,
 )
-from gpuprov.errors import GpuprovError
-from gpuprov.providers import Provider
 from gpuprov.state import Store
 
 
@@ -100,8 +103,6 @@ def status(name: str, store: Store | None = None) -> StatusResult:
 
 def _image_locks(provider_name: str, nodes: list[Any]) -> dict[str, str]:
     """The lock of each node's image, where the provider must be asked (aws: the AMIs' tags)."""
-    from gpuprov.providers import get
-
     provider = get(provider_name)
     wanted = {n.extra["image"] for n in nodes if n.extra.get("image") and not n.extra.get("image_lock")}
     if not wanted or not provider.supports("image_locks"):
@@ -152,9 +153,6 @@ def change_settings(name: str, changes: dict[str, str] | None = None, *, record:
 
 def inventory(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
     """The cluster's inventory: YAML text (as written to the state dir) and Ansible's JSON form."""
-    from gpuprov.ansible.inventory import render, to_json
-    from gpuprov.core.monitoring import monitoring_host
-
     store = store or Store()
     cluster = load(store, name)
     provider, files, nodes = refresh(store, cluster)

@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
-from gpuprov.core import Console, load, reachable_nodes, refresh
+from gpuprov.shared.cluster import load, reachable_nodes, refresh
+from gpuprov.shared.console import Console
 from gpuprov.ssh import node_key
 from gpuprov.state import Store
 

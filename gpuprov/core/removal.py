@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprov import providers
-from gpuprov.core import Console, cluster_lock, files_for, reporter, validate_name
-from gpuprov.core.replacing import kept_alive
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import Orphans, Provider
 from gpuprov.providers import get as get_provider
+from gpuprov.shared.cluster import cluster_lock, files_for, kept_alive, validate_name
+from gpuprov.shared.console import Console, reporter
 from gpuprov.state import Store
 
 

@@ -27,13 +27,32 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gpuprov.core import Console, health_gate, load, version_lock
+from gpuprov.ansible.runner import new_run_dir
+from gpuprov.core import health_gate
+from gpuprov.core.baking import bake_from
+from gpuprov.core.converge import _provision
+from gpuprov.core.launching import up
 from gpuprov.core.patch_plan import Request, batches_of, new_lock, run_hook
-from gpuprov.core.results import LockMove, PatchHost, PatchResult
+from gpuprov.core.removal import down
+from gpuprov.core.up_steps import launch, prepare, record, rollback, wait_ready
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.health import run as health_run
+from gpuprov.health.facts import Expect
 from gpuprov.images import BakedImage, newest_for
+from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.providers import get as get_provider
+from gpuprov.shared.cluster import (
+    cluster_lock,
+    expectations,
+    files_for,
+    load,
+    refresh,
+    validate_name,
+    version_lock,
+)
+from gpuprov.shared.console import Console, reporter
+from gpuprov.shared.results import LockMove, PatchHost, PatchResult
 from gpuprov.state import ClusterRecord, NodeRecord, Store, now
 
 KIND = "patch-image"
@@ -66,11 +85,10 @@ def pick(images: list[BakedImage], ref: str, lock: dict[str, Any]) -> BakedImage
 
 def roll_onto_image(name: str, req: Request, *, console: Console, store: Store | None = None,
                     health: str = "quick") -> PatchResult:
-    from gpuprov import core
 
     health = health_gate.level(health)
     store = store or Store()
-    core.validate_name(name)
+    validate_name(name)
     cluster = load(store, name)
     provider = get_provider(cluster.provider)
     if not (provider.supports("bake") and provider.supports("terminate_nodes")):
@@ -97,9 +115,7 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
     if image is None:
         image = bake_for_lock(cluster, lock, base=newest_for(provider.baked_images(cluster.spec.get("region")),
                                                               old["hash"]), console=console, store=store)
-    from gpuprov.ansible.runner import new_run_dir
-
-    files = core.files_for(name)
+    files = files_for(name)
     run_dir = new_run_dir(files, KIND)
     run_id = store.start_run(name, KIND, str(run_dir))
     ok = False
@@ -128,8 +144,6 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
 def _replace_batch(name: str, provider: Provider, batch: list[str], image: BakedImage, hosts: dict[str, dict[str, Any]],
                    req: Request, console: Console, store: Store, health: str, run_dir: Any) -> bool:
     """One batch: drain, new nodes, converge, probe, health, swap. False when it stops the roll."""
-    from gpuprov.core import cluster_lock, refresh, reporter
-
     cluster = load(store, name)
     old_nodes = [n for n in cluster.nodes if n.name in batch]
     drained = []
@@ -178,10 +192,6 @@ def add_nodes(name: str, count: int, image: BakedImage, *, console: Console, sto
     """``count`` new nodes of cluster ``name`` from ``image``, converged alone (the others are
     not touched), probed and health-checked against the stored lock; removed again and
     GpuprovError when any of it fails. The new nodes, and the changes converging each."""
-    from gpuprov.core import cluster_lock, expectations
-    from gpuprov.core.converge import _provision
-    from gpuprov.core.launching import launch, prepare, record, rollback, wait_ready
-
     cluster = load(store, name)
     provider = get_provider(cluster.provider)
     spec = spec_of(cluster, count=len(cluster.nodes) + count, image=image.ref)
@@ -209,13 +219,9 @@ def add_nodes(name: str, count: int, image: BakedImage, *, console: Console, sto
 def _gate(name: str, added: list[NodeRecord], expect: dict[str, Any], files: Any, console: Console, health: str,
           run_dir: Any) -> None:
     """The probes and the health checks on the new nodes; GpuprovError naming each failure."""
-    from gpuprov.health.facts import Expect
-    from gpuprov.health.run import check_nodes
-    from gpuprov.probes.run import run_probes
-
     hosts = [n.name for n in added]
     (run_dir / "probes").mkdir(parents=True, exist_ok=True)
-    probes = run_probes(files.inventory, files.ansible_cfg, hosts, expect, run_dir / "probes", console=console.rich)
+    probes = probes_run.run_probes(files.inventory, files.ansible_cfg, hosts, expect, run_dir / "probes", console=console.rich)
     failing = [f"{h}: {r['probe']}: {r['detail']}" for h in hosts for r in probes.get(h, []) if r["status"] == "fail"]
     if any(not probes.get(h) for h in hosts):
         failing.append("no probe ran on " + ", ".join(h for h in hosts if not probes.get(h)))
@@ -223,7 +229,7 @@ def _gate(name: str, added: list[NodeRecord], expect: dict[str, Any], files: Any
         expected = {n.name: Expect.of(expect[n.name], expect[n.name].get("stack"), f"gpuprov provision {name}")
                     for n in added}
         (run_dir / "health").mkdir(exist_ok=True)
-        rows = check_nodes(added, expected, files, run_dir / "health", console, health)
+        rows = health_run.check_nodes(added, expected, files, run_dir / "health", console, health)
         failing += [f"{r.node}: health {health_gate.line(r)}" for r in health_gate.failures(rows)]
     if failing:
         raise GpuprovError("the new node(s) failed: " + "; ".join(failing))
@@ -243,10 +249,6 @@ def bake_for_lock(cluster: ClusterRecord, lock: dict[str, Any], *, base: BakedIm
     booted from ``base`` (the current lock's image) where there is one, converged, verified,
     baked and removed (also when a step fails)."""
     import secrets
-
-    from gpuprov.core.baking import bake_from
-    from gpuprov.core.launching import up
-    from gpuprov.core.removal import down
 
     temp = f"bake-{secrets.token_hex(3)}"
     spec = spec_of(cluster, name=temp, count=1, image=base.ref if base else None)

@@ -26,59 +26,33 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpuprov.core import files_for, health_gate, load
-from gpuprov.core.results import Bootstrap, HealthCheck, HealthResult, HostStats, Replacement, UpResult
+from gpuprov.core import health_gate
+from gpuprov.core.up_steps import (
+    Run,
+    bootstrap_nodes,
+    check_health,
+    launch,
+    reach,
+    rollback,
+    up_result,
+    wait_ready,
+)
 from gpuprov.errors import GpuprovError
-from gpuprov.providers import ClusterSpec, Provider
-from gpuprov.state import ClusterRecord, NodeRecord, now
-
-if TYPE_CHECKING:
-    from gpuprov.core.launching import Run
+from gpuprov.health import run as health_run
+from gpuprov.shared.cluster import counted, load
+from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, HostStats, Replacement, UpResult
+from gpuprov.state import NodeRecord, now
 
 # One round by default: a node that fails its bootstrap is most often a bad host or a passing
 # fault, which one fresh node clears; a replacement that fails again points at the image or the
 # plays, where more launches only cost more (each one a billed GPU instance).
 DEFAULT_RETRIES = 1
-_NODE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRecord))
 
 
-# -- kept nodes: at the provider, out of the node list ---------------------------------------
-def kept_nodes(cluster: ClusterRecord | None) -> list[NodeRecord]:
-    """The nodes `up --keep-failed` set aside (``spec.kept``), as they were recorded."""
-    entries = (cluster.spec.get("kept") if cluster is not None else None) or []
-    return [NodeRecord(**{k: v for k, v in e.items() if k in _NODE_FIELDS}) for e in entries]
-
-
-def without_kept(cluster: ClusterRecord | None, nodes: list[NodeRecord]) -> list[NodeRecord]:
-    """``nodes`` as the provider lists the cluster (by its label), less the kept ones."""
-    kept = {n.id for n in kept_nodes(cluster)}
-    return [n for n in nodes if n.id not in kept] if kept else nodes
-
-
-def kept_alive(provider: Provider, cluster: ClusterRecord | None) -> list[NodeRecord]:
-    """The kept nodes the provider still has (one may have been removed by hand)."""
-    kept = kept_nodes(cluster)
-    if cluster is None or not kept:
-        return []
-    seen = {n.id for n in provider.describe(cluster.name, list(cluster.nodes), files_for(cluster.name, create=False))}
-    return [n for n in kept if n.id in seen]
-
-
-def counted(spec: ClusterSpec, provider: Provider, cluster: ClusterRecord | None) -> ClusterSpec:
-    """``spec`` as the provider counts the cluster: its members by label include the kept nodes
-    still there, so the plan asks for them too (it neither refuses them as a node too many nor
-    takes them for nodes of the cluster)."""
-    alive = kept_alive(provider, cluster)
-    return dataclasses.replace(spec, count=spec.count + len(alive)) if alive else spec
-
-
-# -- the rounds --------------------------------------------------------------------------------
 def bootstrap(run: Run, nodes: list[NodeRecord]) -> UpResult:
     """`up`'s bootstrap and health gate; with --min-count, the rounds of the module docstring."""
-    from gpuprov.core.launching import bootstrap_nodes, check_health
-
     least = run.spec.options.get("min_count")
     if not least:
         return check_health(run, bootstrap_nodes(run, nodes))
@@ -110,8 +84,6 @@ class Rounds:
         self.run.console.say(text)
 
     def go(self, nodes: list[NodeRecord]) -> UpResult:
-        from gpuprov.core.launching import bootstrap_nodes, check_health, rollback
-
         run = self.run
         self.rollback, run.rollback = run.rollback, False  # judged at the end, not per round
         try:
@@ -147,10 +119,8 @@ class Rounds:
                     f"{stats.failed if stats else 0} failed task(s), {stats.unreachable if stats else 0} unreachable"))
         passed = [n.name for n in nodes if n.name not in failed]
         if passed and self.run.health != health_gate.OFF:
-            from gpuprov.health.run import cluster_health
-
             run = self.run
-            checked = cluster_health(run.name, console=run.console, level=run.health, store=run.store, only=passed)
+            checked = health_run.cluster_health(run.name, console=run.console, level=run.health, store=run.store, only=passed)
             self.health.append(checked)
             self.rows.update(health_gate.by_node(checked.checks))
             for node, rows in health_gate.by_node(health_gate.failures(checked.checks)).items():
@@ -221,8 +191,6 @@ class Rounds:
     def replace(self, number: int, nodes: list[NodeRecord],
                 missing: list[NodeRecord]) -> tuple[list[NodeRecord], list[NodeRecord], dict[str, str]]:
         """One round: the missing nodes launched, reached, bootstrapped and gated, alone."""
-        from gpuprov.core.launching import bootstrap_nodes, launch, wait_ready
-
         run = self.run
         cluster = load(run.store, run.name)
         new = run.provider.plan(counted(run.spec, run.provider, cluster), run.files)
@@ -257,8 +225,6 @@ class Rounds:
 
     def finish(self, nodes: list[NodeRecord], blamed: bool = True) -> UpResult:
         """The judgement: at least K nodes converged (and healthy), none failed that stays."""
-        from gpuprov.core.launching import reach, rollback, up_result
-
         run, wanted = self.run, self.run.spec.count
         ok = blamed and not self.stuck and len(nodes) >= self.least
         if ok:
@@ -284,10 +250,8 @@ class Rounds:
         """The health rows of the nodes the cluster ends with, from the round that gated each."""
         if not self.health:
             return None
-        from gpuprov.health.run import summarise
-
         checks = [r for n in nodes for r in self.rows.get(n.name, [])]
-        summary = summarise(checks)
+        summary = health_run.summarise(checks)
         return dataclasses.replace(self.health[0], ok=bool(checks) and summary.fail == 0,
                                    finished=self.health[-1].finished, checks=checks, summary=summary)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from gpuprov.core.results import HealthCheck
 from gpuprov.health import checks_deep, checks_gpu, checks_node, checks_state
 from gpuprov.health.facts import Expect, Facts
+from gpuprov.shared.results import HealthCheck
 
 LEVELS = ("quick", "standard", "full")
 BUILT_LEVELS = LEVELS

@@ -4,10 +4,10 @@ gpudirect.yml)."""
 
 from __future__ import annotations
 
-from gpuprov.core.results import HealthCheck
 from gpuprov.health import parse, xid
 from gpuprov.health.checks_gpu import failed, no_gpu, passed, skipped
 from gpuprov.health.facts import Expect, Facts
+from gpuprov.shared.results import HealthCheck
 
 
 def xids(facts: Facts, expect: Expect) -> HealthCheck:

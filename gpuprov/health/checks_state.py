@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuprov.core.results import HealthCheck
 from gpuprov.health import parse
 from gpuprov.health.checks_gpu import ALERT_C, RESET, RMA, failed, no_gpu, passed, skipped
 from gpuprov.health.facts import Expect, Facts
+from gpuprov.shared.results import HealthCheck
 
 PerGpu = Callable[[str, parse.Tree], str | None]
 

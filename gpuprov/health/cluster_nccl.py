@@ -37,11 +37,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuprov.core.results import HealthCheck
 from gpuprov.health import mpi_key, nccl
 from gpuprov.health.checks_gpu import failed, skipped
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
+from gpuprov.shared.results import HealthCheck
+from gpuprov.ssh import node_key, pinned_key, ssh_options
 from gpuprov.state import NodeRecord
 
 CHECK = "nccl_allreduce_cluster"
@@ -94,16 +95,12 @@ def peers(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Map
 
 
 def _ssh(node: NodeRecord, files: ClusterFiles, remote: str) -> list[str]:
-    from gpuprov.ssh import node_key, ssh_options
-
     return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
             "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", "-o", "ControlPath=none",
             "--", f"{node.user}@{node.address}", remote]
 
 
 def _known_hosts(group: Sequence[Peer], files: ClusterFiles) -> str:
-    from gpuprov.ssh import pinned_key
-
     lines = []
     for p in group:
         key = pinned_key(files.known_hosts, p.node.address, p.node.ssh_port)

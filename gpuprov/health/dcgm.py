@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpuprov.core.results import HealthCheck
+from gpuprov.shared.results import HealthCheck
 
 CHECK = "dcgm_diag"
 _ROW = re.compile(r"^\|([^|]*)\|(.*)\|$")

@@ -34,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 from gpuprov.errors import GpuprovError
+from gpuprov.ssh import ssh_error_line
 
 MARK = "gpuprov-mpi-"
 RUN_ID = re.compile(r"gpuprov-mpi-[0-9a-f]{12}")
@@ -212,8 +213,6 @@ def remove_everywhere(nodes: Sequence[tuple[str, list[str]]], line: str,
 
 
 def _run(ssh: list[str], line: str, timeout: int) -> str | None:
-    from gpuprov.ssh import ssh_error_line
-
     try:
         # A session of its own: a Ctrl-C at the terminal (sent to the whole foreground process
         # group) or a SIGTERM to gpuprov's group does not kill the cleanup on its way.

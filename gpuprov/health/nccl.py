@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpuprov.core.results import HealthCheck
+from gpuprov.health.floors import floor_for
+from gpuprov.shared.results import HealthCheck
 
 # mpirun's "[1,0]<stdout>:" and srun --label's "0: " before every line.
 _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+: )")
@@ -170,8 +171,6 @@ def bandwidth_check(node: str, text: str, *, instance_type: str | None, nodes: i
     """The verdict on an all_reduce_perf run over ``nodes`` nodes of ``instance_type``: no
     wrong result, and the bus bandwidth at the floor's size at or above the floor
     (gpuprov.health.floors), out of place and in place."""
-    from gpuprov.health.floors import floor_for
-
     def row(status: str, found: str, expected: str, action: str) -> HealthCheck:
         return HealthCheck(node=node, check="nccl_allreduce", status=status, found=found, expected=expected,
                            action=action)

@@ -8,18 +8,19 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from gpuprov.core import Console, load, reachable_nodes, refresh, version_lock
-from gpuprov.core.results import HealthCheck, HealthResult, VerifySummary
+from gpuprov.ansible.runner import new_run_dir
 from gpuprov.errors import BadInput
-from gpuprov.health import LEVELS, evaluate, gather
+from gpuprov.health import LEVELS, cluster_nccl, evaluate, gather
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
+from gpuprov.shared import localhost
+from gpuprov.shared.cluster import load, reachable_nodes, refresh, version_lock
+from gpuprov.shared.console import Console
+from gpuprov.shared.localhost import LocalRequest
+from gpuprov.shared.results import HealthCheck, HealthResult, VerifySummary
+from gpuprov.ssh import check_ssh, node_key, ssh_error_line, ssh_options
 from gpuprov.state import NodeRecord, Store, now
-
-if TYPE_CHECKING:
-    from gpuprov.core.local import LocalRequest
 
 KIND = "health"
 
@@ -31,8 +32,6 @@ def check_level(level: str) -> str:
 
 
 def _ssh_command(node: NodeRecord, files: ClusterFiles) -> list[str]:
-    from gpuprov.ssh import node_key, ssh_options
-
     return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
             "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", "-o", "ControlPath=none",
             # Options end here: nothing after this is read as one, whatever it holds.
@@ -42,8 +41,6 @@ def _ssh_command(node: NodeRecord, files: ClusterFiles) -> list[str]:
 def read_node(node: NodeRecord, files: ClusterFiles, level: str = "quick",
               expect: Expect | None = None) -> tuple[str | None, str]:
     """(the script's output, None) or (None, why the node could not be read)."""
-    from gpuprov.ssh import check_ssh, node_key, ssh_error_line
-
     # The same check as every command's (transient failures tried again, a key mismatch final).
     why = check_ssh(node, node_key(node, files.key), files.known_hosts)
     if why is not None:
@@ -85,8 +82,6 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
                    store: Store | None = None) -> HealthResult:
     """The checks on every node of ``name`` (``only``: these nodes), in parallel; the run is
     recorded in state (kind ``health``) with its summary and the nodes' raw readings."""
-    from gpuprov.ansible.runner import new_run_dir
-
     check_level(level)
     store = store or Store()
     cluster = load(store, name)
@@ -107,8 +102,6 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
         readings: dict[str, Facts] = {}
         rows.extend(check_nodes(nodes, expected, files, run_dir, console, level, readings))
         if level == "full":
-            from gpuprov.health import cluster_nccl
-
             console.say(f"  across {len(nodes)} node(s): all_reduce_perf under mpirun (budget {cluster_nccl.BUDGET_S} s)")
             row = cluster_nccl.across_nodes(nodes, readings, expected, files, run_dir)
             progress(console, row.node, [row], 0.0)
@@ -165,18 +158,16 @@ def _stored(result: HealthResult) -> dict[str, object]:
 
 def local_health(req: LocalRequest, *, console: Console, level: str = "quick") -> HealthResult:
     """The checks on this machine (no cluster, no SSH, nothing recorded): what it should have
-    and its lock as `verify --local` resolves them (gpuprov.core.local.plan)."""
+    and its lock as `verify --local` resolves them (gpuprov.shared.localhost.plan)."""
     import os
 
-    from gpuprov.core import local
-
     check_level(level)
-    p = local.plan(req)
+    p = localhost.plan(req)
     if os.geteuid() != 0:
         console.say(f"health --local: not running as root (uid {os.geteuid()}): the kernel log and some "
                     "limits are root's; run it as root for the whole check")
     console.say(f"health --local: {p.node}, expecting {p.expecting}")
-    console.say(f"  {local.lock_line(p.lock)}")
+    console.say(f"  {localhost.lock_line(p.lock)}")
     started, began = now(), time.monotonic()
     seen = {**p.expectation, "instance_type": req.instance_type}
     expect = Expect.of(seen, p.lock, "gpuprov provision CLUSTER")
@@ -184,8 +175,6 @@ def local_health(req: LocalRequest, *, console: Console, level: str = "quick") -
                           timeout=gather.BUDGET_S[level], check=False)
     rows = evaluate(p.node, Facts(gather.split(proc.stdout)), expect, level)
     if level == "full":
-        from gpuprov.health import cluster_nccl
-
         rows.append(cluster_nccl.one_node())
     progress(console, p.node, rows, time.monotonic() - began)
-    return _result(local.LOCAL, level, started, rows)
+    return _result(localhost.LOCAL, level, started, rows)

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from gpuprov.ssh import ssh_error_line
+
 
 def _probe(report: pytest.TestReport) -> str:
     name = report.location[2].split("[", 1)[0]
@@ -47,8 +49,6 @@ def command_failure(text: str) -> str | None:
         except (ValueError, SyntaxError):
             raw = found.group(1)
         stderr = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-    from gpuprov.ssh import ssh_error_line
-
     if status == 255:
         return f"ssh failed (exit 255): {ssh_error_line(stderr, status)}"
     lines = [line.strip() for line in stderr.replace("\r", "\n").splitlines() if line.strip()]

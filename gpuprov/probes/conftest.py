@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from gpuprov import stack
+
 
 @dataclass(frozen=True)
 class Expectation:
@@ -74,8 +76,6 @@ def _resolve(request: dict[str, Any] | None) -> dict[str, Any] | None:
     """A lock resolved from a request ({"instance_type", "source", ...}): molecule's way."""
     if not request:
         return None
-    from gpuprov import stack
-
     return stack.resolve(**request).as_dict()
 
 

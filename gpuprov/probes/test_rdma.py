@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from gpuprov import catalog
 from gpuprov.probes.nodefacts import in_container, installed_version, nvidia_pci, require_systemd
 
 IB_PACKAGES = ("rdma-core", "ibverbs-utils", "infiniband-diags")
@@ -18,8 +19,6 @@ def _efa_interfaces(expect) -> int:
     """EFA interfaces the catalog gives this node's type (0: not an EFA type)."""
     if not expect.instance_type or expect.instance_type in ("unknown", "docker-node"):
         return 0
-    from gpuprov import catalog
-
     try:
         itype = catalog.get(expect.instance_type)
     except Exception:  # noqa: BLE001  (an unknown type has no catalog facts)

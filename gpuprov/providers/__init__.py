@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuprov import __version__
 from gpuprov.errors import BadInput, NotSupported
 from gpuprov.state import NodeRecord
 
@@ -182,7 +183,7 @@ class Provider(ABC):
     def check_type(self, spec: ClusterSpec) -> None:
         """--type, when given, is one gpuprov knows (BadInput with suggestions otherwise)."""
         if spec.instance_type:
-            from gpuprov import catalog
+            from gpuprov import catalog  # lazy: CLI start-up
 
             catalog.get(spec.instance_type)
 
@@ -283,13 +284,13 @@ class Provider(ABC):
         """What the cluster's hosts are (catalog.InstanceType each), for its version lock:
         before launch from the request (``nodes`` None), after wait_ready from the nodes.
         A provider whose nodes are all of the requested type says just that."""
-        from gpuprov import catalog
+        from gpuprov import catalog  # lazy: CLI start-up
 
         return [catalog.get(spec.instance_type)] if spec.instance_type else []
 
     def expectations(self, node: NodeRecord) -> dict[str, Any]:
         """What the probes should expect of this node (GPU count, virtualization)."""
-        from gpuprov import catalog
+        from gpuprov import catalog  # lazy: CLI start-up
 
         itype = catalog.find(node.instance_type)
         gpus = node.extra.get("gpus")
@@ -336,6 +337,4 @@ def supporting(ability: str) -> list[Provider]:
 
 
 def _version() -> str:
-    from gpuprov import __version__
-
     return __version__

@@ -11,22 +11,26 @@ import dataclasses
 import json
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpuprov.core import Console, phase_at_least
-from gpuprov.core.results import HostStats, ProbeRow, ProvisionResult, PullReport, VerifySummary, serialise
-from gpuprov.errors import BadInput
+from gpuprov import paths, ssh
+from gpuprov.ansible import inventory
+from gpuprov.ansible.progress import PlaybookProgress
+from gpuprov.ansible.runner import new_run_dir
+from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.pull import Boot, choose
+from gpuprov.pull.bundle import Bundle, build
+from gpuprov.pull.server import PullServer
+from gpuprov.shared.cluster import load, phase_at_least, version_lock
+from gpuprov.shared.console import Console
+from gpuprov.shared.results import HostStats, ProbeRow, ProvisionResult, PullReport, VerifySummary, serialise
+from gpuprov.shared.settings import play_secrets, playbook_vars
 from gpuprov.state import NodeRecord, Store
-
-if TYPE_CHECKING:  # the bundle and the server are imported when a pull runs (start-up time)
-    from gpuprov.pull.bundle import Bundle
-    from gpuprov.pull.server import PullServer
 
 # A node that has not said a word this long after its launch (boot, fetch) has failed, and
 # so has one silent this long once it started (the agent reports at least every few seconds
@@ -40,8 +44,6 @@ _CONNECTION_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh
 def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: bool) -> str:
     """How this `up`'s new nodes bootstrap (`--bootstrap`); where pull cannot run, one line and
     exit 2 before anything is created."""
-    from gpuprov.core.settings import play_secrets
-
     mode = choose(requested, spec.count, provider.supports("pull_address"))
     if mode != "pull":
         return mode
@@ -75,9 +77,6 @@ def serving(run: Any) -> Iterator[None]:
     if run.mode != "pull" or not run.provider.pull_at_boot:
         yield  # push; or hosts that exist already (static): served when they are reached
         return
-    from gpuprov.core import load
-    from gpuprov.core.settings import playbook_vars
-
     extravars = playbook_vars(load(run.store, run.name), run.lock)
     proto = NodeRecord(name="", id="", address="", ssh_port=0, user="", state="",
                        instance_type=run.spec.instance_type or "")
@@ -92,8 +91,6 @@ def serving(run: Any) -> Iterator[None]:
 
 @contextmanager
 def _served(run: Any, bundle: Bundle, nodes: list[NodeRecord], profile: str, whom: str) -> Iterator[Session]:
-    from gpuprov.pull.server import PullServer
-
     key = secrets.token_bytes(32)
     with PullServer(run.provider.pull_address(run.spec, nodes), key, bundle.data, bundle.sha256, ()) as server:
         boot = Boot(bundle_url=f"{server.base_url}/bundle/{bundle.sha256}",
@@ -104,12 +101,11 @@ def _served(run: Any, bundle: Bundle, nodes: list[NodeRecord], profile: str, who
         yield run.pull
 
 
-def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResult:
+def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
+              push: Callable[..., ProvisionResult]) -> ProvisionResult:
     """The pull bootstrap of the nodes this `up` launched (they pulled at boot); any other node
-    that needs one (a cluster resumed after a failed run) is pushed, and says so."""
-    from gpuprov.ansible.runner import new_run_dir
-    from gpuprov.core.converge import _provision
-
+    that needs one (a cluster resumed after a failed run) is pushed (``push``: the caller's
+    site.yml run, gpuprov.core.converge's), and says so."""
     if run.pull is None:  # hosts that exist (static): served now, handed their boot files over SSH
         return _existing_hosts(run, cluster, nodes)
     session: Session = run.pull
@@ -121,7 +117,7 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResul
     if not others:
         return result
     run.console.say(f"  push: {', '.join(n.name for n in others)} (not launched by this run)")
-    pushed = _provision(run.store, cluster, run.provider, run.files, others, console=run.console,
+    pushed = push(run.store, cluster, run.provider, run.files, others, console=run.console,
                         tags=run.tags or None)
     return ProvisionResult(cluster=run.name, ok=result.ok and pushed.ok, hosts={**result.hosts, **pushed.hosts},
                            errors={**result.errors, **pushed.errors})
@@ -131,11 +127,6 @@ def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord]) -> Provisio
     """Pull on hosts gpuprov did not boot: the bundle is built for what their PCI buses
     showed, served, and each host is handed the agent, its unit and its configuration over
     SSH (pinned host key); the agent starts there and the run goes on as at boot."""
-    from gpuprov import ssh
-    from gpuprov.ansible.runner import new_run_dir
-    from gpuprov.core import load, version_lock
-    from gpuprov.core.settings import playbook_vars
-
     lock = version_lock(run.store, load(run.store, run.name))  # as the hosts' buses relocked it
     bundle, profiles = bundle_for(run.provider, run.spec, lock, playbook_vars(cluster, lock), run.tags, nodes)
     with _served(run, bundle, nodes, "", f"{len(nodes)} host(s)") as session:
@@ -157,9 +148,6 @@ _HAND_OVER = ("sudo -n sh -c 'tar -x -o -C / -f - && systemctl daemon-reload && 
 def _hand_over(node: NodeRecord, files: Any, boot: Boot, profile: str) -> None:
     import subprocess
 
-    from gpuprov import ssh
-    from gpuprov.errors import GpuprovError
-
     proc = subprocess.run(
         ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
          "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}", _HAND_OVER],
@@ -174,9 +162,6 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
     """The bundle of one cluster's pull bootstrap, and each node's profile in it: the host
     variables and probe expectations of each kind of node (named by their digest)."""
     import hashlib
-
-    from gpuprov.ansible import inventory
-    from gpuprov.pull.bundle import build
 
     profiles: dict[str, dict[str, Any]] = {}
     chosen: dict[str, str] = {}
@@ -201,8 +186,6 @@ def follow(store: Store, name: str, server: PullServer, bundle: Bundle, nodes: l
            run_dir: Path, *, console: Console, tags: list[str]) -> tuple[ProvisionResult, PullReport]:
     """Wait for the nodes' reports, showing them as push progress; record the bootstrap and the
     nodes' own probe runs as a bootstrap run and a verify run."""
-    from gpuprov.ansible.progress import PlaybookProgress
-
     names = [n.name for n in nodes]
     server.add_nodes(names)
     (run_dir / "manifest.json").write_text(json.dumps(bundle.manifest, indent=1) + "\n")
@@ -244,8 +227,6 @@ def expected_probes(probes_dir: Path | None = None) -> set[str]:
     full"``): each probe module's test functions, by the name its rows carry (collect.py),
     read from the probes the bundle carries (this gpuprov's)."""
     import ast
-
-    from gpuprov import paths
 
     def full(marks: list[ast.expr]) -> bool:
         return any("mark.full" in ast.unparse(mark) for mark in marks)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.core.local import read_pci_bus
 from gpuprov.health import QUICK
+from gpuprov.shared.localhost import read_pci_bus
 from tests.conftest import invoke
 
 CHECKS = [c.__name__.replace("xids", "xid") for c in QUICK]

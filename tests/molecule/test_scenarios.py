@@ -93,7 +93,7 @@ def test_scenario_holds_only_what_differs(role: str, scenario: str) -> None:
 
 
 def test_molecule_finds_the_base_config_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`molecule test` in a role's directory loads it with no flag (README: Development)."""
+    """`molecule test` in a role's directory loads it with no flag (docs/development.md)."""
     util = pytest.importorskip("molecule.util")
     if not (ROOT / ".git").exists():
         pytest.skip("no .git here: molecule looks for .config/molecule/ at the VCS root")

@@ -1,9 +1,12 @@
-"""The README stays true: Quick start, CI entry point, role variables in sync with defaults."""
+"""The README stays a five-minute read and the docs stay whole: Quick start, CI entry point, the
+README's length, headline and map of docs/, every relative link resolving, role variables in sync
+with defaults (each role's README)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import yaml
@@ -11,6 +14,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 ROLES = sorted(p.parent.parent.name for p in (ROOT / "roles").glob("*/defaults/main.yml"))
+DOCS = sorted(p for p in (ROOT / "docs").rglob("*") if p.is_file())
+HEADLINE = "gpuprov up --type p4d.24xlarge --count 4"
 
 
 def _section(text: str, heading: str) -> str:
@@ -37,11 +42,61 @@ def _table_vars(text: str, role: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_role_variables_documented_with_their_defaults(role: str) -> None:
+    """Documented once, in the role's own README (the top README links there, holds no copy)."""
     defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
-    role_readme = (ROOT / "roles" / role / "README.md").read_text()
-    for where, text in (("role README", role_readme), ("README", README)):
-        documented = _table_vars(text, role)
-        assert set(documented) == set(defaults), f"{where} table drifted from defaults/main.yml"
-        for name, value in defaults.items():
-            shown = documented[name].strip("`").replace("\\|", "|")  # a pipe escaped in a table
-            assert yaml.safe_load(shown if shown != '""' else "''") == value, (where, name, shown)
+    documented = _table_vars((ROOT / "roles" / role / "README.md").read_text(), role)
+    assert set(documented) == set(defaults), "role README table drifted from defaults/main.yml"
+    for name, value in defaults.items():
+        shown = documented[name].strip("`").replace("\\|", "|")  # a pipe escaped in a table
+        assert yaml.safe_load(shown if shown != '""' else "''") == value, (name, shown)
+
+
+def test_readme_is_a_five_minute_read_with_the_headline_on_its_first_screen() -> None:
+    lines = README.splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; at most 300 (move the rest to docs/)"
+    assert any(HEADLINE in line for line in lines[:60]), f"`{HEADLINE}` not in README's first 60 lines"
+
+
+def _links(text: str) -> list[str]:
+    """Markdown link targets ([text](target)), outside indented and fenced code blocks."""
+    prose, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.startswith("    "):
+            prose.append(line)
+    return re.findall(r"\]\(([^)\s]+)\)", "\n".join(prose))
+
+
+def test_readme_maps_every_doc() -> None:
+    section = _section(README, "Documentation")
+    linked = {(ROOT / unquote(t.split("#")[0])).resolve() for t in _links(section)}
+    unmapped = [str(p.relative_to(ROOT)) for p in DOCS if p.resolve() not in linked]
+    assert unmapped == [], f"docs/ files the README's Documentation map does not link: {unmapped}"
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file (lower case, punctuation dropped, spaces to -)."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.*)$", path.read_text(), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md"] + [p for p in DOCS if p.suffix == ".md"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    broken = []
+    for target in _links(doc.read_text()):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:: not a file here
+            continue
+        file, _, anchor = unquote(target).partition("#")
+        path = (doc.parent / file).resolve() if file else doc
+        if not path.exists():
+            broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(target)
+    assert broken == [], f"{doc.relative_to(ROOT)}: links to no file or heading: {broken}"

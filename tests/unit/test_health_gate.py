@@ -14,8 +14,8 @@ import pytest
 
 from gpuprov.core import health_gate, launching
 from gpuprov.core import patch as patching
-from gpuprov.core.results import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
 from gpuprov.errors import BadInput
+from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
 
 XID_ACTION = "drain and reboot the node; RMA if it recurs"
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from gpuprov.core import results
-from gpuprov.core.results import SHAPES, serialise
+from gpuprov.shared import results
+from gpuprov.shared.results import SHAPES, serialise
 from tests.json_doc import DOC, _normal, _paths, documented
 
 SCALARS = {str: "string", int: "integer", bool: "boolean"}
@@ -153,7 +153,7 @@ def test_plain_shapes_match_a_real_result(command: str) -> None:
 
 # -- real results through the one serialiser ---------------------------------------------------------
 def _built() -> dict[str, Any]:
-    from gpuprov.core.results import (
+    from gpuprov.shared.results import (
         UNREACHED,
         Bootstrap,
         ClusterRow,

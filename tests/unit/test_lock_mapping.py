@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpuprov import stack
-from gpuprov.core.settings import complete_lock
+from gpuprov.shared.settings import complete_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 MAPPING = ROOT / "playbooks" / "vars" / "lock.yml"

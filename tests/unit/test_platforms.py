@@ -1,5 +1,5 @@
 """Every place that lists a platform says which are proven here: the roles' meta/main.yml and
-READMEs, the README, `gpuprov stack`, all against gpuprov/platforms.py; and "proven" means
+READMEs, docs/aws.md and the README, `gpuprov stack`, all against gpuprov/platforms.py; and "proven" means
 what the molecule configuration runs."""
 
 from __future__ import annotations
@@ -49,12 +49,19 @@ def test_role_readme_lists_the_metas_platforms_as_proven_or_claimed(role: str) -
         platforms.BY_CODENAME[(p["name"], v)].proven for p in named for v in p["versions"])
 
 
-def test_readme_platforms_paragraph() -> None:
-    readme = (ROOT / "README.md").read_text()
-    paragraph = readme.split("**Platforms.**", 1)[1].split("\n\n", 1)[0]
+def test_aws_doc_platforms_paragraph() -> None:
+    doc = (ROOT / "docs" / "aws.md").read_text()
+    paragraph = doc.split("**Platforms.**", 1)[1].split("\n\n", 1)[0]
     assert "proven here on Debian 12 (bookworm) only" in paragraph
     assert "`--os ubuntu22.04`" in paragraph and "not proven here" in paragraph
     assert "/aws/service/debian/release/12/latest/amd64" in paragraph
+
+
+def test_readme_platforms_section() -> None:
+    section = (ROOT / "README.md").read_text().split("## Platforms\n", 1)[1].split("\n## ", 1)[0]
+    words = " ".join(section.split())
+    assert "proven here on Debian 12 (bookworm) only" in words
+    assert "`--os ubuntu22.04`" in words and "not proven here" in words
 
 
 def test_stack_shows_the_platforms(capsys) -> None:

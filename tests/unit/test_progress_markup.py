@@ -61,7 +61,7 @@ def test_node_text_in_the_live_table_is_printed_as_it_came() -> None:
 
 def test_node_text_in_a_result_table_is_printed_as_it_came(capsys) -> None:
     from gpuprov import cli_output
-    from gpuprov.core.results import ProbeRow, VerifyResult, VerifySummary
+    from gpuprov.shared.results import ProbeRow, VerifyResult, VerifySummary
 
     data = VerifyResult(cluster="c", ok=False, hosts={"n[1]": [ProbeRow("gpus_on_pci_bus", "fail", MSG)]},
                         summary=VerifySummary(pass_=0, fail=1, skip=0))

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.core import Console, launching
-from gpuprov.core.results import HealthCheck, HealthResult, HostStats, ProvisionResult, VerifySummary
+from gpuprov.core import launching, up_steps
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
+from gpuprov.shared.console import Console
+from gpuprov.shared.results import HealthCheck, HealthResult, HostStats, ProvisionResult, VerifySummary
 from gpuprov.state import NodeRecord, Store
 
 
@@ -81,7 +82,7 @@ def fleet(gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
         return HealthResult(cluster=name, level=level, ok=not fail, started="t0", finished="t1", checks=rows,
                             summary=VerifySummary(pass_=len(rows) - fail, fail=fail, skip=0))
 
-    monkeypatch.setattr(launching, "_provision", provision)
+    monkeypatch.setattr(up_steps, "_provision", provision)
     monkeypatch.setattr("gpuprov.health.run.cluster_health", health)
     return provider
 

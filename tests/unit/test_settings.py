@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import core
-from gpuprov.core import settings
+from gpuprov.core import reading
 from gpuprov.errors import BadInput
+from gpuprov.shared import settings
 from gpuprov.state import Store
 
 ENV = [env for env, _ in settings.SETTINGS.values()]
@@ -59,11 +59,11 @@ def test_a_different_value_is_refused_with_the_way_to_change_it(clean, monkeypat
     with pytest.raises(BadInput, match=r"differs from cluster 'c1''s artifact_mirror .*"
                                        r"gpuprov settings c1 --set artifact_mirror=VALUE"):
         settings.playbook_vars(store.get_cluster("c1"), {})
-    out = core.change_settings("c1", {"artifact_mirror": "http://10.9.9.9:8089"})
+    out = reading.change_settings("c1", {"artifact_mirror": "http://10.9.9.9:8089"})
     assert out.changed == ["artifact_mirror"]
     assert settings.playbook_vars(store.get_cluster("c1"), {})["gpuprov_artifact_mirror"] == \
         "http://10.9.9.9:8089"
-    assert core.status("c1").settings["artifact_mirror"].from_ == "gpuprov settings --set"
+    assert reading.status("c1").settings["artifact_mirror"].from_ == "gpuprov settings --set"
 
 
 @pytest.mark.parametrize("key,value", [
@@ -76,7 +76,7 @@ def test_bad_values_are_bad_input_and_change_nothing(clean, key, value) -> None:
     store = _cluster()
     before = store.get_cluster("c1").spec
     with pytest.raises(BadInput):
-        core.change_settings("c1", {key: value})
+        reading.change_settings("c1", {key: value})
     assert store.get_cluster("c1").spec == before
 
 

@@ -126,7 +126,7 @@ def test_no_test_module_imports_another() -> None:
 
 def test_tests_are_laid_out_by_level() -> None:
     """unit and cli (no Docker), aws (emulated EC2), roles and molecule (integration on local
-    nodes), e2e (the whole CLI on local nodes): README's Development section names them."""
+    nodes), e2e (the whole CLI on local nodes): docs/development.md names them."""
     tests = Path(__file__).parents[1]
     levels = {p.parent.name for p in tests.rglob("test_*.py") if "fixtures" not in p.parts}
     assert levels == {"unit", "cli", "aws", "roles", "molecule", "e2e"}

@@ -112,6 +112,19 @@ def test_a_typo_of_a_gpuprov_key_is_refused_with_the_closest_known_key(
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    ("hosts.yml", "hosts:\n  - name: n1\n    address: 192.0.2.1\n    user: ops\n"),
+    ("hosts.ini", "[gpu]\nn1 ansible_host=192.0.2.1 ansible_user=ops\n"),
+])
+def test_a_hosts_file_named_relative_to_the_working_directory_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> None:
+    # `gpuprov up --hosts hosts.yml` from the file's folder (Ansible's loader wants absolute paths).
+    (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    hosts, _ = parse_hosts_file(name)
+    assert [(h.name, h.address, h.user) for h in hosts] == [("n1", "192.0.2.1", "ops")]
+
+
 def test_ansible_and_user_variables_are_left_alone(tmp_path: Path) -> None:
     f = tmp_path / "hosts.ini"
     f.write_text("[gpu]\ngpu01 ansible_host=192.0.2.1 ansible_ssh_user=ops ansible_become=true rack=3\n")

@@ -20,10 +20,14 @@ import subprocess
 import time
 from typing import Any
 
+from gpuprov import images
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.images import LOCK_FIELDS, BakedImage
 from gpuprov.providers import ClusterFiles, Reporter
 from gpuprov.providers.aws import api
 from gpuprov.providers.aws.common import backoff, env_seconds, region_of, tags_of
+from gpuprov.providers.aws.teardown import terminate_ids
+from gpuprov.ssh import node_key, ssh_error_line, ssh_options
 from gpuprov.state import NodeRecord
 
 LOCK_TAG = "gpuprov:lock"
@@ -33,8 +37,6 @@ REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 
 
 def _tags(cluster: Any, node: NodeRecord, baked_at: str) -> list[dict[str, str]]:
-    from gpuprov import images
-
     lock = cluster.lock or {}
     tags = {LOCK_TAG: lock["hash"], "gpuprov:baked-at": baked_at,
             "gpuprov:baked-from": f"{cluster.name}/{node.name}", "Name": f"gpuprov {lock['hash']}",
@@ -47,8 +49,6 @@ def _tags(cluster: Any, node: NodeRecord, baked_at: str) -> list[dict[str, str]]
 
 
 def _image(found: dict[str, Any], region: str) -> Any:
-    from gpuprov.images import LOCK_FIELDS, BakedImage
-
     tags = tags_of(found)
     size = sum(int(m.get("Ebs", {}).get("VolumeSize") or 0) for m in found.get("BlockDeviceMappings") or [])
     return BakedImage(id=found["ImageId"], ref=found["ImageId"], provider="aws", lock_hash=tags.get(LOCK_TAG, ""),
@@ -87,9 +87,6 @@ def locks_of(image_ids: set[str], region: str | None) -> dict[str, str]:
 
 def _clean(node: NodeRecord, files: ClusterFiles, report: Reporter) -> None:
     """Run the fixed clean-up script on the node as root, over its pinned SSH."""
-    from gpuprov import images
-    from gpuprov.ssh import node_key, ssh_error_line, ssh_options
-
     command = ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
                "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ControlMaster=no", "-o", "ControlPath=none",
                # Options end here; the remote command is a constant.
@@ -125,9 +122,6 @@ def bake(cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter,
          copy_to: tuple[str, ...] = ()) -> Any:
     """Clean the node, stop it, capture it as an AMI tagged with the lock (image and
     snapshots), wait until it is available, copy it to ``copy_to``, terminate the node."""
-    from gpuprov import images
-    from gpuprov.providers.aws.teardown import terminate_ids
-
     lock = cluster.lock or {}
     if not lock.get("hash"):
         raise BadInput(f"cluster '{cluster.name}' has no version lock yet; `gpuprov up` it first")

@@ -8,7 +8,7 @@ import time
 from gpuprov import ssh
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import ClusterFiles, Reporter
-from gpuprov.providers.aws import hostkeys, userdata
+from gpuprov.providers.aws import api, hostkeys, userdata
 from gpuprov.providers.aws.common import backoff, env_seconds
 from gpuprov.state import NodeRecord
 
@@ -45,8 +45,6 @@ def console_tail(node: NodeRecord, lines: int = 6) -> str:
     has it), for a node that never answered: what its boot said, in one line; "" when EC2 has
     nothing or the call is not allowed. The text comes from the node: only printable
     characters reach the terminal."""
-    from gpuprov.providers.aws import api
-
     try:
         aws = api.connect(node.extra.get("region"), attempts=2)
         # (botocore decodes the base64 EC2 sends: Output is text.)

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov import ssh
+from gpuprov import ssh, templating
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles
 
@@ -69,8 +69,6 @@ def make_bootstrap_key(files: ClusterFiles, cluster: str, batch: str) -> HostKey
 
 
 def render(cluster: str, batch: str, user: str, authorized_key: str, bootstrap: HostKey) -> str:
-    from gpuprov import templating
-
     return templating.render("cloud-init.yaml.j2", {
         "cluster": cluster, "batch": batch, "user": user, "authorized_key": authorized_key.strip(),
         "bootstrap_private": bootstrap.private.strip(), "bootstrap_public": bootstrap.public,

@@ -22,16 +22,15 @@ from typing import Any
 from gpuprov import paths, ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
+from gpuprov.providers.docker import images
+from gpuprov.providers.docker.engine import IMAGE_LABEL, LABEL, NODE_LABEL, docker
+from gpuprov.providers.docker.images import delete
+from gpuprov.providers.docker.node_image import build_hint
+from gpuprov.providers.docker.nodes import remove
 from gpuprov.state import NodeRecord
 
-LABEL = "gpuprov.cluster"
-NODE_LABEL = "gpuprov.node"
 DEFAULT_IMAGE = "gpuprov/node:bookworm"
 NODE_USER = "gpuprov"
-# Baked images (gpuprov image bake): this repository, tagged LOCKHASH-TIME, labelled with the
-# lock. GPUPROV_BAKED_REPO names another (each test session of gpuprov's suite takes its own).
-BAKED_REPO = "gpuprov/baked"
-IMAGE_LABEL = "gpuprov.lock"
 
 # The flags that run systemd in a container on a cgroup v1/v2 host without
 # --privileged (CAP_SYS_RESOURCE is not in every bounding set).
@@ -41,22 +40,6 @@ SYSTEMD_FLAGS = [
     "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     "--tmpfs", "/run", "--tmpfs", "/run/lock", "--stop-signal", "SIGRTMIN+3",
 ]
-
-
-def docker(
-    *args: str, check: bool = True, input: bytes | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[bytes]:
-    try:
-        proc = subprocess.run(
-            ["docker", *args], capture_output=True, input=input, check=False, timeout=timeout
-        )
-    except FileNotFoundError:
-        raise BadInput("no docker client found; install Docker (make host-setup does it)") from None
-    except subprocess.TimeoutExpired:
-        raise GpuprovError(f"docker {args[0]} did not answer within {timeout:.0f}s") from None
-    if check and proc.returncode != 0:
-        raise GpuprovError(f"docker {args[0]} failed: {proc.stderr.decode().strip()}")
-    return proc
 
 
 # Local nodes are for trying things: a handful on one machine (each full-stack node holds
@@ -90,10 +73,7 @@ class DockerProvider(Provider):
         if docker("image", "inspect", image, check=False).returncode != 0:
             if image != self.image:
                 raise BadInput(f"node image {image} not found (`gpuprov image list` shows the baked ones)")
-            raise BadInput(
-                f"node image {self.image} not found; build it with "
-                "`scripts/build-node-image.sh` (or `make host-setup`)"
-            )
+            raise BadInput(f"node image {self.image} not found; {build_hint()}")
 
     def _containers(self, cluster: str) -> list[dict]:
         proc = docker(
@@ -299,27 +279,19 @@ class DockerProvider(Provider):
         return self.terminate(name, list(orphans.nodes), ClusterFiles(paths.home()), report)
 
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
-        from gpuprov.providers.docker.nodes import remove
-
         return remove(nodes, report)
 
     # -- baked images (gpuprov/providers/docker/images.py) -----------------------------------
     def baked_images(self, region: str | None = None) -> list[Any]:
-        from gpuprov.providers.docker import images
-
         self.check_engine()
         return images.baked(images.repository())
 
     def bake(self, cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter,
              copy_to: tuple[str, ...] = ()) -> Any:
-        from gpuprov.providers.docker import images
-
         # (copy_to is refused before: copies_images is False)
         return images.bake(cluster, node, images.repository(), report)
 
     def delete_image(self, image: Any, report: Reporter) -> None:
-        from gpuprov.providers.docker.images import delete
-
         delete(image, report)
 
 
@@ -357,7 +329,7 @@ def _user_ids(container: str, user: str) -> tuple[int, int]:
             fields = line.split(":")
             if fields[0] == user:
                 return int(fields[2]), int(fields[3])
-    raise GpuprovError(f"node image has no '{user}' user; rebuild it with scripts/build-node-image.sh")
+    raise GpuprovError(f"node image has no '{user}' user; rebuild it: {build_hint()}")
 
 
 def _apt_proxy_file(proxy: str) -> list[tuple[str, bytes, int, int, int]]:

@@ -5,7 +5,7 @@ untouched."""
 from __future__ import annotations
 
 from gpuprov.providers import Reporter
-from gpuprov.providers.docker import docker
+from gpuprov.providers.docker.engine import docker
 from gpuprov.state import NodeRecord
 
 

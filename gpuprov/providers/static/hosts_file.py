@@ -122,7 +122,7 @@ def _yaml_or_none(loader: DataLoader, file: Path, text: str, path: str) -> Any:
     if not (looks_yaml or not file.suffix):
         return None
     try:
-        return loader.load(text, file_name=str(file))
+        return loader.load(text, file_name=str(file.resolve()))  # Ansible's origins need an absolute path
     except AnsibleError as exc:
         if not looks_yaml:
             return None  # no suffix: maybe INI, as Ansible would try next

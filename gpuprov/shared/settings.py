@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from gpuprov import validate
+from gpuprov import stack, validate
 from gpuprov.errors import BadInput
 from gpuprov.state import ClusterRecord
 
@@ -123,8 +123,6 @@ def complete_lock(lock: dict[str, Any]) -> dict[str, Any]:
     lacks the fields added since (container toolkit, base images, ...); they are taken from
     the same request resolved against today's stack data, and what the lock has always wins
     (the plays map it to the roles' variables: playbooks/vars/lock.yml)."""
-    from gpuprov import stack
-
     try:
         fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock.get("cuda", "11.8"),
                                     driver=lock.get("driver_branch"), source=lock.get("source", "nvidia"))

@@ -1,0 +1,201 @@
+"""A cluster as every command sees it: its name, phase, files, lock, version lock, the provider's
+view of its nodes, and the nodes `up --keep-failed` set aside. Shared by the commands
+(gpuprov.core), health and pull, below all three."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuprov import paths, ssh, stack, validate
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers import ClusterFiles, ClusterSpec, Provider
+from gpuprov.providers import get as get_provider
+from gpuprov.shared.console import Console
+from gpuprov.shared.results import ProbeRow
+from gpuprov.state import ClusterRecord, NodeRecord, Store
+
+# What a cluster has reached, in order. `status` and `list` show it; `up` run
+# again goes on from it. A failed step is recorded beside it (``failed_step``).
+PHASES = ("launching", "launched", "reachable", "bootstrapped", "verified")
+_NODE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRecord))
+
+
+# -- names, files, locks ------------------------------------------------------------
+def validate_name(name: str) -> str:
+    return validate.cluster_name(name)
+
+
+def phase_at_least(cluster: ClusterRecord, phase: str) -> bool:
+    return cluster.state in PHASES and PHASES.index(cluster.state) >= PHASES.index(phase)
+
+
+def generate_name() -> str:
+    return f"gpu-{secrets.token_hex(3)}"
+
+
+def files_for(name: str, create: bool = True) -> ClusterFiles:
+    return ClusterFiles(paths.cluster_dir(name, create=create))
+
+
+@contextmanager
+def cluster_lock(name: str) -> Iterator[None]:
+    """One mutating gpuprov command per cluster at a time, across processes. The holder writes
+    who it is into the lock file (pid, command, since when, as JSON); a refusal names it."""
+    lock_dir = paths.home() / "locks"
+    lock_dir.mkdir(exist_ok=True, mode=0o700)
+    fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GpuprovError(f"cluster '{name}' is busy: {_lock_holder(os.pread(fd, 4096, 0))}") from None
+        held = {"pid": os.getpid(), "command": _command_words(name),
+                "since": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(held).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _command_words(name: str) -> list[str] | None:
+    """The gpuprov command this process runs, as its words and the cluster (`gpuprov provision
+    demo`): the CLI command's path, never its options (a value given there stays off disk)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return [*ctx.command_path.split(), name] if ctx is not None else None
+
+
+def _lock_holder(raw: bytes) -> str:
+    """Who holds a lock, from what the holder wrote: its command, pid and since when (a lock
+    file of an older gpuprov holds the bare pid; one just taken may still be empty)."""
+    text = raw.decode(errors="replace").strip()
+    try:
+        held = json.loads(text)
+    except ValueError:
+        held = None
+    if not isinstance(held, dict):
+        held = {"pid": text} if text.isdigit() else {}
+
+    def printable(value: object) -> str:
+        return "".join(c if c.isprintable() else "?" for c in str(value))[:200]
+
+    pid = held.get("pid")
+    pid = printable(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else "?"
+    words = held.get("command")
+    since = held.get("since")
+    who = (f"`{printable(' '.join(map(str, words)))}`" if isinstance(words, list) and words
+           else "another gpuprov process")
+    if isinstance(since, str) and since:
+        return f"{who} (pid {pid}) has held it since {printable(since)}"
+    return f"{who} (pid {pid}) is changing it"
+
+
+def load(store: Store, name: str) -> ClusterRecord:
+    cluster = store.get_cluster(name)
+    if cluster is None:
+        raise BadInput(f"unknown cluster '{name}'; `gpuprov list` shows the clusters")
+    return cluster
+
+
+def expectations(provider: Provider, nodes: list[NodeRecord],
+                 lock: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """What the probes should find on each node: the provider's view plus the version lock."""
+    return {n.name: {**provider.expectations(n), "stack": lock} for n in nodes}
+
+
+def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
+    """The cluster's version lock: resolved once, stored, then the same on every run."""
+    if cluster.lock:
+        return cluster.lock
+    itype = cluster.spec.get("instance_type") or next(
+        (n.instance_type for n in cluster.nodes if n.instance_type), None)
+    lock = stack.resolve(itype, source=stack.default_source(cluster.provider)).as_dict()
+    store.set_lock(cluster.name, lock)
+    return lock
+
+
+def refresh(store: Store, cluster: ClusterRecord) -> tuple[Provider, ClusterFiles, list[NodeRecord]]:
+    """Ask the provider what exists now; update state to match (nodes `up --keep-failed` set
+    aside stay out: gpuprov.core.replacing)."""
+    provider = get_provider(cluster.provider)
+    files = files_for(cluster.name)
+    nodes = without_kept(cluster, provider.describe(cluster.name, list(cluster.nodes), files))
+    if nodes != list(cluster.nodes):
+        store.replace_nodes(cluster.name, nodes)
+    return provider, files, nodes
+
+
+def reachable_nodes(cluster: ClusterRecord, nodes: list[NodeRecord]) -> list[NodeRecord]:
+    if not nodes:
+        raise GpuprovError(
+            f"cluster '{cluster.name}' has no nodes left at its provider ({cluster.provider}); "
+            f"`gpuprov down {cluster.name}` forgets it"
+        )
+    stopped = [n.name for n in nodes if n.state not in ("running", "reachable")]
+    if stopped:
+        raise GpuprovError(f"node(s) not running: {', '.join(stopped)}")
+    return nodes
+
+
+# -- kept nodes: at the provider, out of the node list (gpuprov.core.replacing) -------------
+def kept_nodes(cluster: ClusterRecord | None) -> list[NodeRecord]:
+    """The nodes `up --keep-failed` set aside (``spec.kept``), as they were recorded."""
+    entries = (cluster.spec.get("kept") if cluster is not None else None) or []
+    return [NodeRecord(**{k: v for k, v in e.items() if k in _NODE_FIELDS}) for e in entries]
+
+
+def without_kept(cluster: ClusterRecord | None, nodes: list[NodeRecord]) -> list[NodeRecord]:
+    """``nodes`` as the provider lists the cluster (by its label), less the kept ones."""
+    kept = {n.id for n in kept_nodes(cluster)}
+    return [n for n in nodes if n.id not in kept] if kept else nodes
+
+
+def kept_alive(provider: Provider, cluster: ClusterRecord | None) -> list[NodeRecord]:
+    """The kept nodes the provider still has (one may have been removed by hand)."""
+    kept = kept_nodes(cluster)
+    if cluster is None or not kept:
+        return []
+    seen = {n.id for n in provider.describe(cluster.name, list(cluster.nodes), files_for(cluster.name, create=False))}
+    return [n for n in kept if n.id in seen]
+
+
+def counted(spec: ClusterSpec, provider: Provider, cluster: ClusterRecord | None) -> ClusterSpec:
+    """``spec`` as the provider counts the cluster: its members by label include the kept nodes
+    still there, so the plan asks for them too (it neither refuses them as a node too many nor
+    takes them for nodes of the cluster)."""
+    alive = kept_alive(provider, cluster)
+    return dataclasses.replace(spec, count=spec.count + len(alive)) if alive else spec
+
+
+# -- the rounds --------------------------------------------------------------------------------
+
+
+# -- which nodes answer SSH (provision, verify, patch, monitor) --------------------------------
+# The one row an unreachable node gets in `verify`, instead of a failure per probe.
+REACHABLE_PROBE = "reachable"
+
+
+def check_reachable(
+    files: ClusterFiles, nodes: list[NodeRecord], console: Console
+) -> tuple[list[NodeRecord], dict[str, str]]:
+    """One SSH check per node (in parallel, pinned host keys): the nodes that answer, and
+    {node: why not} for the others, each reported here in one line."""
+    down = ssh.unreachable_nodes(nodes, files.key, files.known_hosts)
+    for node in nodes:
+        if node.name in down:
+            console.say(f"  {node.name}: UNREACHABLE {down[node.name]}")
+    return [n for n in nodes if n.name not in down], down
+
+
+def unreachable_row(why: str) -> ProbeRow:
+    return ProbeRow(probe=REACHABLE_PROBE, status="fail", detail=f"unreachable: {why}")
