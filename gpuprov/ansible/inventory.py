@@ -123,6 +123,10 @@ def strategy_plugins() -> str | None:
     return str(Path(next(iter(spec.submodule_search_locations))) / "plugins" / "strategy")
 
 
+# The free space a local node's root filesystem needs (roles/gpu_preflight: 40 GiB on a real node).
+LOCAL_NODE_FREE_GIB = 20
+
+
 def group_vars(context: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "ansible_become": True,
@@ -133,6 +137,9 @@ def group_vars(context: Mapping[str, Any]) -> dict[str, Any]:
         ),
         "gpuprov_cluster": context["cluster"],
         "gpuprov_provider": context["provider"],
+        # Local nodes share this machine's disk and pull the local registry's small images, not
+        # NVIDIA's (~15 GiB): the preflight asks them for the driver, CUDA and cuDNN, with room.
+        **({"gpu_preflight_root_free_gib": LOCAL_NODE_FREE_GIB} if context["provider"] == "docker" else {}),
     }
 
 

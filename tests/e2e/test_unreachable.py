@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import GPUPROV, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -179,3 +179,145 @@ def test_a_template_smuggled_into_the_record_runs_nothing(cluster, env) -> None:
     by_hand = cdir / "vars.yml"
     assert by_hand.stat().st_mode & 0o077 == 0 and not (cdir / "vars.json").exists()
     assert f"!unsafe \"{pin}\"" in by_hand.read_text()
+
+
+# -- Issue 30 item 4: the faults of first boot, on node 1 (node 2 goes on) ------------------------
+def _host_vars(env: dict[str, str], name: str, node: str, text: str | None) -> None:
+    """The node's own role variables, where Ansible reads them (host_vars/ beside the cluster's
+    inventory); None removes them."""
+    path = Path(env["GPUPROV_HOME"]) / "clusters" / name / "host_vars" / f"{node}.yml"
+    if text is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+
+
+def _node_sh(cid: str, script: str) -> str:
+    proc = subprocess.run(["docker", "exec", cid, "sh", "-c", script], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, (script, proc.returncode, proc.stderr)
+    return proc.stdout
+
+
+def _hold_dpkg_lock(cid: str, until: str) -> str:
+    """A real process in the node holds dpkg's frontend lock until ``until`` exists there, as a
+    first boot's unattended-upgrades would; its pid (in the node)."""
+    subprocess.run(["docker", "exec", "-d", cid, "flock", "/var/lib/dpkg/lock-frontend", "sh", "-c",
+                    f"while [ ! -e {until} ]; do sleep 0.2; done"], check=True)
+    for _ in range(100):
+        pid = _node_sh(cid, "pgrep -xo flock || true").strip()
+        if pid and f" {pid} " in f" {_node_sh(cid, 'cat /proc/locks')} ":
+            return pid
+        subprocess.run(["sleep", "0.1"], check=True)
+    raise AssertionError("the lock holder did not start")
+
+
+def _events_text(stderr: str) -> str:
+    """Every job event of the run whose artifacts gpuprov named on stderr, as one text."""
+    (line,) = [x for x in stderr.splitlines() if x.strip().startswith("artifacts: ")]
+    events = Path(line.split("artifacts: ", 1)[1].strip()) / "job_events"
+    return "\n".join(p.read_text() for p in sorted(events.glob("*.json")))
+
+
+def _preflight_waiting_for_release(env, name: str, cid: str, release: str) -> tuple[int, str, str]:
+    """`provision --tags preflight`, the node's lock released only once its preflight is seen
+    waiting for it there (so it waits, whatever the speed of the run)."""
+    run = subprocess.Popen([*GPUPROV, "provision", name, "--tags", "preflight", "-o", "json"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):
+            if run.poll() is not None or _node_sh(cid, "pgrep -f '[w]ait_dpkg_locks' || true").strip():
+                break
+            subprocess.run(["sleep", "0.25"], check=True)
+    finally:
+        _node_sh(cid, f"touch {release}")
+    out, err = run.communicate(timeout=600)
+    return run.returncode, out, err
+
+
+def _failed_line(stderr: str, node: str) -> str:
+    named = [x for x in _lines_naming(stderr, node) if "FAILED" in x]
+    assert len(named) == 1 and f"{node}: FAILED" in named[0], stderr
+    return named[0]
+
+
+def test_first_boot_faults_stop_only_their_node_and_say_why(cluster, env) -> None:
+    """Issue 30 item 4, on real nodes through the real CLI, two preflight runs.
+
+    Run 1. Node 1: dpkg's lock held (a real process, as a first boot's unattended-upgrades) past
+    gpu_preflight_apt_lock_timeout stops it, naming the holder's pid and command. Node 2: its
+    package source does not answer (the apt proxy it goes through points at a port where nothing
+    listens, as when the package cache is down) when its lists are due (over an hour old, as at a
+    first boot): one line naming the URL and the node, nothing
+    installed or removed (every package and hold as before, dpkg --audit clean); exit 1.
+    Run 2, node 2's source back: it converges. Node 1: the lock held again, now within the
+    bound: it waits, goes on, and a root filesystem without the space the site needs stops it
+    before any download, saying both numbers (the need is set above what the node's filesystem
+    holds, read from the node with df, so nothing is filled).
+    """
+    name, node, other = cluster
+    cid, cid2 = _container(node), _container(other)
+    proxy_conf = "/etc/apt/apt.conf.d/01gpuprov-proxy"
+    proxy = _node_sh(cid2, f"cat {proxy_conf}")
+    port = proxy.split('Proxy "', 1)[1].split('"', 1)[0].rsplit(":", 1)[1]
+    dead = proxy.replace(f':{port}"', ':9"', 1)  # discard: nothing listens there
+    packages = "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n'"
+    token = secrets.token_hex(3)
+    release, before = f"/tmp/release-{token}", f"/tmp/before-{token}"
+
+    def write_proxy(text: str) -> None:
+        subprocess.run(["docker", "exec", "-i", cid2, "sh", "-c", f"cat > {proxy_conf}"], input=text,
+                       text=True, check=True)
+
+    _host_vars(env, name, node, "gpu_preflight_apt_lock_timeout: 3\n")
+    pid = _hold_dpkg_lock(cid, release)
+    _node_sh(cid2, "apt-mark hold openssh-server >/dev/null")
+    try:
+        installed, held = _node_sh(cid2, packages), _node_sh(cid2, "apt-mark showhold")
+        # Lists over an hour old, as at a first boot (an earlier run here may have updated them).
+        _node_sh(cid2, "touch -d '2 hours ago' /var/lib/apt/lists; stamp=/var/lib/apt/periodic/update-success-stamp; "
+                       "if [ -e $stamp ]; then touch -d '2 hours ago' $stamp; fi")
+        write_proxy(dead)
+        proc = run_cli("provision", name, "--tags", "preflight", "-o", "json", env=env, timeout=600)
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+        line = _failed_line(proc.stderr, node)
+        assert (f"/var/lib/dpkg/lock-frontend still held after 3s by pid {pid} "
+                f"(flock /var/lib/dpkg/lock-frontend sh -c") in line, line
+        line = _failed_line(proc.stderr, other)
+        assert "package source http://" in line and ":9" in line and "did not answer" in line, line
+        assert "nothing was installed or removed" in line, line
+        assert _node_sh(cid2, packages) == installed and _node_sh(cid2, "apt-mark showhold") == held
+        assert _node_sh(cid2, "dpkg --audit") == ""
+
+        write_proxy(proxy)
+        _node_sh(cid, f"touch {release}")
+        size = int(_node_sh(cid, "df --block-size=1 --output=size / | tail -1"))
+        need = size // 2**30 + 1  # more than the filesystem holds: never free, whatever else runs
+        _host_vars(env, name, node, f"gpu_preflight_apt_lock_timeout: 600\ngpu_preflight_root_free_gib: {need}\n")
+        release = f"/tmp/release-{token}-2"
+        _node_sh(cid, f"touch {before} && sleep 1")
+        pid = _hold_dpkg_lock(cid, release)
+        code, out, err = _preflight_waiting_for_release(env, name, cid, release)
+        free_after = int(_node_sh(cid, "df --block-size=1 --output=avail / | tail -1"))
+        # Stopped before any download: no package list and no package file arrived on node 1.
+        arrived = _node_sh(cid, "for d in /var/lib/apt/lists /var/cache/apt/archives; do "
+                                f"if [ -d $d ]; then find $d -newer {before} -type f; fi; done")
+    finally:
+        write_proxy(proxy)
+        _node_sh(cid, f"touch {release}; rm -f {before}")
+        _host_vars(env, name, node, None)
+        _node_sh(cid2, "apt-mark unhold openssh-server >/dev/null")
+    assert code == 1, err
+    hosts = json.loads(out)["hosts"]
+    assert hosts[other]["failed"] == 0 and hosts[other]["unreachable"] == 0 and hosts[other]["tasks"] > 0
+    assert _failed_line(err, node)  # node 2 converged: the only FAILED line is node 1's
+    assert not [x for x in err.splitlines() if "FAILED" in x and node not in x], err
+    events = _events_text(err)
+    assert f"for pid {pid} (flock /var/lib/dpkg/lock-frontend sh -c" in events and "waited " in events
+    line = _failed_line(err, node)
+    assert f"the site needs {need} GiB" in line and "gpu_preflight_root_free_gib" in line, line
+    has = float(line.split("the root filesystem (/) has ", 1)[1].split(" GiB free", 1)[0])
+    assert abs(has - free_after / 2**30) < max(2.0, size / 2**30 * 0.02), (has, free_after)
+    assert arrived.strip() == "", arrived

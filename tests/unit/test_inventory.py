@@ -94,4 +94,4 @@ def test_no_value_becomes_inventory_syntax_or_a_template(tmp_path: Path) -> None
                            "gpuprov_instance_type", "gpuprov_expected_gpus", "gpuprov_expected_nvswitch",
                            "gpuprov_expected_efa", "ansible_become",
                            "ansible_python_interpreter", "ansible_ssh_common_args", "gpuprov_cluster",
-                           "gpuprov_provider"}
+                           "gpuprov_provider", "gpu_preflight_root_free_gib"}  # (docker: local nodes' need)

@@ -43,7 +43,8 @@ def test_wait_for_held_lock_times_out_naming_the_holder(tmp_path: Path) -> None:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         proc = _wait([lock], timeout=1)
         assert proc.returncode == 3
-        assert f"pid {holder.pid}" in proc.stderr and str(lock) in proc.stderr
+        last = proc.stdout.strip().splitlines()[-1]
+        assert f"pid {holder.pid}" in last and str(lock) in last and "still held" in last
     finally:
         holder.kill()
         holder.wait()

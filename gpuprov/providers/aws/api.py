@@ -11,6 +11,11 @@ by gpuprov itself before the config file, because botocore ignores it (see
 An endpoint that cannot be reached (no network, a wrong ``AWS_ENDPOINT_URL``)
 is one line naming the endpoint, from every client this module makes: see
 ``Unreachable``.
+
+A configuration that cannot be used (``AWS_PROFILE`` naming a profile that is not
+there, a config or credentials file that does not parse, an unknown region in the
+profile) is bad input, found by ``connect`` before any API call: one line naming the
+profile, the file and line, or the region, exit 2 (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -87,16 +92,17 @@ def resolve_region(region: str | None, session: Any) -> tuple[str | None, str]:
         value = os.environ.get(variable, "").strip()
         if value:
             return value, variable
-    return session.region_name or None, "the AWS config file"
+    found = session.region_name or None
+    if found:
+        return found, f"profile '{session.profile_name or 'default'}' in {config_files()[0]}"
+    return None, "the AWS config file"
 
 
 def configured() -> bool:
     """Cheap hint that the user has AWS set up here (no network, no metadata service)."""
     if any(os.environ.get(v) for v in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_ENDPOINT_URL")):
         return True
-    home = Path(os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")).expanduser()
-    creds = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")).expanduser()
-    return home.is_file() or creds.is_file()
+    return any(path.is_file() for path in config_files())
 
 
 @dataclass
@@ -131,9 +137,109 @@ class Aws:
         return self.client("ec2")
 
 
+class ConfigError(BadInput):
+    """The AWS configuration here cannot be used (a profile that is not there, a config or
+    credentials file that does not parse): bad input, found before any API call (exit 2)."""
+
+
+def config_files() -> tuple[Path, Path]:
+    """The AWS config and shared credentials files botocore reads."""
+    config = Path(os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config").expanduser()
+    creds = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials").expanduser()
+    return config, creds
+
+
+def _profiles() -> list[str]:
+    """The profile names the config and credentials files define (unreadable files: none)."""
+    import configparser
+
+    config, creds = config_files()
+    names: list[str] = []
+    for path, prefix in ((config, "profile "), (creds, "")):
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        for section in parser.sections():
+            name = section[len(prefix):].strip() if prefix and section.startswith(prefix) else section
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _parse_problem(path: Path) -> str:
+    """Where an INI file stops parsing: the line number only (a line of the credentials file
+    may hold a secret, so its text is never quoted)."""
+    import configparser
+
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except configparser.MissingSectionHeaderError as exc:
+        return f"line {exc.lineno} comes before any [section] line"
+    except configparser.ParsingError as exc:
+        lines = ", ".join(str(number) for number, _ in exc.errors[:5])
+        return f"line {lines}: neither a [section] nor a key = value line"
+    except configparser.DuplicateSectionError as exc:
+        return f"section [{exc.section}] appears twice (line {exc.lineno})"
+    except configparser.DuplicateOptionError as exc:
+        return f"key {exc.option} appears twice in [{exc.section}] (line {exc.lineno})"
+    except (configparser.Error, OSError, UnicodeDecodeError) as exc:
+        return type(exc).__name__
+    return "not INI"
+
+
+def _profile_origin(profile: str) -> str:
+    for variable in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        if os.environ.get(variable) == profile:
+            return variable
+    return "the source_profile of another profile"
+
+
+def config_error(exc: BaseException) -> ConfigError | None:
+    """The one line for a botocore configuration error (None: not one of those)."""
+    from botocore import exceptions as boto
+
+    config, creds = config_files()
+    if isinstance(exc, boto.ProfileNotFound):
+        profile = getattr(exc, "kwargs", {}).get("profile", "?")
+        known = _profiles()
+        have = f"profiles there: {', '.join(known[:10])}" if known else "no profile is defined there"
+        return ConfigError(
+            f"AWS profile '{profile}' (from {_profile_origin(profile)}) is in neither {config} nor {creds} "
+            f"({have}); set AWS_PROFILE to one of them, or unset it"
+        )
+    if isinstance(exc, boto.ConfigParseError):
+        path = getattr(exc, "kwargs", {}).get("path", config)
+        kind = "credentials" if Path(path).expanduser() == creds else "config"
+        return ConfigError(
+            f"AWS {kind} file {path} does not parse ({_parse_problem(Path(path))}); fix it, "
+            "or point AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE at another file"
+        )
+    if isinstance(exc, (boto.ConfigNotFound, boto.InvalidConfigError, boto.PartialCredentialsError,
+                        boto.InvalidRegionError, boto.UnknownCredentialError)):
+        reason = " ".join(str(exc).split())
+        return ConfigError(f"AWS configuration ({config}, {creds}) cannot be used: {reason}")
+    return None
+
+
 def connect(region: str | None, *, need_credentials: bool = True, attempts: int = MAX_ATTEMPTS) -> Aws:
     """A session for ``region`` (else the configured default). Checks, without any API
-    call, that the region exists and that credentials are there: BadInput otherwise."""
+    call, that the profile and the config files are usable, that the region exists and
+    that credentials are there: BadInput (ConfigError) otherwise."""
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return _connect(region, need_credentials=need_credentials, attempts=attempts)
+    except BotoCoreError as exc:
+        error = config_error(exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _connect(region: str | None, *, need_credentials: bool, attempts: int) -> Aws:
     import boto3
 
     session = boto3.session.Session()

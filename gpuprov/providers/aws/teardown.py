@@ -75,6 +75,8 @@ def find_orphans(name: str, region: str | None) -> Orphans | None:
         return None
     try:
         nodes, other = find_tagged(name, region)
+    except api.ConfigError:
+        raise  # a broken profile or config file is said, never taken for "nothing tagged"
     except BadInput:
         return None
     if not nodes and not other:
