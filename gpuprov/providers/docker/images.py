@@ -12,9 +12,11 @@ import re
 import secrets
 from typing import Any
 
+from gpuprov import images
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.images import LOCK_FIELDS, BakedImage
 from gpuprov.providers import Reporter
-from gpuprov.providers.docker import BAKED_REPO, IMAGE_LABEL, LABEL, NODE_LABEL, docker
+from gpuprov.providers.docker.engine import BAKED_REPO, IMAGE_LABEL, LABEL, NODE_LABEL, docker
 from gpuprov.state import NodeRecord
 
 # A label value is written into a Dockerfile instruction (docker commit --change): only these.
@@ -30,8 +32,6 @@ def repository() -> str:
 
 
 def baked(repo: str) -> list[Any]:
-    from gpuprov.images import LOCK_FIELDS, BakedImage
-
     ids = docker("image", "ls", repo, "-q", "--no-trunc", "--filter",
                  f"label={IMAGE_LABEL}").stdout.decode().split()
     if not ids:
@@ -56,8 +56,6 @@ def bake(cluster: Any, node: NodeRecord, repo: str, report: Reporter) -> Any:
     a stopped copy, clean that copy (gpuprov/data/bake-clean.sh) and commit it as
     BAKED_REPO:LOCKHASH-TIME; the node runs on, untouched. Nothing is left behind but the
     image, whatever fails."""
-    from gpuprov import images
-
     lock = cluster.lock or {}
     if not lock.get("hash"):
         raise BadInput(f"cluster '{cluster.name}' has no version lock yet; `gpuprov up` it first")
