@@ -10,6 +10,7 @@ on open, under an exclusive lock.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -66,6 +67,11 @@ MIGRATIONS: Sequence[str] = (
     UPDATE clusters SET failed_step = 'bootstrap', state = 'launched' WHERE state = 'failed';
     UPDATE clusters SET state = 'launched' WHERE state = 'running';
     UPDATE clusters SET state = 'bootstrapped' WHERE state = 'ready';
+    """,
+    # 3: the process that runs a run, so a run whose process died (kill -9, a lost controller)
+    # is closed as interrupted instead of showing as running for good.
+    """
+    ALTER TABLE runs ADD COLUMN pid INTEGER;
     """,
 )
 
@@ -293,10 +299,24 @@ class Store:
     def start_run(self, cluster: str, kind: str, artifact_dir: str | None) -> int:
         with self._tx() as conn:
             cur = conn.execute(
-                "INSERT INTO runs(cluster, kind, started, artifact_dir) VALUES (?, ?, ?, ?)",
-                (cluster, kind, now(), artifact_dir),
+                "INSERT INTO runs(cluster, kind, started, artifact_dir, pid) VALUES (?, ?, ?, ?, ?)",
+                (cluster, kind, now(), artifact_dir, os.getpid()),
             )
             return int(cur.lastrowid)
+
+    def close_dead_runs(self, cluster: str) -> None:
+        """Close, as failed and interrupted, the unfinished runs of ``cluster`` whose process is
+        gone (killed, or its machine restarted): nothing will finish them. A run recorded by an
+        older gpuprov (no pid) is left as it is."""
+        with self._tx() as conn:
+            rows = conn.execute("SELECT id, pid FROM runs WHERE cluster = ? AND finished IS NULL "
+                                "AND pid IS NOT NULL", (cluster,)).fetchall()
+            for row in rows:
+                if _alive(int(row["pid"])):
+                    continue
+                summary = {"interrupted": f"its gpuprov process (pid {row['pid']}) ended before the run did"}
+                conn.execute("UPDATE runs SET finished = ?, ok = 0, summary = ? WHERE id = ?",
+                             (now(), json.dumps(summary), row["id"]))
 
     def finish_run(self, run_id: int, ok: bool, summary: dict[str, Any]) -> None:
         with self._tx() as conn:
@@ -306,6 +326,7 @@ class Store:
             )
 
     def runs(self, cluster: str, limit: int = 20) -> list[RunRecord]:
+        self.close_dead_runs(cluster)
         conn = self._connect()
         try:
             rows = conn.execute(
@@ -326,6 +347,17 @@ class Store:
             )
             for r in rows
         ]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _cluster(row: sqlite3.Row, nodes: Sequence[sqlite3.Row]) -> ClusterRecord:

@@ -100,3 +100,29 @@ def test_old_states_migrate_to_phases(tmp_path: Path) -> None:
     assert store.get_cluster("b").state_text == "bootstrapped (verify failed)"
     store.set_cluster_state("b", "verified")
     assert store.get_cluster("b").failed_step is None
+
+
+def test_a_run_whose_process_died_is_closed_as_interrupted(tmp_path: Path) -> None:
+    """A run started by a process that died before finishing it (here: one that exits without
+    finishing; `kill -9` alike) reads as finished, failed and interrupted; a run of a living
+    process stays open, and a run recorded before pids were kept is left as it was."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "state.db"
+    store = Store(path)
+    store.create_cluster("c1", "docker", {})
+    code = ("import sys; from pathlib import Path; from gpuprov.state import Store; "
+            "print(Store(Path(sys.argv[1])).start_run('c1', 'provision', None))")
+    dead = int(subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                              check=True).stdout)
+    living = store.start_run("c1", "verify", None)
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("INSERT INTO runs(cluster, kind, started) VALUES ('c1', 'patch', 'then')")
+    conn.close()
+    runs = {r.kind: r for r in store.runs("c1")}
+    assert runs["provision"].id == dead and runs["provision"].ok is False
+    assert runs["provision"].finished is not None and "ended before the run did" in runs["provision"].summary["interrupted"]
+    assert runs["verify"].id == living and (runs["verify"].finished, runs["verify"].ok) == (None, None)
+    assert (runs["patch"].finished, runs["patch"].ok) == (None, None)
