@@ -29,6 +29,7 @@ import hmac
 import json
 import math
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -43,6 +44,7 @@ MAX_EVENTS = 20_000  # events kept per node (a full-stack site.yml sends about 2
 MAX_TEXT = 4096  # characters in one string (a task, a message, a probe's detail)
 MAX_ROWS = 1000  # probe rows in one report
 TIMEOUT_S = 30.0  # a connection silent this long is dropped
+DEADLINE_S = 300.0  # a connection is closed this long after it was accepted, whatever it sends
 MAX_CONNECTIONS = 128  # connections served at once
 STATUSES = ("pass", "fail", "skip")  # a probe row's status, as gpuprov.probes.collect writes it
 _CHUNK = 1 << 20  # the bundle goes out in chunks: the connection's timeout bounds each one
@@ -56,7 +58,7 @@ class BadReport(ValueError):
 class PullServer:
     def __init__(self, address: str, key: bytes, bundle: bytes, sha256: str, nodes: Iterable[str], *,
                  timeout_s: float = TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
-                 max_events: int = MAX_EVENTS) -> None:
+                 max_events: int = MAX_EVENTS, deadline_s: float = DEADLINE_S) -> None:
         self.key, self.bundle, self.sha256 = key, bundle, sha256
         self.max_events = max_events
         self.events: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
@@ -66,7 +68,7 @@ class PullServer:
         self.seq: dict[str, int] = {}  # node: the last sequence number taken
         self.refused = 0  # requests refused without counting against a node (403, 409, 400 unread)
         self.changed = threading.Condition()
-        self.httpd = _Httpd((address, 0), _handler(self, timeout_s), max_connections)
+        self.httpd = _Httpd((address, 0), _handler(self, timeout_s, deadline_s), max_connections)
         # Polled 10 times a second for its shutdown: the end of a bootstrap is not held up.
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.1,), daemon=True)
 
@@ -177,7 +179,7 @@ class _Httpd(ThreadingHTTPServer):
             self.slots.release()
 
 
-def _handler(server: PullServer, timeout_s: float) -> type[BaseHTTPRequestHandler]:
+def _handler(server: PullServer, timeout_s: float, deadline_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpuprov-pull"
         sys_version = ""
@@ -185,6 +187,24 @@ def _handler(server: PullServer, timeout_s: float) -> type[BaseHTTPRequestHandle
 
         def log_message(self, format: str, *args: Any) -> None:
             return  # no access log: the events are the record
+
+        def setup(self) -> None:
+            super().setup()
+            # The whole connection's bound: a client that trickles a byte just inside the
+            # per-read timeout is cut off here (shutting the socket wakes the blocked read).
+            self.deadline = threading.Timer(deadline_s, self._cut)
+            self.deadline.daemon = True
+            self.deadline.start()
+
+        def _cut(self) -> None:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def finish(self) -> None:
+            self.deadline.cancel()
+            super().finish()
 
         def _node(self) -> str | None:
             node = self.headers.get("X-Gpuprov-Node", "")

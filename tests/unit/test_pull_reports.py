@@ -197,6 +197,28 @@ def test_a_silent_connection_is_dropped_and_the_server_serves_others_meanwhile()
             silent.close()
 
 
+def test_a_connection_that_trickles_is_closed_at_its_deadline() -> None:
+    # One byte every 0.3 s, well inside the 1 s per-read timeout: only the deadline ends it.
+    with PullServer("127.0.0.1", KEY, b"BUNDLE", SHA, ["n1"], timeout_s=1.0, deadline_s=2.0) as server:
+        with socket.create_connection(server.httpd.server_address[:2], timeout=20) as slow:
+            started = time.monotonic()
+            closed = False
+            for byte in b"POST /report HTTP/1.0\r\nX-Gpuprov-Node: n1\r\nX-Padding: " + b"a" * 200:
+                try:
+                    slow.sendall(bytes([byte]))
+                    slow.settimeout(0.3)
+                    if slow.recv(1024) == b"":
+                        closed = True
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed = True
+                    break
+            assert closed, "the server kept a trickling connection past its deadline"
+            assert time.monotonic() - started < 20
+
+
 def test_past_the_connection_cap_a_client_is_answered_503_and_served_once_one_leaves() -> None:
     with PullServer("127.0.0.1", KEY, b"BUNDLE", SHA, ["n1"], max_connections=2, timeout_s=60) as server:
         held = [socket.create_connection(server.httpd.server_address[:2], timeout=10) for _ in range(2)]
