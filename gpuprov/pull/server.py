@@ -14,17 +14,16 @@ is refused with 403, and a node may only ever report as itself.
   over its sequence number ``X-Gpuprov-Seq`` and its body): a captured token alone cannot
   forge a report, and a batch replayed with a sequence number already seen is refused (409).
 
-What a node sends is data to check, never to trust: a batch must have the shape the agent
-sends (check_report: known event names, the types each field has, probe statuses
-pass/fail/skip, bounded strings, at most MAX_BATCH events, at most MAX_EVENTS kept per node).
-A signed batch that does not is answered 400 and fails that node alone, with the reason
-(``failed``); the other nodes go on. A request without a well-formed ``Content-Length`` (1 to
-MAX_REPORT bytes) is answered 400 unread. A connection that sends nothing for ``timeout_s``
-is dropped, and past ``max_connections`` at once a new one is answered 503 (the agent retries).
+What a node sends is data to check, never to trust: a batch must have the agent's shape
+(check_report: known events, typed fields, statuses pass/fail/skip, bounded strings and counts);
+a signed batch that has not is answered 400 and fails that node alone, with the reason
+(``failed``). No well-formed ``Content-Length``: 400 unread. A connection silent ``timeout_s``
+or open ``deadline_s`` is dropped; past ``max_connections`` a new one gets 503 (agents retry).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import math
@@ -197,10 +196,8 @@ def _handler(server: PullServer, timeout_s: float, deadline_s: float) -> type[Ba
             self.deadline.start()
 
         def _cut(self) -> None:
-            try:
+            with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
         def finish(self) -> None:
             self.deadline.cancel()

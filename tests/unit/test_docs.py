@@ -1,9 +1,10 @@
 """The README stays a five-minute read and the docs stay whole: Quick start, CI entry point, the
-README's length, headline and map of docs/, every relative link resolving, role variables in sync
-with defaults (each role's README)."""
+README's length, headline and map of docs/, every relative link resolving, role variables shown
+in each role's README from its meta/argument_specs.yml."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -35,20 +36,28 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert lines == ["exec make test"]
 
 
-def _table_vars(text: str, role: str) -> dict[str, str]:
-    rows = re.findall(rf"^\| `({role}_[a-z0-9_]+)` \| (.*?) (?<!\\)\|", text, re.M)
-    return dict(rows)
+def _role_docs():
+    """scripts/role-docs.py, which writes each role README's variables table from its argument_specs."""
+    spec = importlib.util.spec_from_file_location("role_docs", ROOT / "scripts" / "role-docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_role_variables_documented_with_their_defaults(role: str) -> None:
-    """Documented once, in the role's own README (the top README links there, holds no copy)."""
-    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
-    documented = _table_vars((ROOT / "roles" / role / "README.md").read_text(), role)
-    assert set(documented) == set(defaults), "role README table drifted from defaults/main.yml"
-    for name, value in defaults.items():
-        shown = documented[name].strip("`").replace("\\|", "|")  # a pipe escaped in a table
-        assert yaml.safe_load(shown if shown != '""' else "''") == value, (name, shown)
+def test_role_variables_table_is_made_from_argument_specs(role: str) -> None:
+    """Documented once, in meta/argument_specs.yml; the role's README shows them from there (the top
+    README links there, holds no copy), and the table lists exactly the variables of defaults/main.yml."""
+    role_docs, role_dir = _role_docs(), ROOT / "roles" / role
+    readme = (role_dir / "README.md").read_text()
+    assert readme.count(role_docs.BEGIN) == 1 and readme.count(role_docs.END) == 1, (
+        f"roles/{role}/README.md: no variables table between the argument_specs markers")
+    assert readme == role_docs.rendered(role_dir), (
+        f"roles/{role}/README.md: variables table differs from meta/argument_specs.yml "
+        "(run .venv/bin/python scripts/role-docs.py)")
+    defaults = yaml.safe_load((role_dir / "defaults" / "main.yml").read_text())
+    listed = re.findall(r"^\| `([a-z0-9_]+)` \|", role_docs.table(role_dir), re.M)
+    assert sorted(listed) == sorted(defaults), f"roles/{role}/README.md: table names other variables than defaults"
 
 
 def test_readme_is_a_five_minute_read_with_the_headline_on_its_first_screen() -> None:

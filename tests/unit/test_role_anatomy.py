@@ -20,8 +20,15 @@ HANDLER_NAME = re.compile(r"^(?P<subject>[A-Z][A-Za-z0-9 ]*[A-Za-z0-9]) \| \S")
 TASK_LISTS = ("block", "rescue", "always")
 
 
+class _Loader(yaml.SafeLoader):
+    """Also reads Ansible's `!unsafe` (a string never templated: argument_specs' templated defaults)."""
+
+
+_Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+
+
 def _yaml(path: Path):
-    return yaml.safe_load(path.read_text())
+    return yaml.load(path.read_text(), Loader=_Loader)
 
 
 def _walk(tasks) -> list[dict]:
