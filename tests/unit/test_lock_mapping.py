@@ -210,3 +210,15 @@ def test_a_lock_todays_data_refuses_is_still_completed() -> None:
     lock["driver_branch"] = "418"  # a branch no longer pinned: resolving it again is refused
     done = complete_lock(lock)
     assert done["driver_branch"] == "418" and "container_toolkit" in done
+
+
+def test_the_mapping_names_only_functions_that_exist() -> None:
+    """Each `gpuprov.x.y` the mapping's comments point a reader at is a real module attribute."""
+    import importlib
+
+    text = (ROOT / "playbooks" / "vars" / "lock.yml").read_text()
+    names = re.findall(r"\bgpuprov(?:\.[a-z_]+)+", text)
+    assert names, "the mapping names no function"
+    for dotted in names:
+        module, _, attr = dotted.rpartition(".")
+        assert hasattr(importlib.import_module(module), attr), dotted
