@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpuprov import __version__, cli_local, cli_output
+from gpuprov import __version__, cli_local, cli_output, defaults
 from gpuprov.cli_health import health
 from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
@@ -21,8 +21,9 @@ from gpuprov.cli_monitor import monitor
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_stack import stack, types
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.providers import ClusterSpec
+from gpuprov.providers import ClusterSpec, options_for
 from gpuprov.shared.console import Console
+from gpuprov.stack_choice import StackChoice
 
 
 def _console():
@@ -95,22 +96,24 @@ def up(
     from gpuprov.core import launching  # lazy: CLI start-up
     from gpuprov.shared import cluster  # lazy: CLI start-up
 
-    # Each provider checks its own flags (core.up -> Provider.check_spec), before anything is made.
     if name is not None:
         cluster.validate_name(name)
-    options = {k: v for k, v in (
-        ("disk_gb", disk_gb), ("capacity_reservation", capacity_reservation), ("source", source),
-        ("os", os_name), ("driver", driver), ("kernel_module", kernel_module), ("cuda", cuda),
-        ("mirror_url", mirror_url),
-        ("mirror_key_fingerprint", mirror_key_fingerprint), ("allow_wide_ssh_cidr", allow_wide_ssh_cidr),
-        ("min_count", min_count), ("no_baked", no_baked), ("keep_failed", keep_failed),
-    ) if v} | ({"retries": retries} if retries is not None else {})
-    spec = ClusterSpec(name=name or cluster.generate_name(), provider=provider, instance_type=instance_type,
-                       count=count or 0, region=region, image=image, ssh_cidr=ssh_cidr, spot=spot,
-                       hosts_file=hosts_file, options=options)
-    result = launching.up(spec, console=_console(), dry_run=dry_run, bootstrap=not no_bootstrap,
-                     confirm=_launch_confirmation(yes), name_generated=name is None, rollback=rollback,
-                     health=health, tags=tags, mode=bootstrap_mode)
+    # The provider's own flags: its options type says which it takes (a flag of another
+    # provider is refused, naming it); every other check is core's and the provider's.
+    options = options_for(provider, {
+        "region": region, "image": image, "no_baked": no_baked, "os": os_name, "ssh_cidr": ssh_cidr,
+        "allow_wide_ssh_cidr": allow_wide_ssh_cidr, "spot": spot, "disk_gb": disk_gb,
+        "capacity_reservation": capacity_reservation, "hosts_file": hosts_file,
+    })
+    spec = ClusterSpec(
+        name=name or cluster.generate_name(), provider=provider, instance_type=instance_type, count=count,
+        options=options, min_count=min_count, retries=retries, keep_failed=keep_failed,
+        stack=StackChoice(cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
+                          mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint),
+    )
+    request = launching.UpRequest(spec, bootstrap=not no_bootstrap, rollback=rollback, health=health,
+                                  tags=tags, mode=bootstrap_mode, dry_run=dry_run, name_generated=name is None)
+    result = launching.up(request, console=_console(), confirm=_launch_confirmation(yes))
     cli_output.up_result(result, output)
     cli_output.eol_warning_of(spec.name)
     return 1 if (result.bootstrap is not None and not result.bootstrap.ok) or (
@@ -211,7 +214,7 @@ def provision(name: str, check: bool, tags: str | None, output: str) -> int:
 @click.argument("name")
 @click.option("--driver", metavar="VERSION|BRANCH", help="Move the driver to this branch or release "
               "(checked by the resolver; fabric manager follows).")
-@click.option("--kernel-module", type=click.Choice(["open", "proprietary"]),
+@click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
               help="Move the driver's kernel module flavour (old packages out, new ones in).")
 @click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
 @click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
@@ -242,7 +245,7 @@ def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool
                            resume=resume, onto_image=onto_image,
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
     if onto_image is not None:
-        from gpuprov.core.replace import roll_onto_image  # lazy: CLI start-up
+        from gpuprov.core.onto_image import roll_onto_image  # lazy: CLI start-up
 
         data = roll_onto_image(name, req, console=_console(), health=health)
     else:

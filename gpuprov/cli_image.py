@@ -82,7 +82,7 @@ def bake(from_: str | None, node: str | None, instance_type: str | None, provide
             raise BadInput("--region and --copy-to are for --provider aws")
         ask = _asker(yes, "baking launches a node that costs money")
         result = baking.bake_type(instance_type or ("docker-node" if provider == "docker" else None),
-                                  provider_name=provider, options={}, console=_console(), region=region,
+                                  provider_name=provider, console=_console(), region=region,
                                   copy_to=copy_to, confirm=lambda plan: ask(
                                       f"Launch 1 x {plan.spec.instance_type} to bake an image?"))
     if output == "json":

@@ -1,7 +1,8 @@
 """The flags of `gpuprov up` and the output flag every reading command takes.
 
-Which provider takes which flag is each provider's own business (Provider.check_spec);
-the --provider choices come from the registry.
+Which provider takes which flag is declared by each provider's options type
+(gpuprov.providers.options_for); the --provider choices come from the registry, and every
+default and closed list of choices from gpuprov.defaults.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import click
 
+from gpuprov import defaults
 from gpuprov.providers import DEFAULT_PROVIDER
 from gpuprov.providers import names as provider_names
 
@@ -55,9 +57,9 @@ UP_OPTIONS = [
         "list`; aws: of this account and --os), else the node image (docker) or --os's image (aws)."),
     click.option("--no-baked", is_flag=True, help="aws, docker: boot from the default image and "
         "bootstrap from scratch, even when an image is baked for the lock."),
-    click.option("--os", "os_name", type=click.Choice(["debian12", "ubuntu22.04"]),
-        help="aws: launch the publisher's newest image of this OS (default: debian12, the one "
-        "gpuprov's suite proves; ubuntu22.04 is accepted by the roles but not proven here)."),
+    click.option("--os", "os_name", type=click.Choice(defaults.AWS_OS),
+        help=f"aws: launch the publisher's newest image of this OS (default: {defaults.DEFAULT_AWS_OS}, "
+        "the one gpuprov's suite proves; the others are accepted by the roles but not proven here)."),
     click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32; "
         "at most /16 for IPv4, /48 for IPv6)."),
     click.option("--allow-wide-ssh-cidr", is_flag=True,
@@ -114,12 +116,13 @@ UP_OPTIONS = [
     click.option("--health", default="quick", show_default=True, metavar="off|quick|standard",
         help="Health checks on the nodes once bootstrapped (as `gpuprov health`); exit 1 when one "
         "fails. standard adds DCGM's diagnostic and NCCL inside each node (minutes). None with --no-bootstrap."),
-    click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]),
-        help="Package source for the NVIDIA stack (default: distro for docker, else nvidia)."),
+    click.option("--source", type=click.Choice(defaults.PACKAGE_SOURCES),
+        help=f"Package source for the NVIDIA stack (default: {defaults.LOCAL_SOURCE} for docker, "
+        f"else {defaults.DEFAULT_SOURCE})."),
     click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's)."),
-    click.option("--kernel-module", type=click.Choice(["open", "proprietary"]),
+    click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
         help="Kernel module flavour (default: from the GPUs: proprietary for V100, else open)."),
-    click.option("--cuda", metavar="X.Y", help="CUDA release (default 11.8)."),
+    click.option("--cuda", metavar="X.Y", help=f"CUDA release (default {defaults.DEFAULT_CUDA})."),
     click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror)."),
     click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint."),
     click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing."),

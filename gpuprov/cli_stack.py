@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from gpuprov import cli_output
+from gpuprov import cli_output, defaults
 from gpuprov.cli_options import output_option
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
@@ -43,11 +43,11 @@ def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> in
 
 @click.command()
 @click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
-@click.option("--cuda", default="11.8", show_default=True, help="CUDA release.")
+@click.option("--cuda", default=defaults.DEFAULT_CUDA, show_default=True, help="CUDA release.")
 @click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
               "the newest supported long-term branch for the type).")
-@click.option("--kernel-module", type=click.Choice(["open", "proprietary"]), help="Default: from the GPU.")
-@click.option("--source", type=click.Choice(["nvidia", "distro", "mirror"]), default="nvidia",
+@click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES), help="Default: from the GPU.")
+@click.option("--source", type=click.Choice(defaults.PACKAGE_SOURCES), default=defaults.DEFAULT_SOURCE,
               show_default=True, help="Package source the nodes install from.")
 @output_option
 def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str | None, source: str,

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from gpuprov import defaults
 from gpuprov.errors import BadInput
 
 _DATA = Path(__file__).parent / "data" / "stack.toml"
@@ -54,7 +55,7 @@ GPU_LAST_BRANCH = {"V100": "580"}
 # Pascal and Volta need the proprietary ones; from the 560 series the open flavour is the
 # default. NVIDIA's "Transitions Fully Towards Open-Source GPU Kernel Modules" (developer
 # blog, 2024): Grace Hopper and Blackwell must use the open modules.
-KERNEL_MODULES = ("open", "proprietary")
+KERNEL_MODULES = defaults.KERNEL_MODULES
 OPEN_MODULES_FROM_BRANCH = "515"
 OPEN_DEFAULT_FROM_BRANCH = "560"
 PROPRIETARY_ONLY_ARCHS = {"sm_70": "Volta"}
@@ -200,7 +201,7 @@ def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | No
             f"in {life['eol']} ({LIFECYCLE_DOC})")
     gpus = [g.strip() for g in (lock.get("gpu") or "").split(",") if g.strip() in GPU_MIN_DRIVER]
     try:
-        to = default_branch(gpus, str(lock.get("cuda") or "11.8"), "nvidia", on)
+        to = default_branch(gpus, str(lock.get("cuda") or defaults.DEFAULT_CUDA), "nvidia", on)
     except BadInput:
         to = None
     move = ""

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
 
-from gpuprov import catalog, platforms
+from gpuprov import catalog, defaults, platforms
 from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stack.X is the API)
     _LIFECYCLE_FIELDS,
     CUDA_MIN_DRIVER,
@@ -35,8 +35,11 @@ from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stac
     today,
 )
 from gpuprov.errors import BadInput
+from gpuprov.stack_choice import StackChoice  # noqa: F401 (stack.StackChoice is the API)
 
-SOURCES = ("nvidia", "distro", "mirror")
+SOURCES = defaults.PACKAGE_SOURCES
+DEFAULT_CUDA = defaults.DEFAULT_CUDA
+DEFAULT_SOURCE = defaults.DEFAULT_SOURCE
 
 # Minimum CUDA for each GPU architecture (compute capability).
 # Source: CUDA 11.8 release notes ("adds support for NVIDIA Hopper and Ada
@@ -155,11 +158,11 @@ class Lock:
 def default_source(provider: str) -> str:
     """Cloud nodes (Debian 12 by default, Ubuntu with `up --os`) use NVIDIA's repositories; local
     Debian nodes use Debian's."""
-    return "distro" if provider == "docker" else "nvidia"
+    return defaults.LOCAL_SOURCE if provider == "docker" else defaults.DEFAULT_SOURCE
 
 
-def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = None,
-            source: str = "nvidia", kernel_module: str | None = None,
+def resolve(instance_type: str | None, cuda: str = DEFAULT_CUDA, driver: str | None = None,
+            source: str = defaults.DEFAULT_SOURCE, kernel_module: str | None = None,
             on: date | None = None) -> Lock:
     """The lock for ``instance_type`` (None: hosts of unknown type, no GPU rules apply)."""
     itype = catalog.get(instance_type) if instance_type else catalog.get("docker-node")
@@ -167,8 +170,8 @@ def resolve(instance_type: str | None, cuda: str = "11.8", driver: str | None = 
                          label=instance_type or "unknown", kernel_module=kernel_module, on=on)
 
 
-def resolve_types(types: list[catalog.InstanceType], cuda: str = "11.8", driver: str | None = None,
-                  source: str = "nvidia", label: str | None = None,
+def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, driver: str | None = None,
+                  source: str = defaults.DEFAULT_SOURCE, label: str | None = None,
                   kernel_module: str | None = None, on: date | None = None) -> Lock:
     """One lock for every host of a cluster, each described by ``types`` (declared or read
     off its PCI bus): the driver serves every GPU model, CUDA every architecture, fabric

@@ -158,14 +158,3 @@ def cuda(value: str) -> str:
     if not CUDA.fullmatch(value):
         raise BadInput(f"--cuda {value!r}: expected a release like 11.8")
     return value
-
-
-def stack_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Check the version-lock flags in ``options`` (driver, cuda, mirror URL and key), in
-    place; the fingerprint is normalised. Returns ``options``."""
-    checks = {"driver": driver, "cuda": cuda, "mirror_url": mirror_url,
-              "mirror_key_fingerprint": key_fingerprint}
-    for key, check in checks.items():
-        if options.get(key):
-            options[key] = check(options[key])
-    return options

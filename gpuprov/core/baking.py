@@ -6,11 +6,11 @@ import secrets
 from typing import Any
 
 from gpuprov.core.converge import verify
-from gpuprov.core.launching import up
+from gpuprov.core.launching import UpRequest, up
 from gpuprov.core.removal import down
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.images import BakedImage
-from gpuprov.providers import ClusterSpec, Provider
+from gpuprov.providers import ClusterSpec, Provider, options_for
 from gpuprov.providers import get as get_provider
 from gpuprov.shared.cluster import cluster_lock, load, refresh
 from gpuprov.shared.console import Console, reporter
@@ -71,7 +71,7 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
     return image
 
 
-def bake_type(instance_type: str | None, *, provider_name: str, options: dict[str, Any], console: Console,
+def bake_type(instance_type: str | None, *, provider_name: str, console: Console,
               region: str | None = None, store: Store | None = None, confirm: Any = None,
               copy_to: tuple[str, ...] = ()) -> BakedImage:
     """The whole flow on one new node: up (from scratch), verify, bake, down (also when a
@@ -80,10 +80,10 @@ def bake_type(instance_type: str | None, *, provider_name: str, options: dict[st
     store = store or Store()
     name = f"bake-{secrets.token_hex(3)}"
     spec = ClusterSpec(name=name, provider=provider_name, instance_type=instance_type, count=1,
-                       region=region, options={**options, "no_baked": True})
+                       options=options_for(provider_name, {"no_baked": True, "region": region}))
     console.say(f"baking on a new one-node cluster {name} (removed afterwards)")
     try:
-        result = up(spec, console=console, store=store, confirm=confirm, rollback=False)
+        result = up(UpRequest(spec, rollback=False), console=console, store=store, confirm=confirm)
         if result.bootstrap is None or not result.bootstrap.ok:
             raise GpuprovError(f"{name}: the bootstrap failed; nothing baked")
         if result.health is not None and not result.health.ok:

@@ -48,11 +48,11 @@ def provision(
     with cluster_lock(name):
         provider, files, nodes = refresh(store, cluster)
         nodes = reachable_nodes(cluster, nodes)
-        return _provision(store, cluster, provider, files, nodes, console=console, check=check,
+        return run_site(store, cluster, provider, files, nodes, console=console, check=check,
                           tags=tag_list)
 
 
-def _provision(
+def run_site(
     store: Store,
     cluster: ClusterRecord,
     provider: Provider,
@@ -63,6 +63,12 @@ def _provision(
     check: bool = False,
     tags: list[str] | None = None,
 ) -> ProvisionResult:
+    """Run site.yml (every play, or only ``tags``) on ``nodes`` of ``cluster`` under its version
+    lock: the inventory and the run's variables written, the run recorded with its artifacts, an
+    unreachable node reported once and left out. A full run that succeeds marks the cluster
+    bootstrapped; one that fails records the failed step. ``check``: Ansible's --check --diff
+    (nothing changes, nothing is marked). `provision`, `up`, `patch --onto-image` and a pull
+    bootstrap's push fallback all converge through here."""
     lock = version_lock(store, cluster)
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
            monitoring_host(cluster.spec))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuprov.ansible.runner import parse_tags
-from gpuprov.core import health_gate, replacing
+from gpuprov.core import counts, health_gate, min_count
 from gpuprov.core.plan_words import show_plan
 from gpuprov.core.up_steps import Run, check_health, launch, prepare, record, up_result, wait_ready
 from gpuprov.errors import BadInput, GpuprovError
@@ -17,47 +18,64 @@ from gpuprov.shared.console import Console
 from gpuprov.shared.results import UpResult
 from gpuprov.state import Store
 
-__all__ = ["Run", "check_health", "checked", "launch_and_bootstrap", "up"]
+__all__ = ["Run", "UpRequest", "check_health", "checked", "launch_and_bootstrap", "up"]
 
 
-def up(
-    spec: ClusterSpec,
-    *,
-    console: Console,
-    store: Store | None = None,
-    dry_run: bool = False,
-    bootstrap: bool = True,
-    confirm: Callable[[Plan], bool] | None = None,
-    name_generated: bool = False,
-    rollback: bool | None = None,
-    health: str = "quick",
-    tags: str | None = None,
-    mode: str = "auto",
-) -> UpResult:
-    """Launch (or complete) a cluster and bootstrap it.
+@dataclass(frozen=True)
+class UpRequest:
+    """One `gpuprov up`, typed and frozen, built once from the command line.
 
-    ``rollback``: when the nodes never answer SSH or the bootstrap fails,
-    terminate what this run launched. ``None`` means: on for a new cluster of a
-    billable provider, off otherwise (free local nodes are kept to look at).
-    Failures inside the provider's launch always undo what it made.
+    ``spec``: the cluster asked for (its provider's own options, the version lock's choices,
+    the counts). ``bootstrap``: run the playbooks (else launch and, for hosts that exist, pin
+    and reach them). ``rollback``: when the nodes never answer SSH or the bootstrap fails,
+    terminate what this run launched; None: on for a new cluster of a billable provider, off
+    otherwise (free local nodes are kept to look at); failures inside the provider's launch
+    always undo what it made. ``health``: the health gate's level once bootstrapped (``off``:
+    none). ``tags``: bootstrap with only these plays (the cluster stays short of
+    ``bootstrapped``). ``mode``: push, pull (gpuprov.pull) or auto. ``dry_run``: check and show
+    the plan, create nothing. ``name_generated``: say the generated name."""
 
-    ``health``: the health checks' level once the bootstrap went through (``off``: none);
-    a failing check leaves the cluster as it is and the result not ok (exit 1).
+    spec: ClusterSpec
+    bootstrap: bool = True
+    rollback: bool | None = None
+    health: str = "quick"
+    tags: str | None = None
+    mode: str = "auto"
+    dry_run: bool = False
+    name_generated: bool = False
 
-    ``tags``: bootstrap with only these plays (``provision --tags``); checked before anything
-    is created, and the cluster stays short of ``bootstrapped``.
 
-    ``mode``: push, pull (the new nodes bootstrap themselves: gpuprov.pull) or auto.
-    """
-    health = health_gate.level(health)
-    tag_list = parse_tags(tags)
-    if tag_list and not bootstrap:
+def up(request: UpRequest, *, console: Console, store: Store | None = None,
+       confirm: Callable[[Plan], bool] | None = None) -> UpResult:
+    """Launch (or complete) a cluster and bootstrap it. Everything the request says is checked
+    before anything is created; the plan is made under the cluster's lock (another command on
+    the same cluster cannot change what it counted), except a dry run's, which writes nothing."""
+    health = health_gate.level(request.health)
+    tag_list = parse_tags(request.tags)
+    if tag_list and not request.bootstrap:
         raise BadInput("--tags chooses the bootstrap's plays; it cannot go with --no-bootstrap")
-    provider, spec = checked(spec)
-    run = prepare(spec, provider, store or Store(), console)
-    run.health, run.tags = health, tag_list
-    run.mode = pull.mode_for(mode, provider, spec, bootstrap)
-    if name_generated:
+    provider, spec = checked(request.spec)
+    mode = pull.mode_for(request.mode, provider, spec, request.bootstrap)
+    store = store or Store()
+    if request.dry_run:
+        run = _planned(request, spec, provider, store, console, health, tag_list, mode)
+        provider.dry_run(run.plan, run.report)
+        return UpResult(cluster=spec.name, provider=spec.provider, nodes=[], bootstrap=None, dry_run=True,
+                        image=run.image if run.plan.to_create else None)
+    with cluster_lock(spec.name):
+        run = _planned(request, spec, provider, store, console, health, tag_list, mode)
+        if run.plan.billable and run.plan.to_create and confirm is not None and not confirm(run.plan):
+            raise GpuprovError("aborted; nothing was created")
+        run.rollback = (run.existing is None and run.plan.billable) if request.rollback is None else request.rollback
+        return launch_and_bootstrap(run, request.bootstrap)
+
+
+def _planned(request: UpRequest, spec: ClusterSpec, provider: Provider, store: Store, console: Console,
+             health: str, tags: list[str], mode: str) -> Run:
+    """The run's plan (read-only), shown."""
+    run = prepare(spec, provider, store, console)
+    run.health, run.tags, run.mode = health, tags, mode
+    if request.name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     show_plan(run.plan, run.lock, console, provider)
     if run.mode == "pull":
@@ -65,15 +83,7 @@ def up(
                     "bootstraps and verifies itself)")
     if run.image is not None and run.plan.to_create:
         console.say(f"  image: {run.image.reason}")
-    if dry_run:
-        provider.dry_run(run.plan, run.report)
-        return UpResult(cluster=spec.name, provider=spec.provider, nodes=[], bootstrap=None, dry_run=True,
-                        image=run.image if run.plan.to_create else None)
-    if run.plan.billable and run.plan.to_create and confirm is not None and not confirm(run.plan):
-        raise GpuprovError("aborted; nothing was created")
-    run.rollback = (run.existing is None and run.plan.billable) if rollback is None else rollback
-    with cluster_lock(spec.name):
-        return launch_and_bootstrap(run, bootstrap)
+    return run
 
 
 # -- before anything is created ---------------------------------------------------------------
@@ -81,6 +91,7 @@ def checked(spec: ClusterSpec) -> tuple[Provider, ClusterSpec]:
     """The provider and the request as it checked it (its defaults filled in); BadInput else."""
     validate_name(spec.name)
     provider = get_provider(spec.provider)
+    counts.check_request(spec, provider)
     return provider, provider.check_spec(spec)
 
 
@@ -99,6 +110,6 @@ def launch_and_bootstrap(run: Run, bootstrap: bool) -> UpResult:
             run.console.say(f"{run.name}: {len(nodes)} node(s) reachable with pinned host keys "
                             "(--no-bootstrap: no playbooks)")
             return up_result(run, nodes)
-        return replacing.bootstrap(run, nodes)  # with --min-count: failures set aside and replaced
+        return min_count.bootstrap(run, nodes)  # with --min-count: failures set aside and replaced
 
 

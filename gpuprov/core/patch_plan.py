@@ -13,8 +13,9 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from gpuprov import drivers, stack, validate
+from gpuprov import stack
 from gpuprov.errors import BadInput
+from gpuprov.stack_choice import StackChoice
 from gpuprov.state import NodeRecord
 
 REPORT_TASK = "Report the patch"
@@ -47,10 +48,11 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
     if all_:
         kw.update(kernel=True, microcode=True)
     kw["move_driver"] = bool(kw.get("driver")) or bool(kw.get("kernel_module")) or all_
-    validate.stack_options(kw)
+    choice = StackChoice(driver=kw.get("driver"), kernel_module=kw.get("kernel_module"),
+                         mirror_url=kw.get("mirror_url"), mirror_key_fingerprint=kw.get("mirror_key_fingerprint")).checked()
+    kw.update(driver=choice.driver, kernel_module=choice.kernel_module, mirror_url=choice.mirror_url,
+              mirror_key_fingerprint=choice.mirror_key_fingerprint)
     req = Request(**kw)
-    if req.kernel_module is not None and req.kernel_module not in drivers.KERNEL_MODULES:
-        raise BadInput(f"unknown kernel module '{req.kernel_module}'; choose open or proprietary")
     if not (req.move_driver or req.kernel or req.microcode or req.onto_image):
         raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel-module, --kernel, "
                        "--microcode, --all or --onto-image")

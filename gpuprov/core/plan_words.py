@@ -21,7 +21,7 @@ def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Prov
     if plan.price_per_node_hour is not None:
         console.say(
             f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
-            f"${plan.price_per_node_hour * spec.count:.2f}/hour for the cluster "
+            f"${plan.price_per_node_hour * total:.2f}/hour for the cluster "
             f"(on-demand list price as of {catalog.price_date()}; an estimate, not a quote"
             f"{'; spot prices differ' if spec.spot else ''})"
         )

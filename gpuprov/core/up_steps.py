@@ -1,7 +1,7 @@
 """The steps of one `up` (and of `patch --onto-image`'s added nodes): the run they share,
 what is read before anything is created, the launch, reaching the nodes, the bootstrap, the
 health gate and the rollback; gpuprov.core.launching strings them together and
-gpuprov.core.replacing repeats them for `up --min-count`."""
+gpuprov.core.min_count repeats them for `up --min-count`."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuprov import images, stack, validate
-from gpuprov.core import health_gate
-from gpuprov.core.converge import _provision
+from gpuprov import images, stack
+from gpuprov.core import counts, health_gate
+from gpuprov.core.converge import run_site
 from gpuprov.errors import BadInput, PartialLaunch
 from gpuprov.health import run as health_run
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
 from gpuprov.shared import settings as cluster_settings
-from gpuprov.shared.cluster import counted, files_for, load, phase_at_least, without_kept
+from gpuprov.shared.cluster import files_for, kept_alive, load, phase_at_least, without_kept
 from gpuprov.shared.console import Console, reporter
 from gpuprov.shared.results import Bootstrap, ImageUsed, UpResult, node_rows
 from gpuprov.state import ClusterRecord, NodeRecord, Store
@@ -71,16 +71,17 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
     else:
         cluster_settings.values(existing)
         recorded = cluster_settings.recorded(existing) or cluster_settings.for_new_cluster()
-    spec = dataclasses.replace(spec, options={**spec.options, "settings": recorded})
+    spec = dataclasses.replace(spec, settings=recorded, stack=spec.stack.checked())
     image = None
+    files = files_for(spec.name, create=False)
     if provider.supports("baked_images"):
         # The lock first: it says which baked image new nodes boot from, which the plan checks.
         lock = resolve_lock(spec, existing, provider)
         spec, image = choose_image(spec, provider, lock)
-        plan = provider.plan(counted(spec, provider, existing), files_for(spec.name, create=False))
+        plan = provider.plan(spec, files)
     else:
-        plan = provider.plan(counted(spec, provider, existing), files_for(spec.name, create=False))
-        lock = resolve_lock(spec, existing, provider)
+        plan = provider.plan(spec, files)
+        lock = resolve_lock(plan.spec, existing, provider)
     if existing is None and plan.existing and not provider.adopts_existing:
         # Resources carry this name but this state directory never made them
         # (another GPUPROV_HOME, or lost state): never adopt or touch them.
@@ -89,21 +90,22 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
             "exist but this state directory does not know them; choose another --name, or "
             f"remove them with `gpuprov down {spec.name}`"
         )
-    return Run(spec=spec, provider=provider, store=store, console=console, plan=plan, lock=lock,
+    plan = counts.counted(plan, provider, len(kept_alive(provider, existing)))
+    return Run(spec=plan.spec, provider=provider, store=store, console=console, plan=plan, lock=lock,
                existing=existing, recorded=recorded, image=image)
 
 
 def choose_image(spec: ClusterSpec, provider: Provider, lock: dict[str, Any]) -> tuple[ClusterSpec, ImageUsed]:
     """What new nodes boot from: --image, else the newest image baked for ``lock`` (unless
     --no-baked), else the provider's default. The spec comes back naming it."""
-    no_baked = bool(spec.options.get("no_baked"))
+    no_baked = spec.no_baked
     # Listing is what tells whether an --image was baked for another lock; where it costs an API
     # call (aws), an --image is not listed: the plan describes it anyway.
     listed = not (spec.image and provider.images_cost_a_call) and not (no_baked and not spec.image)
     found = provider.baked_images(spec.region) if listed else []
-    choice = images.choose(found, lock, explicit=spec.image, no_baked=no_baked, os=spec.options.get("os"))
+    choice = images.choose(found, lock, explicit=spec.image, no_baked=no_baked, os=spec.os)
     if choice.ref:
-        spec = dataclasses.replace(spec, image=choice.ref)
+        spec = spec.with_options(image=choice.ref)
     return spec, ImageUsed(ref=choice.ref, baked_for=choice.baked.lock_hash if choice.baked else None,
                            reason=choice.reason)
 
@@ -206,7 +208,7 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
                         f"(`gpuprov provision {run.name}` converges again)")
         return up_result(run, nodes, Bootstrap(ok=True, hosts={}, errors={}, resumed_from=cluster.state))
     try:
-        outcome = pull.bootstrap(run, cluster, nodes, push=_provision) if run.mode == "pull" else _provision(
+        outcome = pull.bootstrap(run, cluster, nodes, push=run_site) if run.mode == "pull" else run_site(
             run.store, cluster, run.provider, run.files, nodes, console=run.console, tags=run.tags or None)
     except BaseException:
         if run.rollback:
@@ -264,9 +266,8 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
                  nodes: list[NodeRecord] | None = None) -> dict[str, Any]:
     """The version lock for a new cluster (refused with its rule when impossible), or the one
     an existing cluster already has; a different request for an existing cluster is refused."""
-    validate.stack_options(spec.options)
-    asked = {k: spec.options[k] for k in ("cuda", "driver", "source", "kernel_module")
-             if spec.options.get(k)}
+    choice = spec.stack.checked()
+    asked = choice.asked()
     if existing is not None and existing.lock:
         lock = existing.lock
         # Locks stored before the kernel_module field installed the proprietary modules.
@@ -280,8 +281,7 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
             )
         return lock
     source = asked.get("source") or stack.default_source(spec.provider)
-    if source == "mirror" and not (spec.options.get("mirror_url")
-                                   and spec.options.get("mirror_key_fingerprint")):
+    if source == "mirror" and not (choice.mirror_url and choice.mirror_key_fingerprint):
         raise BadInput("--source mirror needs --mirror-url and --mirror-key-fingerprint "
                        "(the mirror's signing key, 40 hex digits)")
     # What the hosts are: the requested type, or (static hosts) each host's declared type or
@@ -289,7 +289,7 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
     kinds = (provider or get_provider(spec.provider)).host_types(spec, nodes)
     return stack.resolve_types(
         kinds or [],
-        cuda=asked.get("cuda", "11.8"),
+        cuda=asked.get("cuda", stack.DEFAULT_CUDA),
         driver=asked.get("driver"),
         source=source,
         kernel_module=asked.get("kernel_module"),

@@ -19,48 +19,22 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuprov import __version__
 from gpuprov.errors import BadInput, NotSupported
+from gpuprov.providers.spec import (
+    DEFAULT_PROVIDER,
+    PROVIDERS,
+    ClusterSpec,
+    ProviderOptions,
+    flag,
+    options_for,
+    options_type,
+)
 from gpuprov.state import NodeRecord
-
-# The registry: the one place that names the providers (the CLI's --provider choices too).
-PROVIDERS: dict[str, str] = {
-    "aws": "gpuprov.providers.aws",
-    "docker": "gpuprov.providers.docker",
-    "static": "gpuprov.providers.static",
-}
-# What `gpuprov up` launches on without --provider.
-DEFAULT_PROVIDER = "aws"
-
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    name: str
-    provider: str
-    instance_type: str | None
-    count: int
-    region: str | None = None
-    image: str | None = None
-    ssh_cidr: str | None = None
-    spot: bool = False
-    hosts_file: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "instance_type": self.instance_type,
-            "count": self.count,
-            "region": self.region,
-            "image": self.image,
-            "ssh_cidr": self.ssh_cidr,
-            "spot": self.spot,
-            "hosts_file": self.hosts_file,
-            "options": dict(self.options),
-        }
 
 
 @dataclass(frozen=True)
@@ -92,10 +66,15 @@ class ClusterFiles:
 
 @dataclass(frozen=True)
 class Plan:
+    """What one `up` will do. The provider's plan fills in ``existing`` (the nodes carrying the
+    cluster's label); gpuprov.core.counts fills in ``to_create`` and ``min_create`` (the least
+    a launch that falls short may bring: `--min-count`)."""
+
     spec: ClusterSpec
-    to_create: int
     existing: int
     billable: bool
+    to_create: int = 0
+    min_create: int = 0
     price_per_node_hour: float | None = None
     notes: tuple[str, ...] = ()
     # What the provider prepared for launch (frozen, its own type; None when it needs nothing):
@@ -119,21 +98,10 @@ class Orphans:
 
 Reporter = Callable[[str], None]
 
-# Flags that belong to one provider: (flag, the provider that takes it, how a spec holds it).
-# Each provider's check_spec refuses the ones that are not its own, in one line.
-PROVIDER_FLAGS: tuple[tuple[str, str, Callable[[ClusterSpec], Any]], ...] = (
-    ("--hosts", "static", lambda s: s.hosts_file),
-    ("--region", "aws", lambda s: s.region),
-    ("--image", "aws docker", lambda s: s.image),
-    ("--no-baked", "aws docker", lambda s: s.options.get("no_baked") or None),
-    ("--ssh-cidr", "aws", lambda s: s.ssh_cidr),
-    ("--spot", "aws", lambda s: s.spot or None),
-    ("--disk-gb", "aws", lambda s: s.options.get("disk_gb")),
-    ("--capacity-reservation", "aws", lambda s: s.options.get("capacity_reservation")),
-    ("--allow-wide-ssh-cidr", "aws", lambda s: s.options.get("allow_wide_ssh_cidr") or None),
-    ("--os", "aws", lambda s: s.options.get("os")),
-    ("--min-count", "aws", lambda s: s.options.get("min_count")),
-)
+__all__ = [
+    "DEFAULT_PROVIDER", "PROVIDERS", "ClusterFiles", "ClusterSpec", "Orphans", "Plan", "Provider",
+    "ProviderOptions", "Reporter", "flag", "get", "names", "options_for", "options_type", "supporting",
+]
 
 
 class Provider(ABC):
@@ -153,6 +121,10 @@ class Provider(ABC):
     # True where `image bake --from` must clean the node itself (it cannot clean a copy
     # first): the node is captured and terminated, and leaves its cluster.
     bake_consumes_node: bool = False
+    # The provider's own `up` flags (a ProviderOptions subclass in its options module).
+    options_type: type[ProviderOptions] = ProviderOptions
+    # True where a launch can fall short and still go on (`up --min-count K`: EC2's MinCount).
+    partial_launch: bool = False
     # True where a baked image can be copied to other regions (`image bake --copy-to`).
     copies_images: bool = False
     # True where listing baked images is an API call (aws): `up --image` then lists none.
@@ -164,20 +136,13 @@ class Provider(ABC):
     # -- checks and plan ------------------------------------------------------------------
     def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
         """The request with this provider's defaults filled in; BadInput (one line, before
-        anything is created) for a flag that is not this provider's or a bad value.
-        Cheap and local: no cloud or engine call. plan() calls it too."""
+        anything is created) for a bad value. Cheap and local: no cloud or engine call. The
+        flags it takes are its ``options_type`` (gpuprov.providers.options_for); the counts
+        are core's (gpuprov.core.counts)."""
         self.check_type(spec)
-        # They act on the nodes --min-count lets fail (gpuprov.core.replacing); without it `up`
-        # is all or nothing, and there is nothing to keep or replace.
-        for flag, given in (("--keep-failed", spec.options.get("keep_failed")),
-                            ("--retries", spec.options.get("retries") is not None or None)):
-            if given and not spec.options.get("min_count"):
-                raise BadInput(f"{flag} goes with --min-count K (without it `up` is all or nothing: no node "
-                               "failing its bootstrap is kept or replaced)")
-        self.refuse_foreign_flags(spec)
-        if spec.count < 1 and not (self.adopts_existing and spec.count == 0):
-            raise BadInput("--count is required" if spec.count == 0
-                           else f"--count must be at least 1, not {spec.count}")
+        if not isinstance(spec.options, self.options_type):
+            raise BadInput(f"the {self.name} provider takes {self.options_type.__name__}, "
+                           f"not {type(spec.options).__name__}")
         return spec
 
     def check_type(self, spec: ClusterSpec) -> None:
@@ -187,14 +152,11 @@ class Provider(ABC):
 
             catalog.get(spec.instance_type)
 
-    def refuse_foreign_flags(self, spec: ClusterSpec) -> None:
-        for flag, owners, value in PROVIDER_FLAGS:
-            if self.name not in owners.split() and value(spec) is not None:
-                raise BadInput(f"{flag} is for --provider {' or '.join(owners.split())}")
-
     @abstractmethod
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
-        """Validate the request before anything is created. Raises BadInput."""
+        """Validate the request before anything is created (BadInput), and count what exists:
+        the Plan's ``existing`` is how many nodes carry the cluster's label at the provider.
+        How many to create (``to_create``, at least ``min_create``) is core's to fill in."""
 
     def dry_run(self, plan: Plan, report: Reporter) -> None:
         """`up --dry-run`: ask the provider whether this run would be allowed, creating
@@ -203,8 +165,10 @@ class Provider(ABC):
 
     @abstractmethod
     def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
-        """Create what is missing for ``plan`` (this provider's own plan of ``plan.spec``).
-        All-or-nothing: on failure, what this call made is removed."""
+        """Launch ``plan.to_create`` nodes of ``plan.spec``'s shape (where ``partial_launch``,
+        at least ``plan.min_create``), start any of the cluster's nodes that are stopped, and
+        answer with every node of the cluster. All-or-nothing: on failure, what this call
+        made is removed."""
 
     @abstractmethod
     def wait_ready(

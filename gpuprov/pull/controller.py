@@ -44,7 +44,7 @@ _CONNECTION_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh
 def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: bool) -> str:
     """How this `up`'s new nodes bootstrap (`--bootstrap`); where pull cannot run, one line and
     exit 2 before anything is created."""
-    mode = choose(requested, spec.count, provider.supports("pull_address"))
+    mode = choose(requested, spec.count or 0, provider.supports("pull_address"))
     if mode != "pull":
         return mode
     if not bootstrap:

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuprov import paths, ssh, stack, validate
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.providers import ClusterFiles, ClusterSpec, Provider
+from gpuprov.providers import ClusterFiles, Provider
 from gpuprov.providers import get as get_provider
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import ProbeRow
@@ -126,7 +126,7 @@ def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
 
 def refresh(store: Store, cluster: ClusterRecord) -> tuple[Provider, ClusterFiles, list[NodeRecord]]:
     """Ask the provider what exists now; update state to match (nodes `up --keep-failed` set
-    aside stay out: gpuprov.core.replacing)."""
+    aside stay out: gpuprov.core.min_count)."""
     provider = get_provider(cluster.provider)
     files = files_for(cluster.name)
     nodes = without_kept(cluster, provider.describe(cluster.name, list(cluster.nodes), files))
@@ -147,7 +147,7 @@ def reachable_nodes(cluster: ClusterRecord, nodes: list[NodeRecord]) -> list[Nod
     return nodes
 
 
-# -- kept nodes: at the provider, out of the node list (gpuprov.core.replacing) -------------
+# -- kept nodes: at the provider, out of the node list (gpuprov.core.min_count) -------------
 def kept_nodes(cluster: ClusterRecord | None) -> list[NodeRecord]:
     """The nodes `up --keep-failed` set aside (``spec.kept``), as they were recorded."""
     entries = (cluster.spec.get("kept") if cluster is not None else None) or []
@@ -167,14 +167,6 @@ def kept_alive(provider: Provider, cluster: ClusterRecord | None) -> list[NodeRe
         return []
     seen = {n.id for n in provider.describe(cluster.name, list(cluster.nodes), files_for(cluster.name, create=False))}
     return [n for n in kept if n.id in seen]
-
-
-def counted(spec: ClusterSpec, provider: Provider, cluster: ClusterRecord | None) -> ClusterSpec:
-    """``spec`` as the provider counts the cluster: its members by label include the kept nodes
-    still there, so the plan asks for them too (it neither refuses them as a node too many nor
-    takes them for nodes of the cluster)."""
-    alive = kept_alive(provider, cluster)
-    return dataclasses.replace(spec, count=spec.count + len(alive)) if alive else spec
 
 
 # -- the rounds --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ environment is refused with the way to change it (`gpuprov settings NAME --set K
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
@@ -118,14 +119,21 @@ def values(cluster: ClusterRecord) -> dict[str, str]:
     return have
 
 
+# Every field a lock of today's gpuprov has (an older one lacks those added since).
+LOCK_FIELDS = frozenset(f.name for f in dataclasses.fields(stack.Lock))
+
+
 def complete_lock(lock: dict[str, Any]) -> dict[str, Any]:
     """A stored lock with every field today's plays read: a lock stored by an older gpuprov
     lacks the fields added since (container toolkit, base images, ...); they are taken from
     the same request resolved against today's stack data, and what the lock has always wins
-    (the plays map it to the roles' variables: playbooks/vars/lock.yml)."""
+    (the plays map it to the roles' variables: playbooks/vars/lock.yml). A lock that has every
+    field is used as it is (not resolved again: one resolution per command)."""
+    if LOCK_FIELDS <= lock.keys():
+        return dict(lock)
     try:
-        fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock.get("cuda", "11.8"),
-                                    driver=lock.get("driver_branch"), source=lock.get("source", "nvidia"))
+        fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock.get("cuda", stack.DEFAULT_CUDA),
+                                    driver=lock.get("driver_branch"), source=lock.get("source", stack.DEFAULT_SOURCE))
         current = fresh.as_dict()
     except BadInput:
         # A request today's data refuses (a branch no longer pinned): the fields' empty defaults.

@@ -19,6 +19,7 @@ from gpuprov import catalog, cli_options
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec
 from gpuprov.providers.aws import api, preflight
+from gpuprov.providers.aws.options import AwsOptions
 from tests.aws.conftest import REGION
 from tests.aws.helpers import CIDR, assert_refused, invoke
 from tests.aws.moto_shim import Shim
@@ -151,12 +152,12 @@ def test_os_is_for_aws_only(capsys, gpuprov_home, tmp_path, provider: str) -> No
 
 
 def test_check_spec_fills_the_default_only_without_an_image() -> None:
-    spec = ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1)
-    assert preflight.check_spec(spec).options["os"] == "debian12"
-    given = dataclasses.replace(spec, image="ami-0123456789abcdef0")
-    assert "os" not in preflight.check_spec(given).options
+    spec = ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1, options=AwsOptions())
+    assert preflight.check_spec(spec).options.os == "debian12"
+    given = spec.with_options(image="ami-0123456789abcdef0")
+    assert preflight.check_spec(given).options.os is None
     with pytest.raises(BadInput, match=r"--os centos7: gpuprov has images for debian12, ubuntu22\.04"):
-        preflight.check_spec(dataclasses.replace(spec, options={"os": "centos7"}))
+        preflight.check_spec(spec.with_options(os="centos7"))
 
 
 # -- the publisher's newest image, and the architecture, through the Stubber ------------------------
@@ -203,7 +204,7 @@ def test_unreadable_parameter_takes_the_publishers_newest_image(stubbed) -> None
         _image("ami-0000000000000000b", "debian-12-amd64-20250201-1100", "2025-02-01T11:00:00.000Z"),
     ])
     notes: list[str] = []
-    spec = preflight.check_spec(ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1))
+    spec = preflight.check_spec(ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1, options=AwsOptions()))
     image = preflight.find_image(aws, spec, catalog.get("g5.xlarge"), [], notes)
     assert (image.id, image.root_device, image.os) == ("ami-0000000000000000c", "/dev/xvda", "debian12")
     assert image.what == "Debian 12 (bookworm), the default (proven here), debian-12-amd64-20250301-1200"
@@ -216,7 +217,8 @@ def test_ubuntu_fallback_asks_canonical(stubbed) -> None:
     _fallback(stubs, UBUNTU, "099720109477", "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-amd64-server-*",
               "x86_64", [_image("ami-0000000000000000d", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-"
                                 "server-20250301", "2025-03-01T00:00:00.000Z")])
-    spec = ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1, options={"os": "ubuntu22.04"})
+    spec = ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1,
+                       options=AwsOptions(os="ubuntu22.04"))
     image = preflight.find_image(aws, spec, catalog.get("g5.xlarge"), [], [])
     assert (image.id, image.os) == ("ami-0000000000000000d", "ubuntu22.04")
 
@@ -231,7 +233,7 @@ def test_an_arm64_type_asks_only_for_arm64_images(stubbed) -> None:
     stubs["ec2"].add_response("describe_images", {"Images": [
         _image("ami-0000000000000000e", "debian-12-arm64-20250301-1200", "2025-03-01T00:00:00.000Z", "arm64")]},
         expected_params={"ImageIds": ["ami-0000000000000000e"]})
-    spec = preflight.check_spec(ClusterSpec(name="c", provider="aws", instance_type="g5g.xlarge", count=1))
+    spec = preflight.check_spec(ClusterSpec(name="c", provider="aws", instance_type="g5g.xlarge", count=1, options=AwsOptions()))
     image = preflight.find_image(aws, spec, arm, [], [])
     assert image.id == "ami-0000000000000000e"
     assert image.what.endswith(f"from SSM {DEBIAN_ARM}")

@@ -124,6 +124,7 @@ def _pinned(known_hosts: Path, port: int) -> list[str]:
 def test_hand_over_replaces_the_bootstrap_key_on_a_real_node(capsys, shim: Shim, ami: str, gpuprov_home: Path,
                                                              tmp_path: Path, node_container, monkeypatch) -> None:
     from gpuprov.providers.aws import PROVIDER
+    from gpuprov.providers.aws.options import AwsOptions
 
     started = time.monotonic()
     container, port = node_container
@@ -149,7 +150,7 @@ def test_hand_over_replaces_the_bootstrap_key_on_a_real_node(capsys, shim: Shim,
     # The instance as gpuprov knows it, reached at the container's published port.
     files = ClusterFiles(gpuprov_home / "clusters" / "handover")
     here = replace(node, address="127.0.0.1", ssh_port=port)
-    spec = ClusterSpec(name="handover", provider="aws", instance_type="g5.xlarge", count=1)
+    spec = ClusterSpec(name="handover", provider="aws", instance_type="g5.xlarge", count=1, options=AwsOptions())
     said: list[str] = []
     PROVIDER.wait_ready(spec, [here], files, said.append)
 

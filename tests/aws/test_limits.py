@@ -17,6 +17,7 @@ import pytest
 
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles, ClusterSpec
+from gpuprov.providers.aws.options import AwsOptions
 from tests.aws.conftest import REGION, instances
 from tests.aws.helpers import CIDR, assert_refused, invoke
 from tests.aws.moto_shim import Shim
@@ -85,17 +86,18 @@ def test_allow_wide_ssh_cidr_option_lets_a_wide_range_through(shim: Shim, ami: s
     from gpuprov.providers.aws import PROVIDER
 
     files = ClusterFiles(gpuprov_home / "clusters" / "widened")
-    base = dict(name="widened", provider="aws", instance_type="g5.xlarge", count=1, image=ami, ssh_cidr="10.0.0.0/8")
+    spec = ClusterSpec(name="widened", provider="aws", instance_type="g5.xlarge", count=1,
+                       options=AwsOptions(image=ami, ssh_cidr="10.0.0.0/8"))
     with pytest.raises(BadInput, match="wider than /16"):
-        PROVIDER.plan(ClusterSpec(**base), files)
-    plan = PROVIDER.plan(ClusterSpec(**base, options={"allow_wide_ssh_cidr": True}), files)
+        PROVIDER.plan(spec, files)
+    plan = PROVIDER.plan(spec.with_options(allow_wide_ssh_cidr=True), files)
     assert "SSH allowed from 10.0.0.0/8 only" in plan.notes
     with pytest.raises(BadInput, match="whole internet"):  # never the whole internet
-        PROVIDER.plan(ClusterSpec(**{**base, "ssh_cidr": "0.0.0.0/0"}, options={"allow_wide_ssh_cidr": True}), files)
+        PROVIDER.plan(spec.with_options(allow_wide_ssh_cidr=True, ssh_cidr="0.0.0.0/0"), files)
 
 
 def test_allow_wide_ssh_cidr_flag(capsys, shim: Shim, ami: str) -> None:
-    """The CLI flag (cli.py, not this provider's file) sets spec.options["allow_wide_ssh_cidr"]."""
+    """The CLI flag (cli.py, not this provider's file) sets the spec's AwsOptions.allow_wide_ssh_cidr."""
     from gpuprov.cli import up as up_command
 
     if "allow_wide_ssh_cidr" not in {p.name for p in up_command.params}:
@@ -168,7 +170,8 @@ def test_user_data_size_is_judged_in_plan(shim: Shim, ami: str, gpuprov_home: Pa
     from gpuprov.providers.aws import PROVIDER, userdata
 
     files = ClusterFiles(gpuprov_home / "clusters" / "sized")
-    spec = ClusterSpec(name="sized", provider="aws", instance_type="g5.xlarge", count=256, image=ami, ssh_cidr=CIDR)
+    spec = ClusterSpec(name="sized", provider="aws", instance_type="g5.xlarge", count=256,
+                       options=AwsOptions(image=ami, ssh_cidr=CIDR))
     plan = PROVIDER.plan(spec, files)  # one bootstrap key whatever the count: well under 16 KiB
     assert plan.details.user_data_size < 4096
     monkeypatch.setattr(userdata, "USER_DATA_LIMIT", 1024)

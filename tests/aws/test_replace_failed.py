@@ -13,7 +13,7 @@ common role on each node (gpuprov_base: the facts directory, the GPU facts scrip
 node is) and skips the watcher (IMDS says on-demand). It is the cheapest play that writes to
 every node, which is what the fault needs, and keeps each test to three nodes on this 2-core
 machine. ``--health off``: there is no GPU behind these nodes, so the health gate would fail
-on every one of them; the health-failure path is held in tests/unit/test_replacing.py.
+on every one of them; the health-failure path is held in tests/unit/test_min_count_rounds.py.
 """
 
 from __future__ import annotations

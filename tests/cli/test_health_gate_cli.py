@@ -75,7 +75,8 @@ def test_up_exits_1_naming_each_failing_check_when_health_fails(capsys, gpuprov_
                          expected="8 x H100", action="")
     seen: dict[str, str] = {}
 
-    def up(spec, *, health: str, **_):
+    def up(request, **_):
+        spec, health = request.spec, request.health
         seen["health"] = health
         checked = HealthResult(cluster=spec.name, level=health, ok=health == "off", started="t0", finished="t1",
                                checks=[ok_row, ecc], summary=VerifySummary(pass_=1, fail=1, skip=0))

@@ -83,10 +83,11 @@ def test_the_example_hosts_file_resolves_to_a_stack_with_fabric_manager() -> Non
     before this, the lock was resolved for "unknown" and had no fabric manager."""
     from gpuprov.providers import ClusterSpec
     from gpuprov.providers.static import PROVIDER
+    from gpuprov.providers.static.options import StaticOptions
 
     example = Path(__file__).parents[2] / "inventory" / "static-hosts.example.yml"
-    spec = ClusterSpec(name="rack3", provider="static", instance_type=None, count=0,
-                       hosts_file=str(example))
+    spec = ClusterSpec(name="rack3", provider="static", instance_type=None, count=None,
+                       options=StaticOptions(hosts_file=str(example)))
     kinds = PROVIDER.host_types(spec)
     assert [k.name for k in kinds] == ["dgx-a100", "declared:8xGPU", "declared:4xGPU"]
     lock = stack.resolve_types(kinds, source="nvidia")

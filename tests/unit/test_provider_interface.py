@@ -8,51 +8,69 @@ import time
 import pytest
 
 from gpuprov import ssh
+from gpuprov.core import launching
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.providers import ClusterSpec, get
+from gpuprov.providers import ClusterSpec, get, options_for
+from gpuprov.providers.aws.options import AwsOptions
 from gpuprov.state import NodeRecord
+
+# The flags `gpuprov up` hands to the provider's options (gpuprov.cli.up).
+PROVIDER_FLAGS = ("region", "image", "no_baked", "os", "ssh_cidr", "allow_wide_ssh_cidr", "spot", "disk_gb",
+                  "capacity_reservation", "hosts_file")
 
 
 def spec(provider: str, **kw) -> ClusterSpec:
+    """A request as `gpuprov up` builds it: the provider's flags through its options type."""
+    flags = {k: kw.pop(k) for k in list(kw) if k in PROVIDER_FLAGS}
     base = {"name": "c1", "provider": provider, "instance_type": None, "count": 1}
-    return ClusterSpec(**{**base, **kw})
+    return ClusterSpec(**{**base, **kw}, options=options_for(provider, flags))
+
+
+def checked(provider: str, **kw) -> ClusterSpec:
+    """The request as `up` checks it before anything is asked of the provider."""
+    return launching.checked(spec(provider, **kw))[1]
 
 
 @pytest.mark.parametrize(
     ("provider", "kw", "message"),
     [
         ("aws", {}, "--type is required for the aws provider (`gpuprov types` lists them)"),
-        ("aws", {"instance_type": "g5.xlarge", "count": 0}, "--count is required"),
+        ("aws", {"instance_type": "g5.xlarge", "count": None}, "--count is required"),
         ("aws", {"instance_type": "g5.xlarge", "hosts_file": "h.yml"}, "--hosts is for --provider static"),
-        ("aws", {"instance_type": "g5.xlarge", "options": {"capacity_reservation": "r-1"}},
+        ("aws", {"instance_type": "g5.xlarge", "capacity_reservation": "r-1"},
          "--capacity-reservation r-1: expected an id like cr-0123456789abcdef0"),
         ("aws", {"instance_type": "g5.xlarge", "count": 257}, "--count 257 is more than gpuprov launches"),
-        ("docker", {"count": 0}, "--count is required"),
+        ("docker", {"count": None}, "--count is required"),
+        ("docker", {"count": 0}, "--count must be at least 1, not 0"),
         ("docker", {"count": -1}, "--count must be at least 1, not -1"),
-        ("docker", {"options": {"disk_gb": 100}}, "--disk-gb is for --provider aws"),
-        ("docker", {"options": {"allow_wide_ssh_cidr": True}}, "--allow-wide-ssh-cidr is for --provider aws"),
+        ("docker", {"disk_gb": 100}, "--disk-gb is for --provider aws"),
+        ("docker", {"allow_wide_ssh_cidr": True}, "--allow-wide-ssh-cidr is for --provider aws"),
         ("docker", {"hosts_file": "h.yml"}, "--hosts is for --provider static"),
         ("docker", {"region": "us-east-1"}, "--region is for --provider aws"),
         ("docker", {"spot": True}, "--spot is for --provider aws"),
         ("static", {"hosts_file": "h.yml", "image": "ami-1"}, "--image is for --provider aws or docker"),
-        ("static", {"hosts_file": "h.yml", "options": {"no_baked": True}}, "--no-baked is for --provider aws or docker"),
+        ("static", {"hosts_file": "h.yml", "no_baked": True}, "--no-baked is for --provider aws or docker"),
         ("static", {"hosts_file": "h.yml", "ssh_cidr": "192.0.2.1/32"}, "--ssh-cidr is for --provider aws"),
         ("docker", {"instance_type": "p4d.24xlarge"}, "only the 'docker-node' type"),
-        ("static", {"count": 0}, "--provider static needs --hosts FILE"),
-        ("static", {"hosts_file": "h.yml", "options": {"capacity_reservation": "cr-1"}},
+        ("static", {"count": None}, "--provider static needs --hosts FILE"),
+        ("static", {"hosts_file": "h.yml", "capacity_reservation": "cr-1"},
          "--capacity-reservation is for --provider aws"),
+        ("docker", {"min_count": 1}, "--min-count is for --provider aws"),
+        ("aws", {"instance_type": "g5.xlarge", "keep_failed": True}, "--keep-failed goes with --min-count K"),
+        ("aws", {"instance_type": "g5.xlarge", "retries": 2}, "--retries goes with --min-count K"),
+        ("aws", {"instance_type": "g5.xlarge", "count": 2, "min_count": 3}, "--min-count 3 must be between 1 and --count 2"),
     ],
 )
 def test_each_provider_checks_its_own_flags(provider: str, kw: dict, message: str) -> None:
     with pytest.raises(BadInput) as caught:
-        get(provider).check_spec(spec(provider, **kw))
+        checked(provider, **kw)
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_check_spec_fills_the_provider_defaults() -> None:
-    assert get("docker").check_spec(spec("docker")).instance_type == "docker-node"
-    checked = get("static").check_spec(spec("static", count=0, hosts_file="h.yml"))
-    assert checked.count == 0  # existing hosts: all of them
+    assert checked("docker").instance_type == "docker-node"
+    assert checked("static", count=None, hosts_file="h.yml").count is None  # existing hosts: all of them
+    assert checked("aws", instance_type="g5.xlarge").options == AwsOptions(os="debian12")  # the default --os
 
 
 def test_the_aws_provider_keeps_no_state_between_calls() -> None:

@@ -217,7 +217,7 @@ def _members_plain(data: bytes) -> dict[str, tarfile.TarInfo]:
 
 def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys, tmp_path, monkeypatch) -> None:
     from gpuprov.errors import BadInput
-    from gpuprov.providers import ClusterSpec, get
+    from gpuprov.providers import ClusterSpec, get, options_for
     from gpuprov.pull.controller import mode_for
     from tests.conftest import invoke
 
@@ -234,7 +234,8 @@ def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys,
         assert code == 2 and len(err.strip().splitlines()) == 1 and why in err and "s3cret" not in err, err
         assert not (tmp_path / "home" / "clusters" / "np").exists()
     monkeypatch.delenv("GPUPROV_REGISTRY_PASSWORD")
-    spec = ClusterSpec(name="np", provider="aws", instance_type="p4d.24xlarge", count=64)
+    spec = ClusterSpec(name="np", provider="aws", instance_type="p4d.24xlarge", count=64,
+                       options=options_for("aws", {}))
     with pytest.raises(BadInput, match="--bootstrap pull is not built for the aws provider yet"):
         mode_for("pull", get("aws"), spec, True)
     assert mode_for("auto", get("aws"), spec, True) == "push"  # auto never picks what is not there
@@ -242,7 +243,8 @@ def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys,
     # its bundle server: refused before anything is recorded.
     hosts = tmp_path / "hosts.yml"
     hosts.write_text("user: gpuprov\nhosts:\n  - name: rack-1\n    address: 127.0.0.1\n    port: 2222\n")
-    spec = ClusterSpec(name="np", provider="static", instance_type=None, count=0, hosts_file=str(hosts))
+    spec = ClusterSpec(name="np", provider="static", instance_type=None, count=None,
+                       options=options_for("static", {"hosts_file": str(hosts)}))
     with pytest.raises(BadInput, match="through this machine's loopback"):
         mode_for("pull", get("static"), spec, True)
     assert mode_for("auto", get("static"), spec, True) == "push"

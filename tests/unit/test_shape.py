@@ -94,7 +94,7 @@ def test_no_module_over_the_limit() -> None:
 def test_aws_package_only_exports() -> None:
     tree = ast.parse((PACKAGE / "providers" / "aws" / "__init__.py").read_text())
     defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    assert defined == []
+    assert defined in ([], ["__getattr__"])  # (PEP 562: each export loaded on first use)
 
 
 def test_one_jinja_environment_renders_every_template() -> None:

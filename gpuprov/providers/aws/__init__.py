@@ -27,20 +27,31 @@ Modules, by phase: ``preflight`` (checks and plan: a frozen AwsPlan carried in
 ``Plan.details``), ``dryrun``, ``resources`` (key pair, security group, placement
 group), ``launch`` (zone failover, rollback), ``ready`` (addresses, host keys, SSH),
 ``teardown`` (terminate, find by tag), ``refresh`` (the catalog), ``provider`` (the
-class that routes to them), ``common`` (tags and what they share). This file only exports.
+class that routes to them), ``common`` (tags and what they share), ``options`` (its `up` flags).
+This file only exports, each name loaded on first use.
 """
 
 from __future__ import annotations
 
-from gpuprov.providers.aws import api, hostkeys, userdata
-from gpuprov.providers.aws.common import TAG, LaunchFailed
-from gpuprov.providers.aws.preflight import AwsPlan, check_cidr
-from gpuprov.providers.aws.provider import AwsProvider
-from gpuprov.providers.aws.refresh import refresh_catalog
+from importlib import import_module
+from typing import Any
 
-PROVIDER = AwsProvider()
+# What this package exports, and the module each comes from: loaded on first use (PEP 562), so
+# reading the light ``options`` module does not load boto3.
+_EXPORTS = {
+    "TAG": "common", "LaunchFailed": "common", "AwsPlan": "preflight", "check_cidr": "preflight",
+    "AwsProvider": "provider", "refresh_catalog": "refresh",
+}
 
-__all__ = [
-    "PROVIDER", "TAG", "AwsPlan", "AwsProvider", "LaunchFailed", "api", "check_cidr", "hostkeys",
-    "refresh_catalog", "userdata",
-]
+__all__ = ["PROVIDER", "TAG", "AwsPlan", "AwsProvider", "LaunchFailed", "check_cidr", "refresh_catalog"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PROVIDER":
+        value: Any = import_module(f"{__name__}.provider").AwsProvider()
+    elif name in _EXPORTS:
+        value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -12,7 +12,7 @@ from gpuprov import ssh
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Reporter
-from gpuprov.providers.aws import api, userdata
+from gpuprov.providers.aws import api, options, userdata
 from gpuprov.providers.aws.common import (
     BATCH_TAG,
     DEFAULT_DISK_GB,
@@ -44,19 +44,20 @@ from gpuprov.providers.aws.teardown import delete_cluster_resources, terminate_i
 from gpuprov.state import NodeRecord
 
 
-def launch_cluster(prep: AwsPlan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
+def launch_cluster(prep: AwsPlan, to_create: int, least: int, files: ClusterFiles,
+                   report: Reporter) -> list[NodeRecord]:
     """Create what ``prep`` (this run's plan) lacks: key pair, security group, placement group,
-    then the missing instances in one zone; undone on any failure."""
+    then ``to_create`` instances in one zone (at least ``least`` where every zone runs short:
+    `--min-count`); undone on any failure."""
     spec, aws = prep.spec, prep.aws
     (files.dir / "aws.json").write_text(json.dumps({"region": aws.region}))
-    existing = members(aws, spec.name)
-    shortfall = spec.count - len(existing)
-    if shortfall <= 0:
+    existing = prep.existing
+    if to_create <= 0:
         report(f"all {len(existing)} instance(s) exist (found by tag {TAG}={spec.name})")
         update_ssh_rule(aws, spec.name, prep.ssh_cidr, report)
         return _ready_nodes(aws, spec.name, files, report)
     if existing:
-        report(f"{len(existing)} instance(s) exist (by tag): launching the {shortfall} missing")
+        report(f"{len(existing)} instance(s) exist (by tag): launching the {to_create} missing")
     fresh = not existing
     batch = secrets.token_hex(4)
     launched: list[str] = []
@@ -71,7 +72,7 @@ def launch_cluster(prep: AwsPlan, files: ClusterFiles, report: Reporter) -> list
             userdata.render(spec.name, batch, NODE_USER, files.key.with_suffix(".pub").read_text(), bootstrap)
         )
         launched = _run_with_failover(
-            prep, spec, subnets, sg, key_name, batch, first, data, shortfall, fresh, report
+            prep, subnets, sg, key_name, batch, first, data, (to_create, least), fresh, report
         )
         started = wait_running(aws, launched, report)
         attach_public_addresses(aws, spec.name, started, report)
@@ -83,22 +84,22 @@ def launch_cluster(prep: AwsPlan, files: ClusterFiles, report: Reporter) -> list
 
 def _run_with_failover(
     prep: AwsPlan,
-    spec: ClusterSpec,
     subnets: dict[str, str],
     sg: str,
     key_name: str,
     batch: str,
     first: int,
     data: bytes,
-    count: int,
+    counts: tuple[int, int],
     fresh: bool,
     report: Reporter,
 ) -> list[str]:
     from botocore.exceptions import ClientError
 
-    aws, tried = prep.aws, []
+    spec, aws, tried = prep.spec, prep.aws, []
+    count, least = counts  # how many to launch, and the least a short launch may bring
     zones = prep.zones
-    reservation = spec.options.get("capacity_reservation")
+    reservation = options.of(spec).capacity_reservation
     if reservation:
         zones = [z for z in zones if z == reservation_zone(aws, reservation)] or zones
 
@@ -148,18 +149,17 @@ def _run_with_failover(
     # All of them in one zone first (every zone); then, with --min-count K, at least the
     # nodes that bring the cluster to K (EC2's MinCount: it launches as many as it can up to
     # MaxCount, or none), zone by zone again.
-    existing = spec.count - count
-    least = int(spec.options.get("min_count") or spec.count)
-    passes = [count] + ([max(1, least - existing)] if least - existing < count else [])
+    members = len(prep.existing)
+    passes = [count] + ([least] if least < count else [])
     for minimum in passes:
         if minimum < count:
-            report(f"no zone has {count} x {prep.itype.name}: --min-count {least} accepts "
+            report(f"no zone has {count} x {prep.itype.name}: --min-count {spec.min_count} accepts "
                    f"{minimum} or more of them")
         ids = in_zones(minimum)
         if ids:
             if len(ids) < count:
-                report(f"launched {len(ids)} of {count} (--min-count {least}): the cluster has "
-                       f"{existing + len(ids)} of its {spec.count} node(s); `gpuprov up` again adds the rest")
+                report(f"launched {len(ids)} of {count} (--min-count {spec.min_count}): the cluster has "
+                       f"{members + len(ids)} of its {spec.count} node(s); `gpuprov up` again adds the rest")
             return ids
     raise GpuprovError(
         f"no capacity for {passes[-1] if len(passes) > 1 else count} x {prep.itype.name} in any zone "
@@ -236,7 +236,7 @@ def run_params(
     count: int,
     first: int,
 ) -> dict[str, Any]:
-    disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
+    disk = options.of(spec).disk_gb or DEFAULT_DISK_GB
     placement: dict[str, Any] = {"AvailabilityZone": zone}
     if group:
         placement["GroupName"] = group
@@ -257,18 +257,18 @@ def run_params(
         # (aws:RequestTag) for instances, volumes, interfaces and spot requests.
         "TagSpecifications": tag_specs(
             spec.name, "instance", "volume", "network-interface",
-            *(("spot-instances-request",) if spec.spot else ()),
+            *(("spot-instances-request",) if options.of(spec).spot else ()),
             extra={BATCH_TAG: batch, FIRST_TAG: str(first), "Name": f"gpuprov-{spec.name}"},
         ),
     }
-    if spec.spot:
+    if options.of(spec).spot:
         params["InstanceMarketOptions"] = {
             "MarketType": "spot",
             "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
         }
-    if spec.options.get("capacity_reservation"):
+    if options.of(spec).capacity_reservation:
         params["CapacityReservationSpecification"] = {
-            "CapacityReservationTarget": {"CapacityReservationId": spec.options["capacity_reservation"]}
+            "CapacityReservationTarget": {"CapacityReservationId": options.of(spec).capacity_reservation}
         }
     return params
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from gpuprov import catalog, platforms
+from gpuprov import catalog, defaults, platforms
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, Plan
-from gpuprov.providers.aws import api, userdata
+from gpuprov.providers.aws import api, options, userdata
 from gpuprov.providers.aws.common import DEFAULT_DISK_GB, MAX_COUNT, NODE_USER, SSH_MIN_PREFIX, members
 
 # The image `up` launches when no --image is given: the newest of the --os the user chose, by
@@ -35,7 +35,7 @@ from gpuprov.providers.aws.common import DEFAULT_DISK_GB, MAX_COUNT, NODE_USER, 
 # gpuprov logs in as neither: the user-data (templates/cloud-init.yaml.j2) makes its own user
 # (common.NODE_USER) on every image, so the image's default user is never used.
 # {arch} is the Debian/Ubuntu name of the type's CPU architecture, never another's.
-DEFAULT_OS = "debian12"
+DEFAULT_OS = defaults.DEFAULT_AWS_OS
 DEBIAN_OWNER = "136693071363"
 DEBIAN12_SSM = "/aws/service/debian/release/12/latest/{arch}"
 DEBIAN12_NAME = "debian-12-{arch}-*"
@@ -47,7 +47,8 @@ IMAGE_SOURCES: dict[str, tuple[str, str, str]] = {
     "debian12": (DEBIAN12_SSM, DEBIAN_OWNER, DEBIAN12_NAME),
     "ubuntu22.04": (UBUNTU_SSM, CANONICAL_OWNER, UBUNTU_NAME),
 }
-OS_CHOICES = tuple(IMAGE_SOURCES)
+OS_CHOICES = defaults.AWS_OS
+assert tuple(IMAGE_SOURCES) == OS_CHOICES, "an image source for each --os choice (gpuprov.defaults.AWS_OS)"
 # EC2's architecture name (ProcessorInfo, Image.Architecture) -> the distributions' name.
 DISTRO_ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 IP_ECHO_URL = "https://checkip.amazonaws.com"
@@ -78,27 +79,24 @@ def check_spec(spec: ClusterSpec) -> ClusterSpec:
     the reservation id, the SSH range, the disk, the count, the user-data size, the --os.
     Returns ``spec`` with the default --os filled in where no --image is given (so the cluster's
     recorded spec says which OS it was launched with)."""
-    chosen = spec.options.get("os")
-    if chosen is not None and chosen not in IMAGE_SOURCES:
-        raise BadInput(f"--os {chosen}: gpuprov has images for {', '.join(OS_CHOICES)}")
-    if spec.options.get("capacity_reservation") and not str(spec.options["capacity_reservation"]).startswith("cr-"):
-        raise BadInput(f"--capacity-reservation {spec.options['capacity_reservation']}: "
+    opts = options.of(spec)
+    if opts.os is not None and opts.os not in IMAGE_SOURCES:
+        raise BadInput(f"--os {opts.os}: gpuprov has images for {', '.join(OS_CHOICES)}")
+    if opts.capacity_reservation and not opts.capacity_reservation.startswith("cr-"):
+        raise BadInput(f"--capacity-reservation {opts.capacity_reservation}: "
                        "expected an id like cr-0123456789abcdef0")
-    if spec.ssh_cidr:
-        check_cidr(spec.ssh_cidr, allow_wide=bool(spec.options.get("allow_wide_ssh_cidr")))
-    disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
+    if opts.ssh_cidr:
+        check_cidr(opts.ssh_cidr, allow_wide=opts.allow_wide_ssh_cidr)
+    disk = opts.disk_gb or DEFAULT_DISK_GB
     if not 8 <= disk <= 16384:
         raise BadInput(f"--disk-gb must be between 8 and 16384, not {disk}")
-    if spec.count > MAX_COUNT:
+    if (spec.count or 0) > MAX_COUNT:
         raise BadInput(
             f"--count {spec.count} is more than gpuprov launches in one cluster ({MAX_COUNT}: "
             "one all-or-nothing RunInstances in one zone); use several clusters"
         )
-    least = spec.options.get("min_count")
-    if least is not None and not 1 <= int(least) <= spec.count:
-        raise BadInput(f"--min-count {least} must be between 1 and --count {spec.count}")
-    if chosen is None and not spec.image:
-        spec = replace(spec, options={**spec.options, "os": DEFAULT_OS})
+    if opts.os is None and not opts.image:
+        spec = spec.with_options(os=DEFAULT_OS)
     return spec
 
 
@@ -120,7 +118,6 @@ def make_plan(spec: ClusterSpec) -> Plan:
         notes.append(f"no price estimate for {prep.itype.name} in {prep.aws.region} in gpuprov's table")
     return Plan(
         spec=spec,
-        to_create=max(0, spec.count - len(prep.existing)),
         existing=len(prep.existing),
         billable=True,
         price_per_node_hour=price,
@@ -136,11 +133,6 @@ def prepare(spec: ClusterSpec) -> AwsPlan:
     itype = facts(aws, spec.instance_type or "")
     zones = _zones(aws, itype.name)
     existing = members(aws, spec.name)
-    if len(existing) > spec.count:
-        raise BadInput(
-            f"cluster '{spec.name}' already has {len(existing)} instances, more than --count "
-            f"{spec.count}; gpuprov does not shrink clusters (use `gpuprov down` first)"
-        )
     notes = [f"region {aws.region}; zones offering {itype.name}: {', '.join(zones)}"]
     zones_in_use = sorted({i["Placement"]["AvailabilityZone"] for i in existing})
     if zones_in_use:
@@ -148,11 +140,11 @@ def prepare(spec: ClusterSpec) -> AwsPlan:
         notes.append(f"{len(existing)} member(s) already run in {zones[0]}: the rest goes there")
     quota = _quota(aws, itype, spec, notes)
     image = find_image(aws, spec, itype, existing, notes)
-    disk = int(spec.options.get("disk_gb") or DEFAULT_DISK_GB)
+    disk = options.of(spec).disk_gb or DEFAULT_DISK_GB
     notes.append(f"image {image.id}: {image.what}; root volume {disk} GiB gp3, encrypted")
-    if spec.spot:
+    if options.of(spec).spot:
         notes.append("spot capacity: cheaper, can be interrupted with a 2-minute notice")
-    cidr = check_cidr(spec.ssh_cidr or detect_cidr(), allow_wide=bool(spec.options.get("allow_wide_ssh_cidr")))
+    cidr = check_cidr(options.of(spec).ssh_cidr or detect_cidr(), allow_wide=options.of(spec).allow_wide_ssh_cidr)
     notes.append(f"SSH allowed from {cidr} only")
     return AwsPlan(spec=spec, aws=aws, itype=itype, zones=tuple(zones), image_id=image.id,
                    root_device=image.root_device, ssh_cidr=cidr, quota=quota, user_data_size=user_data_size,
@@ -193,7 +185,7 @@ def _zones(aws: api.Aws, name: str) -> list[str]:
 def _quota(
     aws: api.Aws, itype: InstanceType, spec: ClusterSpec, notes: list[str]
 ) -> tuple[str, str, float | None]:
-    code, quota_name = catalog.quota_for(itype.name, spec.spot)
+    code, quota_name = catalog.quota_for(itype.name, options.of(spec).spot)
     need = (itype.vcpus or 0) * spec.count
     try:
         answer = aws.client("service-quotas").get_service_quota(ServiceCode="ec2", QuotaCode=code)
@@ -231,7 +223,7 @@ def find_image(aws: api.Aws, spec: ClusterSpec, itype: InstanceType, existing: l
     Debian 12) for the type's CPU architecture. Every image is checked to be of that architecture."""
     if spec.image:
         image = _described(aws, spec.image, itype, "--image")
-        chosen = spec.options.get("os")
+        chosen = options.of(spec).os
         return Image(image["ImageId"], _root(image),
                      "--image" + (f" (wins over --os {chosen})" if chosen else "") + _name(image))
     running = sorted({i["ImageId"] for i in existing if i.get("ImageId")})
@@ -242,7 +234,7 @@ def find_image(aws: api.Aws, spec: ClusterSpec, itype: InstanceType, existing: l
             raise BadInput(f"{exc}; pass --image for the new members") from None
         return Image(image["ImageId"], _root(image),
                      f"the image the {len(existing)} existing member(s) run{_name(image)}")
-    chosen = spec.options.get("os") or DEFAULT_OS
+    chosen = options.of(spec).os or DEFAULT_OS
     return _newest(aws, chosen, itype, notes)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
 from gpuprov.providers.aws import api, dryrun, images, launch, preflight, ready, teardown
 from gpuprov.providers.aws.common import members, node_record, region_of
+from gpuprov.providers.aws.options import AwsOptions
 from gpuprov.state import NodeRecord
 
 
@@ -22,6 +23,8 @@ class AwsProvider(Provider):
     bake_consumes_node = True
     copies_images = True
     images_cost_a_call = True
+    options_type = AwsOptions
+    partial_launch = True  # EC2's MinCount: `up --min-count`
 
     def check_type(self, spec: ClusterSpec) -> None:
         preflight.check_type(spec)
@@ -36,7 +39,8 @@ class AwsProvider(Provider):
         dryrun.dry_run(self._details(plan), report)
 
     def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
-        return launch.launch_cluster(self._details(plan), files, report)
+        return launch.launch_cluster(self._details(plan), plan.to_create, plan.min_create or plan.to_create,
+                                     files, report)
 
     def _details(self, plan: Plan) -> preflight.AwsPlan:
         """This provider's own plan of ``plan.spec``: the one plan() made, else made now."""

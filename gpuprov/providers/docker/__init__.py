@@ -27,6 +27,7 @@ from gpuprov.providers.docker.engine import IMAGE_LABEL, LABEL, NODE_LABEL, dock
 from gpuprov.providers.docker.images import delete
 from gpuprov.providers.docker.node_image import build_hint
 from gpuprov.providers.docker.nodes import remove
+from gpuprov.providers.docker.options import DockerOptions
 from gpuprov.state import NodeRecord
 
 DEFAULT_IMAGE = "gpuprov/node:bookworm"
@@ -83,13 +84,15 @@ class DockerProvider(Provider):
         return rows
 
     # -- interface ------------------------------------------------------------
+    options_type = DockerOptions
+
     def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
         spec = super().check_spec(spec)
         if spec.instance_type not in (None, "docker-node"):
             raise BadInput(
                 f"the docker provider runs only the 'docker-node' type, not '{spec.instance_type}'"
             )
-        if spec.count > MAX_NODES:
+        if (spec.count or 0) > MAX_NODES:
             raise BadInput(
                 f"--count {spec.count}: the docker provider runs at most {MAX_NODES} local nodes "
                 "(each is a systemd container with the whole GPU stack, ~3 GB of disk)"
@@ -100,16 +103,9 @@ class DockerProvider(Provider):
         spec = self.check_spec(spec)
         self.check_engine()
         self.check_image(spec.image)
-        existing = len(self._containers(spec.name))
-        if existing > spec.count:
-            raise BadInput(
-                f"cluster '{spec.name}' already has {existing} nodes, more than --count "
-                f"{spec.count}; gpuprov does not shrink clusters (use `gpuprov down` first)"
-            )
         return Plan(
             spec=spec,
-            to_create=spec.count - existing,
-            existing=existing,
+            existing=len(self._containers(spec.name)),
             billable=False,
             notes=("local containers: no GPU, no cost",),
         )
@@ -119,28 +115,29 @@ class DockerProvider(Provider):
         ssh.ensure_keypair(files.key, f"gpuprov-{spec.name}")
         pubkey = files.key.with_suffix(".pub").read_text()
         existing = {c["Names"]: c for c in self._containers(spec.name)}
-        settings = spec.options.get("settings") or {}
-        apt_proxy = (settings.get("apt_proxy") or {}).get("value", "")
+        apt_proxy = ((spec.settings or {}).get("apt_proxy") or {}).get("value", "")
         created: list[str] = []
-        host_keys: dict[str, str] = {}
         try:
-            for i in range(1, spec.count + 1):
-                node = node_name(spec.name, i)
-                cname = container_name(spec.name, i)
+            for cname, c in sorted(existing.items()):
+                if c["State"] != "running":
+                    report(f"{_labels(c).get(NODE_LABEL) or cname}: starting existing container")
+                    docker("start", cname)
+            # The new nodes take the lowest free numbers (a gap left by a removed node first).
+            index = 0
+            while len(created) < plan.to_create:
+                index += 1
+                cname = container_name(spec.name, index)
                 if cname in existing:
-                    if existing[cname]["State"] != "running":
-                        report(f"{node}: starting existing container")
-                        docker("start", cname)
                     continue
+                node = node_name(spec.name, index)
                 report(f"{node}: creating container from {spec.image or self.image}")
-                host_keys[cname] = self._create(spec.name, node, cname, pubkey, files, apt_proxy,
-                                                spec.image or self.image, plan.pull)
+                self._create(spec.name, node, cname, pubkey, files, apt_proxy, spec.image or self.image, plan.pull)
                 created.append(cname)
             for cname in created:
                 docker("start", cname)
             nodes = self.describe(spec.name, [], files)
             missing = [n.name for n in nodes if n.state != "running"]
-            if missing or len(nodes) != spec.count:
+            if missing or len(nodes) != len(existing) + plan.to_create:
                 raise GpuprovError(f"nodes did not start: {', '.join(missing) or 'count mismatch'}")
         except BaseException:
             for cname in created:
@@ -360,3 +357,8 @@ def _tar(files: list[tuple[str, bytes, int, int, int]]) -> bytes:
 PROVIDER = DockerProvider()
 
 __all__ = ["LABEL", "PROVIDER", "DockerProvider"]
+
+
+def _labels(row: dict[str, Any]) -> dict[str, str]:
+    """A `docker ps --format json` row's labels ("k=v,k2=v2") as a mapping."""
+    return dict(kv.split("=", 1) for kv in str(row.get("Labels") or "").split(",") if "=" in kv)

@@ -28,6 +28,7 @@ from gpuprov import ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
 from gpuprov.providers.static.hosts_file import StaticHost, parse_hosts_file
+from gpuprov.providers.static.options import StaticOptions
 from gpuprov.state import NodeRecord
 
 __all__ = ["PROVIDER", "StaticHost", "StaticProvider", "parse_hosts_file"]
@@ -39,8 +40,9 @@ class StaticProvider(Provider):
     # Existing hosts are cheap and certain to reach: `up --no-bootstrap` still pins every
     # host key and checks it answers (no playbooks does not mean no trust).
     pins_without_bootstrap = True
-    # The hosts exist already: `up` adopts them (--count 0: all of them), `down` forgets them.
+    # The hosts exist already: `up` adopts them (no --count: all of them), `down` forgets them.
     adopts_existing = True
+    options_type = StaticOptions
 
     def check_spec(self, spec: ClusterSpec) -> ClusterSpec:
         spec = super().check_spec(spec)
@@ -55,7 +57,6 @@ class StaticProvider(Provider):
             raise BadInput(f"--count {spec.count} but the hosts file lists {len(hosts)} hosts")
         return Plan(
             spec=spec,
-            to_create=0,
             existing=len(hosts),
             billable=False,
             notes=(

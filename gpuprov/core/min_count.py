@@ -28,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuprov.core import health_gate
+from gpuprov.core import counts, health_gate
 from gpuprov.core.up_steps import (
     Run,
     bootstrap_nodes,
@@ -41,7 +41,7 @@ from gpuprov.core.up_steps import (
 )
 from gpuprov.errors import GpuprovError
 from gpuprov.health import run as health_run
-from gpuprov.shared.cluster import counted, load
+from gpuprov.shared.cluster import kept_alive, load
 from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, HostStats, Replacement, UpResult
 from gpuprov.state import NodeRecord, now
 
@@ -53,12 +53,11 @@ DEFAULT_RETRIES = 1
 
 def bootstrap(run: Run, nodes: list[NodeRecord]) -> UpResult:
     """`up`'s bootstrap and health gate; with --min-count, the rounds of the module docstring."""
-    least = run.spec.options.get("min_count")
-    if not least:
+    spec = run.spec
+    if not spec.min_count:
         return check_health(run, bootstrap_nodes(run, nodes))
-    retries = run.spec.options.get("retries")
-    return Rounds(run, int(least), DEFAULT_RETRIES if retries is None else int(retries),
-                  bool(run.spec.options.get("keep_failed"))).go(nodes)
+    return Rounds(run, spec.min_count, DEFAULT_RETRIES if spec.retries is None else spec.retries,
+                  spec.keep_failed).go(nodes)
 
 
 @dataclass
@@ -193,9 +192,10 @@ class Rounds:
         """One round: the missing nodes launched, reached, bootstrapped and gated, alone."""
         run = self.run
         cluster = load(run.store, run.name)
-        new = run.provider.plan(counted(run.spec, run.provider, cluster), run.files)
-        plan = dataclasses.replace(run.plan, spec=new.spec, to_create=new.to_create, existing=new.existing,
-                                   notes=new.notes, details=new.details)
+        new = counts.counted(run.provider.plan(run.spec, run.files), run.provider,
+                             len(kept_alive(run.provider, cluster)))
+        plan = dataclasses.replace(run.plan, spec=new.spec, to_create=new.to_create, min_create=new.min_create,
+                                   existing=new.existing, notes=new.notes, details=new.details)
         self.say(f"{run.name}: replacement round {number} of {self.budget}: in place of "
                  f"{', '.join(n.name for n in missing)}, launching the {new.to_create} missing node(s)")
         step = dataclasses.replace(run, plan=plan, existing=cluster, created_record=False, added=[], rollback=True)

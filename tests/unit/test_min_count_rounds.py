@@ -1,4 +1,4 @@
-"""`up --min-count K`'s rounds (gpuprov.core.replacing) through the whole `up`, with a provider,
+"""`up --min-count K`'s rounds (gpuprov.core.min_count) through the whole `up`, with a provider,
 a bootstrap and a health gate of the test's own: the branches the EC2 tests
 (tests/aws/test_replace_failed.py, real nodes) do not run: the health gate failing a node, the
 budget spent with K still met, no rounds at all, a node from before the run failing, and `up`
@@ -7,6 +7,7 @@ without --min-count left all or nothing."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,15 +31,13 @@ class Fleet(Provider):
         self.bad_bootstrap: set[str] = set()  # node ids whose bootstrap fails
         self.bad_health: set[str] = set()  # node ids that fail the health gate
 
-    def refuse_foreign_flags(self, spec: ClusterSpec) -> None:  # --min-count is aws's flag
-        return None
+    partial_launch = True  # it takes --min-count
 
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
-        return Plan(spec=spec, to_create=max(0, spec.count - len(self.members)), existing=len(self.members),
-                    billable=True)
+        return Plan(spec=spec, existing=len(self.members), billable=True)
 
     def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
-        while len(self.members) < plan.spec.count:
+        for _ in range(plan.to_create):  # as core counted them
             self.launched += 1
             self.members.append(NodeRecord(name=f"fc-node-{self.launched}", id=f"id-{self.launched}",
                                            address=f"10.0.0.{self.launched}", ssh_port=22, user="u", state="running"))
@@ -82,15 +81,15 @@ def fleet(gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
         return HealthResult(cluster=name, level=level, ok=not fail, started="t0", finished="t1", checks=rows,
                             summary=VerifySummary(pass_=len(rows) - fail, fail=fail, skip=0))
 
-    monkeypatch.setattr(up_steps, "_provision", provision)
+    monkeypatch.setattr(up_steps, "run_site", provision)
     monkeypatch.setattr("gpuprov.health.run.cluster_health", health)
     return provider
 
 
-def _up(capsys: pytest.CaptureFixture[str], count: int, *, health: str = "off", **options: object):
+def _up(capsys: pytest.CaptureFixture[str], count: int, *, health: str = "off", **options: Any):
     """`up` of cluster fc: its result, and the lines it said (stderr)."""
-    spec = ClusterSpec(name="fc", provider="fleet", instance_type=None, count=count, options=dict(options))
-    result = launching.up(spec, console=Console(), health=health)
+    spec = ClusterSpec(name="fc", provider="fleet", instance_type=None, count=count, **options)
+    result = launching.up(launching.UpRequest(spec, health=health), console=Console())
     return result, capsys.readouterr().err.splitlines()
 
 

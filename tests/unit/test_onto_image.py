@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.core import replace
+from gpuprov.core import onto_image
 from gpuprov.core.patch_plan import request
 from gpuprov.errors import BadInput
 from gpuprov.images import BakedImage
@@ -23,17 +23,17 @@ IMAGES = [_image("r:old", "aaaaaaaaaaaa", "2026-11-01T00:00:00Z"), _image("r:new
 
 
 def test_newest_takes_the_newest_image_of_the_rolls_lock() -> None:
-    assert replace.pick(IMAGES, "newest", LOCK).ref == "r:new"
-    assert replace.pick(IMAGES, "newest", {"hash": "cccccccccccc"}) is None  # none yet: one is baked
+    assert onto_image.pick(IMAGES, "newest", LOCK).ref == "r:new"
+    assert onto_image.pick(IMAGES, "newest", {"hash": "cccccccccccc"}) is None  # none yet: one is baked
 
 
 def test_a_named_image_must_be_of_the_rolls_lock() -> None:
-    assert replace.pick(IMAGES, "r:old", LOCK).ref == "r:old"
-    assert replace.pick(IMAGES, "sha256:r:old", LOCK).ref == "r:old"
+    assert onto_image.pick(IMAGES, "r:old", LOCK).ref == "r:old"
+    assert onto_image.pick(IMAGES, "sha256:r:old", LOCK).ref == "r:old"
     with pytest.raises(BadInput, match="baked for lock bbbbbbbbbbbb, and the roll moves the cluster to lock aaaa"):
-        replace.pick(IMAGES, "r:other", LOCK)
+        onto_image.pick(IMAGES, "r:other", LOCK)
     with pytest.raises(BadInput, match="no such baked image"):
-        replace.pick(IMAGES, "r:nope", LOCK)
+        onto_image.pick(IMAGES, "r:nope", LOCK)
 
 
 def test_onto_image_alone_is_something_to_patch() -> None:
@@ -46,10 +46,10 @@ def test_kernel_and_microcode_are_in_place_only(gpuprov_home, monkeypatch) -> No
     from gpuprov.state import Store
 
     Store().create_cluster("cc", "docker", {"count": 1}, lock={"hash": "aaaaaaaaaaaa"})
-    monkeypatch.setattr(replace, "get_provider", lambda name: _Able())
+    monkeypatch.setattr(onto_image, "get_provider", lambda name: _Able())
     for flag in ("kernel", "microcode"):
         with pytest.raises(BadInput, match="--kernel and --microcode patch nodes in place"):
-            replace.roll_onto_image("cc", request(onto_image="newest", **{flag: True}), console=None)
+            onto_image.roll_onto_image("cc", request(onto_image="newest", **{flag: True}), console=None)
 
 
 def test_a_provider_that_cannot_replace_nodes_is_refused(gpuprov_home) -> None:
@@ -57,7 +57,7 @@ def test_a_provider_that_cannot_replace_nodes_is_refused(gpuprov_home) -> None:
 
     Store().create_cluster("ss", "static", {"count": 1, "hosts_file": "h.yml"}, lock={"hash": "aaaaaaaaaaaa"})
     with pytest.raises(BadInput, match="cannot be replaced from an image"):
-        replace.roll_onto_image("ss", request(onto_image="newest"), console=None)
+        onto_image.roll_onto_image("ss", request(onto_image="newest"), console=None)
 
 
 class _Able:

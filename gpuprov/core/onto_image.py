@@ -30,8 +30,8 @@ from typing import Any
 from gpuprov.ansible.runner import new_run_dir
 from gpuprov.core import health_gate
 from gpuprov.core.baking import bake_from
-from gpuprov.core.converge import _provision
-from gpuprov.core.launching import up
+from gpuprov.core.converge import run_site
+from gpuprov.core.launching import UpRequest, up
 from gpuprov.core.patch_plan import Request, batches_of, new_lock, run_hook
 from gpuprov.core.removal import down
 from gpuprov.core.up_steps import launch, prepare, record, rollback, wait_ready
@@ -59,14 +59,12 @@ KIND = "patch-image"
 NEWEST = "newest"
 
 
-def spec_of(cluster: ClusterRecord, **changes: Any) -> ClusterSpec:
-    """The cluster's recorded request as a spec (for adding nodes to it)."""
-    raw = cluster.spec
-    spec = ClusterSpec(name=cluster.name, provider=cluster.provider, instance_type=raw.get("instance_type"),
-                       count=int(raw.get("count") or len(cluster.nodes)), region=raw.get("region"),
-                       image=raw.get("image"), ssh_cidr=raw.get("ssh_cidr"), spot=bool(raw.get("spot")),
-                       hosts_file=raw.get("hosts_file"), options=dict(raw.get("options") or {}))
-    return dataclasses.replace(spec, **changes)
+def spec_of(cluster: ClusterRecord, *, image: str | None, no_baked: bool = False, **changes: Any) -> ClusterSpec:
+    """The cluster's recorded request as a spec whose new nodes boot from ``image`` (for adding
+    nodes to it, or a throwaway cluster like it)."""
+    spec = ClusterSpec.from_record(cluster.name, cluster.provider, cluster.spec)
+    spec = dataclasses.replace(spec, count=spec.count or len(cluster.nodes), **changes)
+    return spec.with_options(image=image, no_baked=no_baked)
 
 
 def pick(images: list[BakedImage], ref: str, lock: dict[str, Any]) -> BakedImage | None:
@@ -100,7 +98,8 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
     old = version_lock(store, cluster)
     lock = new_lock(old, req)
     assert req.onto_image
-    image = pick(provider.baked_images(cluster.spec.get("region")), req.onto_image, lock)
+    region = ClusterSpec.from_record(cluster.name, cluster.provider, cluster.spec).region
+    image = pick(provider.baked_images(region), req.onto_image, lock)
     names = [n.name for n in cluster.nodes]
     batches = batches_of(names, req.batch)
     how = image.ref if image else f"an image baked for lock {lock['hash']} first"
@@ -113,8 +112,8 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
     if req.check:
         return dataclasses.replace(result, hosts={h: PatchHost.of(s) for h, s in hosts.items()})
     if image is None:
-        image = bake_for_lock(cluster, lock, base=newest_for(provider.baked_images(cluster.spec.get("region")),
-                                                              old["hash"]), console=console, store=store)
+        image = bake_for_lock(cluster, lock, base=newest_for(provider.baked_images(region), old["hash"]),
+                              console=console, store=store)
     files = files_for(name)
     run_dir = new_run_dir(files, KIND)
     run_id = store.start_run(name, KIND, str(run_dir))
@@ -195,15 +194,15 @@ def add_nodes(name: str, count: int, image: BakedImage, *, console: Console, sto
     cluster = load(store, name)
     provider = get_provider(cluster.provider)
     spec = spec_of(cluster, count=len(cluster.nodes) + count, image=image.ref)
-    run = prepare(spec, provider, store, console)
-    run.rollback = True
     with cluster_lock(name):
+        run = prepare(spec, provider, store, console)
+        run.rollback = True
         record(run)
         nodes = launch(run)
         nodes = wait_ready(run, nodes)
         added = list(run.added)
         try:
-            outcome = _provision(store, load(store, name), provider, run.files, added, console=console)
+            outcome = run_site(store, load(store, name), provider, run.files, added, console=console)
             if not outcome.ok:
                 raise GpuprovError("the site did not converge on " + ", ".join(
                     f"{h}: {e}" for h, e in outcome.errors.items()) or "the new nodes")
@@ -251,13 +250,12 @@ def bake_for_lock(cluster: ClusterRecord, lock: dict[str, Any], *, base: BakedIm
     import secrets
 
     temp = f"bake-{secrets.token_hex(3)}"
-    spec = spec_of(cluster, name=temp, count=1, image=base.ref if base else None)
-    spec = dataclasses.replace(spec, options={**spec.options, "no_baked": base is None})
+    spec = spec_of(cluster, name=temp, count=1, image=base.ref if base else None, no_baked=base is None)
     console.say(f"{cluster.name}: no image baked for lock {lock['hash']}: baking one on {temp} (from "
                 f"{base.ref if base else 'the default image'}; removed afterwards)")
     store.create_cluster(temp, cluster.provider, spec.as_dict(), lock=lock)
     try:
-        result = up(spec, console=console, store=store, rollback=False)
+        result = up(UpRequest(spec, rollback=False), console=console, store=store)
         if result.bootstrap is None or not result.bootstrap.ok:
             raise GpuprovError(f"{temp}: the bootstrap for lock {lock['hash']} failed; nothing baked, nothing replaced")
         return bake_from(temp, node=None, console=console, store=store)

@@ -1,0 +1,24 @@
+"""Every default and every closed list of choices that more than one layer reads: written once
+here, read by the CLI (its defaults and `click.Choice` lists) and by the modules that act on
+them. Nothing here imports anything, so `gpuprov --help` pays nothing for it.
+"""
+
+from __future__ import annotations
+
+# The CUDA release a new cluster gets without --cuda: what gpuprov was asked to install, and
+# what many pinned stacks still use (gpuprov.drivers: the minimum driver of each release).
+DEFAULT_CUDA = "11.8"
+
+# Where the NVIDIA stack's packages come from (`--source`; gpuprov.stack.resolve_types).
+PACKAGE_SOURCES = ("nvidia", "distro", "mirror")
+# Local Debian nodes take Debian's packages; every other node NVIDIA's repositories.
+DEFAULT_SOURCE = "nvidia"
+LOCAL_SOURCE = "distro"
+
+# The kernel module flavours of NVIDIA's driver (`--kernel-module`; gpuprov.drivers).
+KERNEL_MODULES = ("open", "proprietary")
+
+# The operating systems an aws node can launch with (`up --os`; their images:
+# gpuprov.providers.aws.preflight.IMAGE_SOURCES, their facts: gpuprov.platforms).
+AWS_OS = ("debian12", "ubuntu22.04")
+DEFAULT_AWS_OS = "debian12"

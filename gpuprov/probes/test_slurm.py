@@ -1,0 +1,193 @@
+"""Probes for Slurm (role slurm): the cluster's munge key in place and working, slurmctld on the
+controller and slurmd on every compute node active and at one version, the node up in `sinfo`,
+a job answering on it through `srun`, every task given the cluster's environment, and the
+node's GRES matching the GPUs on its PCI bus.
+
+A node of a cluster without Slurm (`up --scheduler none`, expectation "scheduler": "none")
+cannot have any of it: each probe skips there, saying so. With "scheduler": "slurm" a node
+without slurm.conf fails."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from gpuprov.probes import conftest
+from gpuprov.probes.nodefacts import nvidia_pci, require_systemd
+
+pytestmark = pytest.mark.slurm
+
+CONF = "/etc/slurm/slurm.conf"
+MUNGE_KEY = "/etc/munge/munge.key"
+TASK_ENV = "/etc/slurm/gpuprov-task-env"
+# Node states (sinfo %t) of a node that takes work: idle, partly or fully allocated, completing.
+UP_STATES = ("idle", "mix", "alloc", "comp")
+UP_WAIT_S = 90
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    controller: str
+    compute: tuple[str, ...]
+
+    @property
+    def is_controller(self) -> bool:
+        return self.name == self.controller
+
+    @property
+    def is_compute(self) -> bool:
+        return self.name in self.compute
+
+
+def parse_conf(text: str) -> tuple[str, tuple[str, ...]]:
+    """(the controller's name, the compute nodes' names) of a slurm.conf."""
+    controller = re.search(r"^\s*SlurmctldHost=([^\s(#]+)", text, re.M | re.I)
+    nodes = re.findall(r"^\s*NodeName=([^\s#]+)", text, re.M | re.I)
+    names = tuple(n for line in nodes for n in line.split(",") if n and n.upper() != "DEFAULT")
+    return (controller.group(1) if controller else ""), names
+
+
+@pytest.fixture
+def slurm(host, node) -> SlurmNode:
+    """This node's part in the cluster's Slurm, read from its slurm.conf."""
+    data = conftest._EXPECTATIONS.get(node) or conftest._EXPECTATIONS.get("*") or {}
+    scheduler = data.get("scheduler")
+    if scheduler not in (None, "slurm"):
+        pytest.skip(f"this cluster runs no Slurm (scheduler {scheduler!r}): nothing to check")
+    conf = host.file(CONF)
+    if not conf.is_file:
+        if scheduler == "slurm":
+            raise AssertionError(f"expected Slurm's configuration {CONF} (cluster scheduler slurm), found none")
+        pytest.skip(f"no Slurm on this node (no {CONF}): a cluster without a scheduler")
+    controller, compute = parse_conf(conf.content_string)
+    name = host.run("hostname -s").stdout.strip()
+    return SlurmNode(name=name, controller=controller, compute=compute)
+
+
+def _need_compute(slurm: SlurmNode) -> None:
+    if not slurm.is_compute:
+        pytest.skip(f"{slurm.name} is the controller only: slurm.conf has no NodeName line for it (no slurmd)")
+
+
+def test_munge_key_is_0400_and_owned_by_munge(host, slurm, report):
+    key = host.file(MUNGE_KEY)
+    assert key.is_file, f"expected the cluster's munge key at {MUNGE_KEY}, found none"
+    found = f"mode {key.mode:04o}, {key.user}:{key.group}"
+    assert key.mode == 0o400 and key.user == "munge" and key.group == "munge", (
+        f"expected {MUNGE_KEY} mode 0400 owned by munge:munge, found {found}")
+    assert key.size >= 32, f"expected a munge key of at least 32 bytes, found {key.size}"
+    report(f"{MUNGE_KEY}: {found}, {key.size} bytes")
+
+
+def test_munge_encodes_and_decodes_a_credential(host, slurm, report):
+    require_systemd(host)
+    assert host.service("munge").is_running, "expected munge running, found it stopped"
+    cred = host.run("munge -n | unmunge")
+    assert cred.rc == 0 and re.search(r"^STATUS:\s+Success", cred.stdout, re.M), (
+        f"expected `munge -n | unmunge` to succeed, found rc {cred.rc}: {(cred.stdout + cred.stderr)[-300:]}")
+    report("munge -n | unmunge: Success")
+
+
+def test_slurmctld_active_on_the_controller(host, slurm, report):
+    if not slurm.is_controller:
+        pytest.skip(f"{slurm.name} is not the controller (SlurmctldHost={slurm.controller}): no slurmctld here")
+    require_systemd(host)
+    service = host.service("slurmctld")
+    assert service.is_enabled and service.is_running, (
+        f"expected slurmctld enabled and running on the controller {slurm.name}, found "
+        f"enabled={service.is_enabled}, running={service.is_running}")
+    ping = host.run("scontrol ping")
+    assert ping.rc == 0 and "UP" in ping.stdout, f"expected `scontrol ping` UP, found: {ping.stdout}{ping.stderr}"
+    report(f"slurmctld running; {ping.stdout.strip()}")
+
+
+def test_slurmd_active_on_a_compute_node(host, slurm, report):
+    _need_compute(slurm)
+    require_systemd(host)
+    service = host.service("slurmd")
+    assert service.is_enabled and service.is_running, (
+        f"expected slurmd enabled and running on {slurm.name}, found "
+        f"enabled={service.is_enabled}, running={service.is_running}")
+    report("slurmd enabled and running")
+
+
+def _version(text: str) -> str:
+    match = re.search(r"(\d+\.\d+\.\d+)", text)
+    return match.group(1) if match else f"unreadable ({text.strip()[:80]!r})"
+
+
+def test_slurm_daemons_run_one_version(host, slurm, report):
+    config = host.run("scontrol show config")
+    assert config.rc == 0, f"expected the controller's configuration from `scontrol show config`: {config.stderr}"
+    controller = re.search(r"^SLURM_VERSION\s*=\s*(\S+)", config.stdout, re.M)
+    assert controller, f"expected SLURM_VERSION in `scontrol show config`, found: {config.stdout[:300]}"
+    found = {"the controller's (scontrol show config)": controller.group(1)}
+    if slurm.is_controller:
+        found["slurmctld -V here"] = _version(host.run("slurmctld -V").stdout)
+    if slurm.is_compute:
+        found["slurmd -V here"] = _version(host.run("slurmd -V").stdout)
+    assert len(set(found.values())) == 1, f"expected one Slurm version, found {found}"
+    report(f"Slurm {next(iter(found.values()))} ({', '.join(found)})")
+
+
+def _state(host, name: str) -> tuple[str, str]:
+    out = host.run(f"sinfo -h -N -n {shlex.quote(name)} -o '%t|%c|%m|%G'")
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "", out.stderr.strip()
+
+
+def test_node_takes_work_in_sinfo(host, slurm, report):
+    _need_compute(slurm)
+    deadline = time.monotonic() + UP_WAIT_S
+    line, err = _state(host, slurm.name)
+    while line.split("|")[0] not in UP_STATES and time.monotonic() < deadline:
+        time.sleep(2)
+        line, err = _state(host, slurm.name)
+    state = line.split("|")[0]
+    reason = host.run(f"sinfo -h -R -n {shlex.quote(slurm.name)} -o '%E'").stdout.strip()
+    assert state in UP_STATES, (
+        f"expected {slurm.name} {'/'.join(UP_STATES)} in sinfo within {UP_WAIT_S} s, found "
+        f"'{state or err}'" + (f" (reason: {reason})" if reason else ""))
+    _, cpus, memory, gres = [*line.split("|"), "", "", ""][:4]
+    report(f"sinfo: {slurm.name} {state}, {cpus} CPUs, {memory} MiB, gres {gres}")
+
+
+def test_srun_runs_a_task_on_this_node(host, slurm, report):
+    _need_compute(slurm)
+    run = host.run(f"timeout 120 srun -N1 -w {shlex.quote(slurm.name)} hostname -s")
+    assert run.rc == 0 and run.stdout.strip() == slurm.name, (
+        f"expected `srun -N1 -w {slurm.name} hostname -s` to answer {slurm.name}, found rc {run.rc}: "
+        f"{(run.stdout + run.stderr).strip()[-300:]}")
+    report(f"srun -N1 -w {slurm.name} hostname -s: {run.stdout.strip()}")
+
+
+def test_every_task_gets_the_clusters_environment(host, slurm, report):
+    _need_compute(slurm)
+    env_file = host.file(TASK_ENV)
+    if not env_file.is_file:
+        pytest.skip(f"no task environment on {slurm.name} (no {TASK_ENV}: slurm_task_env is empty)")
+    wanted = dict(line[len("export "):].split("=", 1) for line in env_file.content_string.splitlines()
+                  if line.startswith("export ") and "=" in line)
+    run = host.run(f"timeout 120 srun -N1 -w {shlex.quote(slurm.name)} env")
+    assert run.rc == 0, f"expected `srun env` to run on {slurm.name}, found rc {run.rc}: {run.stderr[-300:]}"
+    got = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+    wrong = {k: got.get(k) for k, v in wanted.items() if got.get(k) != v}
+    assert not wrong, f"expected every task to get {wanted}, a task saw {wrong}"
+    report(f"a task sees {', '.join(sorted(wanted))}")
+
+
+def test_gres_matches_the_gpus_on_the_pci_bus(host, slurm, report):
+    _need_compute(slurm)
+    gpus = nvidia_pci(host)["gpus"]
+    if gpus == 0:
+        pytest.skip(f"no NVIDIA GPU on {slurm.name}'s PCI bus: no GRES to check")
+    shown = host.run(f"scontrol show node {shlex.quote(slurm.name)}").stdout
+    gres = re.search(r"\bGres=(\S+)", shown)
+    count = re.search(r"gpu(?::[^:,(\s]+)?:(\d+)", gres.group(1)) if gres else None
+    assert count and int(count.group(1)) == gpus, (
+        f"expected Gres=gpu:...:{gpus} ({gpus} GPU(s) on the PCI bus), found {gres.group(1) if gres else 'none'}")
+    report(f"Gres={gres.group(1)}, {gpus} GPU(s) on the PCI bus")

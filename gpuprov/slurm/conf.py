@@ -1,0 +1,113 @@
+"""slurm.conf, gres.conf, cgroup.conf and the task environment of a cluster: a thin, typed door
+onto the slurm role's filter plugin (roles/slurm/filter_plugins/gpuprov_slurm.py).
+
+The rules live in that one file, standard library only, so the role renders the same files
+from its own variables and facts without gpuprov; this module loads it from the roles gpuprov
+ships and turns its refusals into ``BadInput`` (one line, exit 2)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from gpuprov import paths
+from gpuprov.errors import BadInput
+
+PLUGIN = ("slurm", "filter_plugins", "gpuprov_slurm.py")
+
+
+@cache
+def rules() -> ModuleType:
+    """The role's filter plugin, loaded once from the roles directory gpuprov uses."""
+    path = paths.roles_dir().joinpath(*PLUGIN)
+    spec = importlib.util.spec_from_file_location("gpuprov_slurm_rules", path)
+    if spec is None or spec.loader is None:
+        raise BadInput(f"the slurm role's rules are missing: {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One compute node as slurm.conf describes it: its facts and its GPU census."""
+
+    name: str
+    cpus: int
+    sockets: int
+    cores_per_socket: int
+    threads_per_core: int
+    memtotal_mb: int
+    gpus: int = 0
+    gpu_model: str = ""
+    nvml: bool = False
+    partition: str = ""
+    addr: str = ""
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    cluster_name: str
+    controller: str
+    nodes: tuple[SlurmNode, ...]
+    controller_addr: str = ""
+    default_partition: str = "all"
+    task_prolog: str = ""
+    health_check_program: str = ""
+    health_check_interval: int = 300
+
+    def description(self) -> dict[str, Any]:
+        """The mapping the role's filters take."""
+        return {
+            "cluster_name": self.cluster_name, "controller": self.controller,
+            "controller_addr": self.controller_addr, "default_partition": self.default_partition,
+            "task_prolog": self.task_prolog, "health_check_program": self.health_check_program,
+            "health_check_interval": self.health_check_interval,
+            "nodes": [vars(n) for n in self.nodes],
+        }
+
+
+def _call(name: str, *args: Any) -> Any:
+    module = rules()
+    try:
+        return getattr(module, name)(*args)
+    except module.SlurmConfError as exc:
+        raise BadInput(f"slurm: {exc}") from None
+
+
+def _description(cluster: SlurmCluster | Mapping[str, Any]) -> Mapping[str, Any]:
+    return cluster.description() if isinstance(cluster, SlurmCluster) else cluster
+
+
+def slurm_conf(cluster: SlurmCluster | Mapping[str, Any]) -> str:
+    return _call("slurm_conf", _description(cluster))
+
+
+def gres_conf(cluster: SlurmCluster | Mapping[str, Any]) -> str:
+    return _call("gres_conf", _description(cluster))
+
+
+def cgroup_conf() -> str:
+    return _call("cgroup_conf")
+
+
+def task_env(env: Mapping[str, Any]) -> str:
+    """The ``export NAME=value`` lines every task gets (the role's TaskProlog prints them)."""
+    return _call("task_env", env)
+
+
+def real_memory(memtotal_mb: int, gpus: int = 0) -> int:
+    return _call("real_memory", memtotal_mb, gpus)
+
+
+def gres_type(model: str | None) -> str:
+    return _call("gres_type", model)
+
+
+def check(cluster: SlurmCluster | Mapping[str, Any]) -> dict[str, Any]:
+    """The description checked and completed (RealMemory, GRES type, partition per node)."""
+    return _call("cluster", _description(cluster))

@@ -1,0 +1,52 @@
+"""What a command asks of the version lock (`--cuda`, `--driver`, `--source`, `--kernel-module`,
+the mirror's URL and key), typed and checked: a leaf, so the command line builds it without
+loading the lock's data (gpuprov.stack resolves it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuprov import validate
+from gpuprov.defaults import KERNEL_MODULES, PACKAGE_SOURCES
+from gpuprov.errors import BadInput
+
+
+@dataclass(frozen=True)
+class StackChoice:
+    """What a command was asked of the version lock (`--cuda`, `--driver`, `--source`,
+    `--kernel-module`, the mirror's URL and key); None: the default (a new cluster) or the
+    lock's (a cluster that has one)."""
+
+    cuda: str | None = None
+    driver: str | None = None
+    source: str | None = None
+    kernel_module: str | None = None
+    mirror_url: str | None = None
+    mirror_key_fingerprint: str | None = None
+
+    def checked(self) -> StackChoice:
+        """The choice with each value checked (BadInput, one line) and the fingerprint
+        normalised."""
+        if self.source is not None and self.source not in PACKAGE_SOURCES:
+            raise BadInput(f"unknown package source '{self.source}'; choose one of: {', '.join(PACKAGE_SOURCES)}")
+        if self.kernel_module is not None and self.kernel_module not in KERNEL_MODULES:
+            raise BadInput(f"unknown kernel module '{self.kernel_module}'; choose {' or '.join(KERNEL_MODULES)}")
+        return StackChoice(
+            cuda=validate.cuda(self.cuda) if self.cuda else None,
+            driver=validate.driver(self.driver) if self.driver else None,
+            source=self.source or None,
+            kernel_module=self.kernel_module or None,
+            mirror_url=validate.mirror_url(self.mirror_url) if self.mirror_url else None,
+            mirror_key_fingerprint=(validate.key_fingerprint(self.mirror_key_fingerprint)
+                                    if self.mirror_key_fingerprint else None),
+        )
+
+    def asked(self) -> dict[str, str]:
+        """The lock's fields this choice names ({field: value}; the mirror is a setting)."""
+        return {k: v for k, v in (("cuda", self.cuda), ("driver", self.driver), ("source", self.source),
+                                  ("kernel_module", self.kernel_module)) if v}
+
+    def mirror(self) -> dict[str, str]:
+        """The mirror flags as the settings read them (gpuprov.shared.settings)."""
+        return {k: v for k, v in (("mirror_url", self.mirror_url),
+                                  ("mirror_key_fingerprint", self.mirror_key_fingerprint)) if v}

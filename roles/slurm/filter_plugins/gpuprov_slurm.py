@@ -1,0 +1,334 @@
+"""The slurm role's configuration files, from a cluster description: the one copy of the rules.
+
+The role's templates call these filters on a description it builds from its own variables and
+each node's facts, so the role needs nothing but ansible-core; gpuprov's ``gpuprov.slurm.conf``
+loads this very file, so the rules its tests check are the ones the role writes. Standard
+library only.
+
+A cluster description (a mapping)::
+
+    {"cluster_name": "train", "controller": "train-1", "controller_addr": "10.0.0.5",
+     "default_partition": "all", "task_prolog": "", "health_check_program": "",
+     "health_check_interval": 300,
+     "nodes": [{"name": "train-1", "addr": "10.0.0.5", "cpus": 96, "sockets": 2,
+                "cores_per_socket": 24, "threads_per_core": 2, "memtotal_mb": 1160000,
+                "gpus": 8, "gpu_model": "A100", "nvml": false, "partition": "p4d.24xlarge"}]}
+
+Every name and value is checked before a line is written: a value that could end a line, start
+a comment or add a parameter (newline, ``#``, ``=``, space, comma where Slurm splits on it) is
+refused with ``SlurmConfError`` naming it, never escaped or dropped.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any
+
+# --- Memory kept from Slurm (RealMemory = MemTotal - reserve) -------------------------------
+# For the OS (systemd, sshd, munge, slurmd and its step daemons, the page cache a node needs to
+# stay responsive): 5 % of MemTotal, at least 1 GiB. 5 % is what AWS ParallelCluster keeps
+# (its RealMemory is 95 % of the instance's memory); the floor keeps small nodes usable.
+OS_RESERVE_PERCENT = 5
+OS_RESERVE_MIN_MB = 1024
+# For the NVIDIA driver, per GPU: the kernel driver's and the persistence daemon's host-side
+# state and the pinned staging buffers NCCL and CUDA allocate outside a job's cgroup accounting.
+# A margin chosen, not measured: 512 MiB per GPU (4 GiB on an 8-GPU node).
+DRIVER_RESERVE_PER_GPU_MB = 512
+
+# Slurm's node names are host names (slurmd finds its own line by `hostname -s`): letters,
+# digits, '-' and '_', starting with a letter or digit, at most 63 characters. Brackets and
+# commas are Slurm's hostlist syntax, '=' and whitespace its parameter syntax, '#' a comment.
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+# ClusterName: Slurm lower-cases it; the accounting database names tables after it.
+_CLUSTER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+# Partition names: instance types (p4d.24xlarge) and labels.
+_PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A GRES type: the GPU model lower-cased (a100, h100, a10g, l40s).
+_GRES_TYPE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
+# A program path Slurm runs: absolute, no whitespace or shell-significant characters.
+_PATH = re.compile(r"/[A-Za-z0-9._/+-]{1,255}")
+# Environment variable names a task may be given.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# The most GPUs one node line may claim, and a sane ceiling for CPU counts.
+_MAX_GPUS = 64
+_MAX_CPUS = 16384
+
+STATE_SAVE = "/var/lib/slurm/slurmctld"
+SLURMD_SPOOL = "/var/lib/slurm/slurmd"
+
+
+class SlurmConfError(ValueError):
+    """A cluster description the configuration cannot express safely."""
+
+
+def _text(value: Any, what: str, pattern: re.Pattern[str]) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise SlurmConfError(f"{what} {value!r}: expected {_describe(pattern)}")
+    return value
+
+
+def _describe(pattern: re.Pattern[str]) -> str:
+    return {
+        _NODE_NAME: "a host name (letters, digits, '-', '_'; at most 63 characters)",
+        _HOST_NAME: "an IP address or a DNS name",
+        _CLUSTER_NAME: "lower-case letters, digits, '-', '_' (at most 40 characters)",
+        _PARTITION: "letters, digits, '.', '-', '_' (at most 64 characters)",
+        _GRES_TYPE: "letters, digits, '.', '-', '_' (at most 32 characters)",
+        _PATH: "an absolute path of letters, digits and . / + - _",
+        _ENV_NAME: "an environment variable name (letters, digits, '_')",
+    }[pattern]
+
+
+def _int(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool):
+        raise SlurmConfError(f"{what} {value!r}: expected a whole number")
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value):
+        value = int(value)
+    if not isinstance(value, int) or not low <= value <= high:
+        raise SlurmConfError(f"{what} {value!r}: expected a whole number from {low} to {high}")
+    return value
+
+
+def _addr(value: Any, what: str) -> str:
+    if value in (None, ""):
+        return ""
+    if isinstance(value, str):
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            pass
+    return _text(value, what, _HOST_NAME)
+
+
+def real_memory(memtotal_mb: int, gpus: int = 0) -> int:
+    """RealMemory in MiB: MemTotal less the OS reserve (5 %, at least 1 GiB) and the driver's
+    (512 MiB per GPU); at least 1."""
+    memtotal_mb = _int(memtotal_mb, "memtotal_mb", 1, 1 << 40)
+    gpus = _int(gpus, "gpus", 0, _MAX_GPUS)
+    reserve = max(OS_RESERVE_MIN_MB, memtotal_mb * OS_RESERVE_PERCENT // 100) + gpus * DRIVER_RESERVE_PER_GPU_MB
+    return max(1, memtotal_mb - reserve)
+
+
+def gres_type(model: Any) -> str:
+    """The GRES type of a GPU model: lower-cased (H100 -> h100), "" for no single model. NVML's
+    autodetected names contain it (nvidia_h100_80gb_hbm3), which Slurm accepts as a match."""
+    if model in (None, ""):
+        return ""
+    if not isinstance(model, str):
+        raise SlurmConfError(f"gpu_model {model!r}: expected a model name such as A100")
+    return _text(model.strip().lower().replace(" ", "_"), f"gpu_model {model!r} as a GRES type", _GRES_TYPE)
+
+
+def node_from_facts(facts: Mapping[str, Any], gpus: Any = 0, gpu_model: Any = "", nvml: Any = False,
+                    partition: Any = "", addr: Any = None) -> dict[str, Any]:
+    """A node entry from Ansible's facts (hostname, processor_vcpus, processor_count,
+    processor_cores, processor_threads_per_core, memtotal_mb, default_ipv4) and its GPU census.
+    A topology whose product is not the CPU count (some hypervisors) is given as one socket of
+    CPUs/threads cores, so the node never claims more than slurmd finds."""
+    cpus = _int(facts.get("processor_vcpus") or facts.get("processor_nproc"), "processor_vcpus", 1, _MAX_CPUS)
+    sockets = _int(facts.get("processor_count") or 1, "processor_count", 1, 1024)
+    cores = _int(facts.get("processor_cores") or 1, "processor_cores", 1, _MAX_CPUS)
+    threads = _int(facts.get("processor_threads_per_core") or 1, "processor_threads_per_core", 1, 16)
+    if sockets * cores * threads != cpus:
+        threads = threads if cpus % threads == 0 else 1
+        sockets, cores = 1, cpus // threads
+    if addr is None:
+        addr = (facts.get("default_ipv4") or {}).get("address", "")
+    gpus = _int(gpus or 0, "gpus", 0, _MAX_GPUS)
+    return {
+        "name": facts.get("hostname"), "addr": addr or "", "cpus": cpus, "sockets": sockets,
+        "cores_per_socket": cores, "threads_per_core": threads,
+        "memtotal_mb": _int(facts.get("memtotal_mb"), "memtotal_mb", 1, 1 << 40),
+        "gpus": gpus, "gpu_model": gpu_model if gpus else "", "nvml": bool(nvml) and gpus > 0,
+        "partition": partition or "",
+    }
+
+
+def _partition_of(node: Mapping[str, Any]) -> str:
+    """The node's partition: its own, else its hardware ('8xa100', 'cpu')."""
+    if node.get("partition"):
+        return _text(node["partition"], f"node {node['name']}: partition", _PARTITION)
+    if node["gpus"]:
+        return f"{node['gpus']}x{node['gres_type'] or 'gpu'}"
+    return "cpu"
+
+
+def _node(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise SlurmConfError(f"a node: expected a mapping, got {raw!r}")
+    name = _text(raw.get("name"), "node name", _NODE_NAME)
+    node = {"name": name, "addr": _addr(raw.get("addr"), f"node {name}: addr")}
+    for key, high in (("cpus", _MAX_CPUS), ("sockets", 1024), ("cores_per_socket", _MAX_CPUS),
+                      ("threads_per_core", 16)):
+        node[key] = _int(raw.get(key), f"node {name}: {key}", 1, high)
+    if node["sockets"] * node["cores_per_socket"] * node["threads_per_core"] != node["cpus"]:
+        raise SlurmConfError(f"node {name}: sockets x cores_per_socket x threads_per_core "
+                             f"({node['sockets']}x{node['cores_per_socket']}x{node['threads_per_core']}) "
+                             f"is not cpus ({node['cpus']})")
+    node["gpus"] = _int(raw.get("gpus") or 0, f"node {name}: gpus", 0, _MAX_GPUS)
+    node["gres_type"] = gres_type(raw.get("gpu_model")) if node["gpus"] else ""
+    node["real_memory"] = real_memory(raw.get("memtotal_mb"), node["gpus"])
+    node["nvml"] = bool(raw.get("nvml")) and node["gpus"] > 0
+    node["partition"] = _partition_of({**raw, **node})
+    return node
+
+
+def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
+    """The description checked and completed (each node's RealMemory, GRES type, partition)."""
+    if not isinstance(description, Mapping):
+        raise SlurmConfError(f"a cluster description: expected a mapping, got {description!r}")
+    raw_name = description.get("cluster_name")
+    name = _text(raw_name.lower() if isinstance(raw_name, str) else raw_name, "cluster_name", _CLUSTER_NAME)
+    nodes = [_node(n) for n in description.get("nodes") or []]
+    if not nodes:
+        raise SlurmConfError("no compute node: a cluster needs at least one node running slurmd")
+    seen: set[str] = set()
+    for node in nodes:
+        if node["name"] in seen:
+            raise SlurmConfError(f"node {node['name']} is listed twice")
+        seen.add(node["name"])
+    default = _text(description.get("default_partition") or "all", "default_partition", _PARTITION)
+    if default in {n["partition"] for n in nodes}:
+        raise SlurmConfError(f"partition {default!r} is the default partition's name: name the node's another")
+    program = description.get("health_check_program") or ""
+    prolog = description.get("task_prolog") or ""
+    return {
+        "cluster_name": name,
+        "controller": _text(description.get("controller"), "controller", _NODE_NAME),
+        "controller_addr": _addr(description.get("controller_addr"), "controller_addr"),
+        "default_partition": default,
+        "nodes": nodes,
+        "task_prolog": _text(prolog, "task_prolog", _PATH) if prolog else "",
+        "health_check_program": _text(program, "health_check_program", _PATH) if program else "",
+        "health_check_interval": _int(description.get("health_check_interval", 300),
+                                      "health_check_interval", 1, 86400),
+    }
+
+
+def _partitions(nodes: list[dict[str, Any]], default: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    named: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        named.setdefault(node["partition"], []).append(node)
+    return [(default, nodes), *sorted(named.items())]
+
+
+def slurm_conf(description: Mapping[str, Any]) -> str:
+    """slurm.conf: identical on every node (Slurm checks its hash across the cluster)."""
+    c = cluster(description)
+    ctl = c["controller"] + (f"({c['controller_addr']})" if c["controller_addr"] else "")
+    lines = [
+        "# slurm.conf written by the slurm role (gpuprov); every node has this same file.",
+        f"ClusterName={c['cluster_name']}",
+        f"SlurmctldHost={ctl}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        "SlurmUser=slurm",
+        "SlurmdUser=root",
+        f"StateSaveLocation={STATE_SAVE}",
+        f"SlurmdSpoolDir={SLURMD_SPOOL}",
+        "SlurmctldPidFile=/run/slurmctld.pid",
+        "SlurmdPidFile=/run/slurmd.pid",
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        "# A node that was DOWN comes back when it registers with a valid configuration; a node",
+        "# drained (by a person or a health check) stays drained until resumed.",
+        "ReturnToService=2",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
+        "GresTypes=gpu",
+        "MpiDefault=none",
+        "JobCompType=jobcomp/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+    ]
+    if c["task_prolog"]:
+        lines.append(f"TaskProlog={c['task_prolog']}")
+    if c["health_check_program"]:
+        lines += [f"HealthCheckProgram={c['health_check_program']}",
+                  f"HealthCheckInterval={c['health_check_interval']}",
+                  "HealthCheckNodeState=ANY"]
+    lines.append("")
+    for n in c["nodes"]:
+        gres = ""
+        if n["gpus"]:
+            gres = f" Gres=gpu:{n['gres_type']}:{n['gpus']}" if n["gres_type"] else f" Gres=gpu:{n['gpus']}"
+        addr = f" NodeAddr={n['addr']}" if n["addr"] else ""
+        lines.append(f"NodeName={n['name']}{addr} CPUs={n['cpus']} Sockets={n['sockets']} "
+                     f"CoresPerSocket={n['cores_per_socket']} ThreadsPerCore={n['threads_per_core']} "
+                     f"RealMemory={n['real_memory']}{gres} State=UNKNOWN")
+    lines.append("")
+    # A job that names no memory gets, per CPU, the smallest share any node of its partition has.
+    for index, (name, members) in enumerate(_partitions(c["nodes"], c["default_partition"])):
+        per_cpu = min(n["real_memory"] // n["cpus"] for n in members) or 1
+        lines.append(f"PartitionName={name} Nodes={','.join(n['name'] for n in members)} "
+                     f"Default={'YES' if index == 0 else 'NO'} MaxTime=INFINITE State=UP DefMemPerCPU={per_cpu}")
+    return "\n".join(lines) + "\n"
+
+
+def _device_files(gpus: int) -> str:
+    return "/dev/nvidia0" if gpus == 1 else f"/dev/nvidia[0-{gpus - 1}]"
+
+
+def gres_conf(description: Mapping[str, Any]) -> str:
+    """gres.conf: NVML's autodetection on nodes that have it (real GPUs and Slurm's NVML
+    plugin), else the device files one by one; nothing for a node without GPUs."""
+    c = cluster(description)
+    lines = ["# gres.conf written by the slurm role (gpuprov); the same file on every node."]
+    for n in c["nodes"]:
+        if not n["gpus"]:
+            continue
+        if n["nvml"]:
+            lines.append(f"NodeName={n['name']} AutoDetect=nvml")
+        else:
+            kind = f" Type={n['gres_type']}" if n["gres_type"] else ""
+            lines.append(f"NodeName={n['name']} AutoDetect=off Name=gpu{kind} File={_device_files(n['gpus'])}")
+    return "\n".join(lines) + "\n"
+
+
+def cgroup_conf(_description: Any = None) -> str:
+    """cgroup.conf: each job held to its cores, its memory and its devices (GPUs)."""
+    return "\n".join([
+        "# cgroup.conf written by the slurm role (gpuprov).",
+        "ConstrainCores=yes",
+        "ConstrainDevices=yes",
+        "ConstrainRAMSpace=yes",
+    ]) + "\n"
+
+
+def task_env(env: Any) -> str:
+    """The lines the TaskProlog prints (``export NAME=value``): Slurm sets each in every task,
+    the value taken literally to the end of its line. Names are checked; a value with a
+    control character (a newline would add a line) is refused."""
+    if env in (None, ""):
+        env = {}
+    if not isinstance(env, Mapping):
+        raise SlurmConfError(f"task environment: expected a mapping of names to values, got {env!r}")
+    lines = []
+    for name in sorted(env):
+        _text(name, "task environment name", _ENV_NAME)
+        value = env[name]
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SlurmConfError(f"task environment {name}: expected a string or number, got {value!r}")
+        value = str(value)
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+            raise SlurmConfError(f"task environment {name}: a control character (newline, tab, ...) in {value!r}")
+        lines.append(f"export {name}={value}")
+    return "".join(line + "\n" for line in lines)
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "slurm_conf": slurm_conf,
+            "slurm_gres_conf": gres_conf,
+            "slurm_cgroup_conf": cgroup_conf,
+            "slurm_task_env": task_env,
+            "slurm_node_from_facts": node_from_facts,
+            "slurm_real_memory": real_memory,
+        }
