@@ -43,10 +43,11 @@ demo-down: $(STAMP)
 	gpuprov down demo --yes
 
 ## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
-# Two workers, one test file each at a time: the molecule scenarios run beside
-# the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
+# Two workers, one unit of work each at a time (a test file, or one molecule scenario), the
+# longest first (tests/conftest.py), so that both end together: the molecule scenarios run
+# beside the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
 test: $(STAMP) host-setup mirror registry settings lint
-	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadfile --durations=30
+	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
 
 lint: $(STAMP)
 	ruff check gpuprov tests benchmarks

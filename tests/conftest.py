@@ -102,3 +102,88 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
         yield name, [f"{name}-node-{i}" for i in range(1, count + 1)]
     finally:
         run_cli("down", name, "--yes", env=env)
+
+
+# -- the schedule of `make test`'s two workers (pytest-xdist, --dist loadgroup) ----------------
+# A unit of work goes to one worker whole: by default a test file (its module fixtures, a
+# cluster most of the time, are made once); a test may name another unit with
+# @pytest.mark.xdist_group (each molecule scenario is a unit of its own: tests/molecule). The
+# units start longest first (then in collection order), so that the long ones run beside each
+# other and the short ones fill in at the end: the two workers end together. The figures are
+# seconds on the 2-core test machine with the suite running (make test's --durations report;
+# "~": estimated from a unit of the same kind); only their order matters. A file not named
+# here gets its directory's figure: an end-to-end file or a molecule scenario starts early.
+UNIT_SECONDS = {
+    "tests/e2e/test_docker_cluster.py": 1900,
+    "molecule:nvidia_driver:default": 540,
+    "tests/e2e/test_cluster_faults.py": 450,
+    "tests/e2e/test_patch_e2e.py": 420,
+    "tests/e2e/test_pull_e2e.py": 300,
+    "tests/e2e/test_monitor_e2e.py": 260,
+    "tests/e2e/test_recorded_node.py": 250,
+    "molecule:nvidia_fabricmanager:default": 228,
+    "molecule:cuda:default": 209,
+    "tests/e2e/test_health_e2e.py": 200,
+    "molecule:base_images:default": 200,
+    "molecule:dcgm:default": 185,
+}
+DEFAULT_SECONDS = {"tests/e2e/": 180, "molecule:": 150, "tests/roles/": 60, "tests/aws/": 40}
+
+
+def schedule_unit(item: pytest.Item) -> str:
+    """The unit of work ``item`` belongs to: its xdist_group, else its file."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return item.nodeid.split("::", 1)[0]
+
+
+def unit_seconds(unit: str) -> int:
+    if unit in UNIT_SECONDS:
+        return UNIT_SECONDS[unit]
+    return next((s for prefix, s in DEFAULT_SECONDS.items() if unit.startswith(prefix)), 0)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in a unit (its file's, unless it names one), the units longest first; the
+    tests of one unit keep their order (a file's tests run in file order)."""
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(schedule_unit(item)))
+        first.setdefault(schedule_unit(item), index)
+    items.sort(key=lambda item: (-unit_seconds(schedule_unit(item)), first[schedule_unit(item)]))
+
+
+# What each unit took (setup, call and teardown of its tests), printed at the end of the run:
+# the figures UNIT_SECONDS wants (benchmarks/schedule.py --seconds reads these lines), and each
+# worker's sum, so that a run shows whether its workers ended together.
+UNIT_TOOK: dict[str, float] = {}
+WORKER_TOOK: dict[str, float] = {}
+UNIT_OF: dict[str, str] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    UNIT_OF.update((item.nodeid, schedule_unit(item)) for item in session.items)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _, at, group = report.nodeid.rpartition("@")
+    if not at or "]" in group:  # no xdist group suffix (--dist loadgroup adds "@UNIT")
+        group = UNIT_OF.get(report.nodeid, report.nodeid.split("::", 1)[0])
+    UNIT_TOOK[group] = UNIT_TOOK.get(group, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    key = getattr(worker, "id", "this process")
+    WORKER_TOOK[key] = WORKER_TOOK.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not UNIT_TOOK or not any(s >= 30 for s in UNIT_TOOK.values()):
+        return
+    terminalreporter.section("seconds per unit of work (30 s and more)")
+    for unit, took in sorted(UNIT_TOOK.items(), key=lambda kv: -kv[1]):
+        if took >= 30:
+            terminalreporter.write_line(f"{unit} {took:.0f}")
+    for worker, took in sorted(WORKER_TOOK.items()):
+        terminalreporter.write_line(f"# {worker}: {took / 60:.1f} min of tests")

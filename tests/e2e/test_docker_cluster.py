@@ -6,25 +6,23 @@ proves. It is built the way a fleet grows: one node bootstrapped from scratch (t
 site: driver with DKMS, CUDA, cuDNN, containers, real packages), verified and baked into an
 image for its lock, then a second node added by `up --count 2`, booted from that image.
 (From scratch twice would only prove the same install twice, at twice the CPU on two cores.)
+Here are the tests that need that whole stack or that image; what only needs a cluster
+whose plays run (host key refusal, secrets kept out of the state, a second command, a killed
+controller, a lost node) is in test_cluster_faults.py, on a cluster of its own that the
+suite's other worker runs meanwhile.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import secrets
-import signal
 import subprocess
-import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
+from tests.e2e.nodes import cleanup_labels, cluster_dir, labelled, node_sh
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +49,7 @@ def grown(env: dict[str, str]):
                (json.loads(second.stdout), second.stderr))
     finally:
         run_cli("down", name, "--yes", env=env)
-        _cleanup_labels(name)
+        cleanup_labels(name)
         if image_ref:
             subprocess.run(["docker", "image", "rm", "-f", image_ref], capture_output=True, check=False)
 
@@ -67,28 +65,6 @@ def cluster(grown):
 def baked(grown):
     """`gpuprov image bake --from` the verified one-node cluster: (image, bake's stderr)."""
     return grown[2]
-
-
-def _labelled(name: str) -> tuple[list[str], list[str]]:
-    containers = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=gpuprov.cluster={name}"],
-        capture_output=True, text=True, check=True).stdout.split()
-    volumes = subprocess.run(
-        ["docker", "volume", "ls", "-q", "--filter", f"label=gpuprov.cluster={name}"],
-        capture_output=True, text=True, check=True).stdout.split()
-    return containers, volumes
-
-
-def _cleanup_labels(name: str) -> None:
-    containers, volumes = _labelled(name)
-    if containers:
-        subprocess.run(["docker", "rm", "-f", "-v", *containers], capture_output=True, check=False)
-    if volumes:
-        subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True, check=False)
-
-
-def _cluster_dir(env: dict[str, str], name: str) -> Path:
-    return Path(env["GPUPROV_HOME"]) / "clusters" / name
 
 
 def test_up_launches_and_bootstraps(grown) -> None:
@@ -129,7 +105,7 @@ def test_a_node_added_from_the_baked_image_has_nothing_to_change(grown, env) -> 
 
 def test_host_keys_are_pinned_before_first_contact(cluster, env) -> None:
     name, data, _ = cluster
-    cdir = _cluster_dir(env, name)
+    cdir = cluster_dir(env, name)
     known = (cdir / "known_hosts").read_text()
     for node in data["nodes"]:
         pinned = (cdir / "hostkeys" / f"{node['name']}.pub").read_text().split()[1]
@@ -225,116 +201,6 @@ def test_verify_catches_drift_and_provision_repairs_it(cluster, env) -> None:
     assert run_cli("verify", name, env=env).returncode == 0
 
 
-def test_exec_runs_everywhere_with_prefixed_output(cluster, env) -> None:
-    name, _, _ = cluster
-    proc = run_cli("exec", name, "--", "uname", "-r", env=env)
-    assert proc.returncode == 0, proc.stderr
-    kernel = os.uname().release  # container nodes share this machine's kernel
-    lines = sorted(proc.stdout.splitlines())
-    assert lines == sorted([f"{name}-node-1 | {kernel}", f"{name}-node-2 | {kernel}"])
-    proc = run_cli("exec", name, "--", "sh", "-c", "exit 7", env=env)
-    assert proc.returncode == 1 and "exit 7" in proc.stderr
-
-
-def _close_masters(name: str) -> None:
-    """Close the cluster's multiplexed SSH connections (opened earlier, after a checked key),
-    so that the next command makes a fresh connection and meets the node's key as it is now."""
-    cp = Path.home() / ".ansible" / "cp" / name
-    for sock in cp.glob("*") if cp.is_dir() else []:
-        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True,
-                       check=False)
-
-
-def test_changed_host_key_is_refused(cluster, env, tmp_path) -> None:
-    """A node that suddenly presents another host key (an impostor) is refused by every path:
-    exec (paramiko), Ansible (provision, patch, the bootstrap of `up`), the probes (verify),
-    and the SSH wait. Trust review finding 1: ansible-runner's environment had turned host key
-    checking off, and provision ran its tasks on the impostor."""
-    name, data, _ = cluster
-    node = data["nodes"][0]["name"]
-    other = data["nodes"][1]["name"]
-    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    key = "/etc/ssh/ssh_host_ed25519_key"
-    saved = tmp_path / "original_key"
-    subprocess.run(["docker", "cp", f"{cid}:{key}", str(saved)], check=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")],
-                   check=True)
-
-    def install(private: Path) -> None:
-        subprocess.run(["docker", "cp", str(private), f"{cid}:{key}"], check=True)
-        subprocess.run(["docker", "exec", cid, "sh", "-c",
-                        f"chown root:root {key} && chmod 600 {key} && systemctl restart ssh"],
-                       check=True)
-
-    install(tmp_path / "impostor")
-    _close_masters(name)
-    # Even an environment that asks for host key checking off gets it on.
-    hostile = {**env, "ANSIBLE_HOST_KEY_CHECKING": "False"}
-    try:
-        proc = run_cli("exec", name, "--", "true", env=env)
-        assert proc.returncode == 1
-        assert f"{node}: BadHostKeyException" in proc.stderr, proc.stderr
-        cdir = _cluster_dir(env, name)
-        play = subprocess.run(
-            [str(Path(sys.executable).parent / "ansible"), "-i", str(cdir / "inventory.yml"), node,
-             "-m", "ansible.builtin.ping"],
-            capture_output=True, text=True, check=False,
-            # a fresh connection: a ControlPersist master opened earlier would skip the check
-            # (in a short directory: a control socket path must stay under 108 bytes)
-            env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg"),
-                 "ANSIBLE_SSH_CONTROL_PATH_DIR": tempfile.mkdtemp(prefix="cp", dir="/tmp")},
-        )
-        assert play.returncode != 0
-        assert "Host key verification failed" in play.stdout + play.stderr, play.stdout
-
-        mismatch = "host key does not match the pinned key"
-        proc = run_cli("provision", name, "--tags", "preflight", "-o", "json", env=hostile)
-        assert proc.returncode == 1, proc.stderr
-        assert f"{node}: UNREACHABLE {mismatch}" in proc.stderr, proc.stderr
-        hosts = json.loads(proc.stdout)["hosts"]
-        assert hosts[node]["tasks"] == 0 and hosts[node]["unreachable"] >= 1
-        assert hosts[other]["tasks"] > 0 and hosts[other]["failed"] == 0  # the good node is served
-
-        proc = run_cli("patch", name, "--kernel", "--check", "-o", "json", env=hostile)
-        assert proc.returncode == 1, proc.stderr
-        assert mismatch in json.loads(proc.stdout)["hosts"][node]["plan_error"]
-
-        proc = run_cli("verify", name, "-o", "json", env=hostile)
-        assert proc.returncode == 1, proc.stderr
-        failed = [p for p in json.loads(proc.stdout)["hosts"][node] if p["status"] == "fail"]
-        assert failed and all("Host key verification failed" in p["detail"] for p in failed), failed
-
-        proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, env=hostile)
-        assert proc.returncode == 1, proc.stderr
-        assert f"{node}: host key does not match the pinned key" in proc.stderr, proc.stderr
-        status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
-        assert status["failed_step"] == "reach"
-    finally:
-        install(saved)
-    assert run_cli("exec", name, "--", "true", env=env).returncode == 0
-
-
-def test_no_secret_of_the_controller_reaches_the_state_dir(cluster, env) -> None:
-    """Trust review finding 7: ansible-runner wrote the controller's whole environment into
-    each run's artifacts. Canary secrets in the environment must appear nowhere in the state dir."""
-    name, _, _ = cluster
-    canaries = {"AWS_SECRET_ACCESS_KEY": f"canary-aws-{secrets.token_hex(8)}",
-                "GPUPROV_REGISTRY_PASSWORD": f"canary-registry-{secrets.token_hex(8)}",
-                "SOME_API_TOKEN": f"canary-token-{secrets.token_hex(8)}"}
-    proc = run_cli("provision", name, "--tags", "preflight", env={**env, **canaries})
-    assert proc.returncode == 0, proc.stderr
-    found = subprocess.run(["grep", "-rl", "-e", "canary-", env["GPUPROV_HOME"]],
-                           capture_output=True, text=True, check=False)
-    assert found.returncode == 1 and found.stdout == "", found.stdout
-    # ... and the run did look at the environment it was given: the runner's own record of it
-    # exists, with host key checking forced on.
-    run = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"][0]
-    command = json.loads((Path(run["artifact_dir"]) / "artifacts" / "ansible" / "command").read_text())
-    assert command["env"]["ANSIBLE_HOST_KEY_CHECKING"] == "True"
-    assert "AWS_SECRET_ACCESS_KEY" not in command["env"]
-
-
 def test_up_again_resumes_where_it_stopped_and_is_idempotent(cluster, env) -> None:
     """Trust review finding 13: an `up` killed after the nodes answered (SIGKILL: nothing
     after it ran) leaves the cluster at "reachable", not "running"; `up` again bootstraps
@@ -396,8 +262,8 @@ def test_bake_captures_a_verified_node_for_its_lock_and_nothing_secret(cluster, 
     assert "clean: SSH host keys" in stderr and "clean: done" in stderr
     listed = json.loads(run_cli("image", "list", "-o", "json", env=env, check=True).stdout)
     assert [i["ref"] for i in listed] == [image["ref"]]
-    pubkey = (_cluster_dir(env, name) / "id_ed25519.pub").read_text().split()[1]
-    host_key = (_cluster_dir(env, name) / "hostkeys" / f"{name}-node-1.pub").read_text().split()[1]
+    pubkey = (cluster_dir(env, name) / "id_ed25519.pub").read_text().split()[1]
+    host_key = (cluster_dir(env, name) / "hostkeys" / f"{name}-node-1.pub").read_text().split()[1]
     inside = _in_image(image["ref"], (
         "ls /etc/ssh/ | grep -c _key; ls -A /home/gpuprov/.ssh /root/.ssh 2>/dev/null | grep -c keys; "
         "wc -c < /etc/machine-id; ls /var/lib/apt/lists | wc -l; ls /etc/apt/apt.conf.d; "
@@ -434,12 +300,12 @@ def test_the_image_is_for_its_lock_alone(cluster, env, baked) -> None:
         assert run_cli("image", "delete", image["ref"], "--yes", env=env).returncode == 2  # in use
     finally:
         run_cli("down", told, "--yes", env=env)
-        _cleanup_labels(told)
+        cleanup_labels(told)
 
 
 def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, env, tmp_path) -> None:
     name, data, _ = cluster
-    cdir = _cluster_dir(env, name)
+    cdir = cluster_dir(env, name)
     hosts = tmp_path / "hosts.yml"
     lines = [f"known_hosts: {cdir / 'known_hosts'}", "user: gpuprov", f"key: {cdir / 'id_ed25519'}",
              "hosts:"]
@@ -459,7 +325,7 @@ def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, 
     status = json.loads(run_cli("status", static, "-o", "json", env=env, check=True).stdout)
     assert status["state"] == "reachable"
     assert {n["state"] for n in status["nodes"]} == {"reachable"}
-    pinned = (_cluster_dir(env, static) / "known_hosts").read_text()
+    pinned = (cluster_dir(env, static) / "known_hosts").read_text()
     assert pinned.count("ssh-ed25519") == 2
     # A host that presents another key than the one declared is refused, and nothing is kept.
     impostor = tmp_path / "impostor"
@@ -480,40 +346,8 @@ def test_static_provider_manages_existing_hosts_and_never_touches_them(cluster, 
                    env=env).returncode == 2  # name taken by the static cluster
     down = run_cli("down", static, "--yes", env=env)
     assert down.returncode == 0 and "forgotten" in down.stderr
-    containers, _ = _labelled(name)
+    containers, _ = labelled(name)
     assert len(containers) == 2  # the machines are untouched
-
-
-def test_nodes_of_another_state_dir_are_never_adopted(cluster, env, tmp_path) -> None:
-    name, _, _ = cluster
-    other = {**env, "GPUPROV_HOME": str(tmp_path / "other-home")}
-    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, env=other)
-    assert proc.returncode == 2 and "this state directory does not know them" in proc.stderr
-    containers, _ = _labelled(name)
-    assert len(containers) == 2
-    assert run_cli("exec", name, "--", "true", env=env).returncode == 0
-
-
-def test_down_finds_nodes_whose_state_was_lost(env, tmp_path) -> None:
-    name = f"lost-{secrets.token_hex(3)}"
-    lost_home = {**env, "GPUPROV_HOME": str(tmp_path / "lost-home")}
-    try:
-        run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap",
-                env=lost_home, check=True)
-        assert len(_labelled(name)[0]) == 1
-        fresh = {**env, "GPUPROV_HOME": str(tmp_path / "fresh-home")}
-        proc = run_cli("down", name, "--yes", env=fresh)
-        assert proc.returncode == 0 and "unrecorded docker node(s) removed" in proc.stderr
-        assert _labelled(name) == ([], [])
-    finally:
-        _cleanup_labels(name)
-
-
-def _node_sh(node: str, command: str) -> str:
-    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    return subprocess.run(["docker", "exec", cid, "sh", "-c", command], capture_output=True, text=True,
-                          check=False).stdout
 
 
 def test_patch_moves_the_driver_between_two_real_package_sets(cluster, env, baked) -> None:
@@ -538,12 +372,12 @@ def test_patch_moves_the_driver_between_two_real_package_sets(cluster, env, bake
         _move_the_driver(env, moved, [f"{moved}-node-1"])
     finally:
         run_cli("down", moved, "--yes", env=env)
-        _cleanup_labels(moved)
+        cleanup_labels(moved)
 
 
 def _move_the_driver(env: dict[str, str], name: str, nodes: list[str]) -> None:
     versions = "dpkg-query -W -f='${Package}=${Version} ' nvidia-driver nvidia-kernel-dkms libcuda1"
-    before = {n: _node_sh(n, versions) for n in nodes}
+    before = {n: node_sh(n, versions) for n in nodes}
     assert all("nvidia-driver=535.309.01" in v for v in before.values()), before
 
     proc = run_cli("patch", name, "--driver", "535.261.03", "--batch", str(len(nodes)), "-o", "json", env=env,
@@ -554,17 +388,17 @@ def _move_the_driver(env: dict[str, str], name: str, nodes: list[str]) -> None:
     for node in nodes:
         assert result["hosts"][node]["status"] == "patched", result["hosts"][node]
         # (dpkg-query lists in its own order, not the arguments')
-        assert sorted(_node_sh(node, versions).split()) == [
+        assert sorted(node_sh(node, versions).split()) == [
             "libcuda1=535.261.03-1", "nvidia-driver=535.261.03-1", "nvidia-kernel-dkms=535.261.03-1"]
-        dkms = _node_sh(node, "dkms status")
+        dkms = node_sh(node, "dkms status")
         assert "nvidia-current/535.261.03" in dkms and "535.309.01" not in dkms, dkms
-        assert "Pin: version 535.261.03-*" in _node_sh(node, "cat /etc/apt/preferences.d/gpuprov-nvidia-driver.pref")
-        assert {"nvidia-driver", "nvidia-kernel-dkms", "libcuda1"} <= set(_node_sh(node, "apt-mark showhold").split())
+        assert "Pin: version 535.261.03-*" in node_sh(node, "cat /etc/apt/preferences.d/gpuprov-nvidia-driver.pref")
+        assert {"nvidia-driver", "nvidia-kernel-dkms", "libcuda1"} <= set(node_sh(node, "apt-mark showhold").split())
     assert json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]["driver"] == "535.261.03"
     # Verified after: the roll ran every probe against the new lock after the batch (and would
     # have stopped on one failing that passed before); read what they found. (The plan and
     # --check of such a move are proven in test_patch_e2e.py and the unit tests.)
-    after = sorted((_cluster_dir(env, name) / "runs").glob("*-patch/probes-batch-1/probes.jsonl"))
+    after = sorted((cluster_dir(env, name) / "runs").glob("*-patch/probes-batch-1/probes.jsonl"))
     rows = [json.loads(line) for line in after[-1].read_text().splitlines() if line.strip()]
     dkms = [r for r in rows if r["probe"] == "dkms_module_for_every_kernel"]
     assert len(dkms) == len(nodes) and all(r["status"] == "pass" and "535.261.03" in r["detail"] for r in dkms), dkms
@@ -582,7 +416,7 @@ def test_patch_rolls_the_nodes_onto_the_baked_image(cluster, env, baked, tmp_pat
     name, _, _ = cluster
     image, _ = baked
     old = [f"{name}-node-1", f"{name}-node-2"]
-    before = _labelled(name)[0]
+    before = labelled(name)[0]
     bad = run_cli("patch", name, "--onto-image", "gpuprov-test/none:nope", env=env)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no such baked image" in bad.stderr
 
@@ -591,7 +425,7 @@ def test_patch_rolls_the_nodes_onto_the_baked_image(cluster, env, baked, tmp_pat
     assert check.returncode == 0 and planned["image"] == image["ref"], check.stderr
     assert {h: s["plan"] for h, s in planned["hosts"].items()} == {
         h: [f"replace with a node from {image['ref']}"] for h in old}
-    assert _labelled(name)[0] == before
+    assert labelled(name)[0] == before
 
     hooks = tmp_path / "hooks.log"
     proc = run_cli("patch", name, "--onto-image", "newest", "--batch", "2", "-o", "json",
@@ -608,182 +442,17 @@ def test_patch_rolls_the_nodes_onto_the_baked_image(cluster, env, baked, tmp_pat
                                                    f"resume {new[0]}", f"resume {new[1]}"]
     status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
     assert sorted(n["name"] for n in status["nodes"]) == new
-    assert not set(before) & set(_labelled(name)[0])  # the old containers are gone
+    assert not set(before) & set(labelled(name)[0])  # the old containers are gone
     booted = {i["node"]: (i["image"], i["matches_lock"]) for i in status["images"]}
     assert booted == dict.fromkeys(new, (image["ref"], True)), booted
     assert run_cli("verify", name, env=env).returncode == 0
 
 
-# -- faults that hold (issue 30, item 4): a second command, a killed controller, a lost node ----
-# Each runs the driver play alone (`provision --tags driver`: it installs and holds the GPU
-# packages) on the cluster's two bootstrapped nodes, and leaves them converged. They come last
-# before `down`: a node stopped and started again gets another SSH port from Docker, which the
-# tests above read from the first `up`.
-SINCE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-
-
-class _Running:
-    """A gpuprov command running in the background (as an operator's other shell runs it); its
-    progress (stderr) read line by line as it comes, so a test acts on what it has seen."""
-
-    def __init__(self, *args: str, env: dict[str, str]) -> None:
-        self.stdout = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *args], stdout=self.stdout,
-                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.changed.notify_all()
-        with self.changed:
-            self.lines.append("")  # the end
-            self.changed.notify_all()
-
-    def wait_for_role(self, nodes: list[str], role: str) -> None:
-        """Until the progress shows ``role``'s tasks running on every one of ``nodes``."""
-        def seen() -> bool:
-            return all(f"  {node}: {role}" in self.lines for node in nodes)
-
-        with self.changed:
-            self.changed.wait_for(lambda: seen() or self.lines[-1:] == [""], timeout=600)
-            assert seen(), "\n".join(self.lines)
-
-    def finish(self) -> tuple[int, str, str]:
-        code = self.proc.wait(timeout=600)
-        self.reader.join(timeout=60)
-        self.stdout.seek(0)
-        return code, self.stdout.read(), "\n".join(self.lines)
-
-
-def _node_names(env: dict[str, str], name: str) -> list[str]:
-    return [n["name"] for n in json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["nodes"]]
-
-
-def _held(nodes: list[str]) -> dict[str, list[str]]:
-    return {node: sorted(_node_sh(node, "apt-mark showhold").split()) for node in nodes}
-
-
-def _converged(proc: subprocess.CompletedProcess[str], nodes: list[str]) -> None:
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
-    assert result["ok"] is True and set(result["hosts"]) == set(nodes), result
-    assert all(s["failed"] == 0 and s["unreachable"] == 0 and s["tasks"] > 0 for s in result["hosts"].values())
-
-
-def test_a_second_provision_is_refused_at_once_naming_the_holder(cluster, env) -> None:
-    """The per-cluster lock: a `provision` started while another runs on the nodes is refused
-    (exit 1, one line) naming the holder's command, pid and since when; the first goes on
-    undisturbed and converges."""
-    name, _, _ = cluster
-    nodes = _node_names(env, name)
-    first = _Running("provision", name, "--tags", "driver", "-o", "json", env=env)
-    try:
-        first.wait_for_role(nodes, "gpuprov_base")
-        second = run_cli("provision", name, "--tags", "driver", "-o", "json", env=env)
-    finally:
-        code, out, err = first.finish()
-    assert second.returncode == 1 and second.stdout == "", second.stdout
-    assert re.fullmatch(rf"gpuprov: cluster '{name}' is busy: `gpuprov provision {name}` "
-                        rf"\(pid {first.proc.pid}\) has held it since {SINCE}\n", second.stderr), second.stderr
-    _converged(subprocess.CompletedProcess([], code, out, err), nodes)
-    assert all(s["changed"] == 0 for s in json.loads(out)["hosts"].values()), out
-
-
-def _playbooks_under(pid: int) -> list[int]:
-    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
-                              check=False).stdout.split()
-    return [int(c) for c in children if b"ansible-playbook" in _cmdline(int(c))]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def test_a_provision_killed_mid_run_leaves_state_readable_and_the_next_converges(cluster, env) -> None:
-    """`kill -9` of `provision` while the driver role runs on the nodes (nothing of gpuprov's
-    runs after it): its playbook does not outlive it, the state stays readable (the run is
-    recorded, and closed as failed once its process is gone), and the next `provision` converges with dpkg's database clean on
-    every node and every GPU package held as before."""
-    name, _, _ = cluster
-    nodes = _node_names(env, name)
-    held = _held(nodes)
-    assert all({"nvidia-driver", "nvidia-kernel-dkms"} <= set(h) for h in held.values()), held
-    killed = _Running("provision", name, "--tags", "driver", "-o", "json", env=env)
-    try:
-        killed.wait_for_role(nodes, "nvidia_driver")
-        playbooks = _playbooks_under(killed.proc.pid)
-        assert playbooks, "\n".join(killed.lines)
-        killed.proc.kill()
-    finally:
-        code, _, err = killed.finish()
-    assert code == -signal.SIGKILL, err
-    deadline = time.monotonic() + 60
-    while any(_cmdline(p) for p in playbooks) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in playbooks if _cmdline(p)], "the killed run's ansible-playbook still runs"
-
-    status = run_cli("status", name, "-o", "json", env=env)
-    assert status.returncode == 0, status.stderr
-    recorded = json.loads(status.stdout)
-    assert [n["name"] for n in recorded["nodes"]] == nodes
-    last = recorded["runs"][0]
-    # Nothing will finish the killed run: it reads as finished, failed (its process is gone).
-    assert (last["kind"], last["ok"]) == ("provision", False) and last["finished"], last
-
-    _converged(run_cli("provision", name, "--tags", "driver", "-o", "json", env=env), nodes)
-    for node in nodes:
-        assert _node_sh(node, "dpkg --audit; echo rc=$?") == "rc=0\n", node
-    assert _held(nodes) == held
-
-
-def test_a_node_stopped_mid_play_is_named_once_and_converges_when_back(cluster, env) -> None:
-    """`docker stop` of a node while the driver role runs on it: the run goes on for the other
-    node, names the lost one on one line, exits 1 without a traceback; once the node is started
-    again, the next `provision` converges and `verify` passes."""
-    name, _, _ = cluster
-    nodes = _node_names(env, name)
-    served, lost = nodes
-    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={lost}"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    run = _Running("provision", name, "--tags", "driver", "-o", "json", env=env)
-    try:
-        run.wait_for_role([lost], "nvidia_driver")
-        subprocess.run(["docker", "stop", cid], capture_output=True, check=True)
-    finally:
-        code, out, err = run.finish()
-        subprocess.run(["docker", "start", cid], capture_output=True, check=True)
-    assert code == 1, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    told = [line for line in err.splitlines() if line.startswith(f"  {lost}: ")
-            and line.split(": ", 1)[1].startswith(("UNREACHABLE ", "FAILED "))]
-    assert len(told) == 1, err
-    result = json.loads(out)
-    assert result["ok"] is False and list(result["errors"]) == [lost], result
-    assert result["hosts"][served]["failed"] == 0 and result["hosts"][served]["unreachable"] == 0
-
-    deadline = time.monotonic() + 120  # the node boots again: until it answers SSH
-    while run_cli("exec", name, "--", "true", env=env).returncode != 0 and time.monotonic() < deadline:
-        time.sleep(1)
-    _converged(run_cli("provision", name, "--tags", "driver", "-o", "json", env=env), nodes)
-    proc = run_cli("verify", name, "-o", "json", env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(proc.stdout)["summary"]["fail"] == 0
-
-
 def test_down_removes_containers_and_volumes(cluster, env) -> None:
     name, _, _ = cluster
-    assert _labelled(name)[0]
+    assert labelled(name)[0]
     proc = run_cli("down", name, "--yes", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert _labelled(name) == ([], [])
-    assert not _cluster_dir(env, name).exists()
+    assert labelled(name) == ([], [])
+    assert not cluster_dir(env, name).exists()
     assert run_cli("verify", name, env=env).returncode == 2

@@ -1,4 +1,5 @@
-"""The fixture repository the molecule scenarios share (one per test file)."""
+"""The fixture repository the molecule scenarios share (one per worker: the scenarios are
+units of work of their own, run between other files' tests)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from tests.conftest import require_docker
 from tests.fixtures import aptrepo
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fixture_repo():
     """FIXTURE: the signed repository with NVIDIA's package names, for scenarios that need one."""
     require_docker()

@@ -1,5 +1,5 @@
 """Running one role's molecule scenario for real (docker driver, systemd node image): the
-helpers of tests/molecule/test_scenarios*.py (the fixture repository is in conftest.py)."""
+helpers of tests/molecule/test_scenarios.py (the fixture repository is in conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ SCENARIOS = sorted(
     (p.parent.parent.parent.name, p.parent.name)
     for p in (ROOT / "roles").glob("*/molecule/*/molecule.yml")
 )
-FIRST_HALF = SCENARIOS[0::2]
-SECOND_HALF = SCENARIOS[1::2]
 # Molecule finds it on its own at the repository root; the runner passes it anyway,
 # so a copy of the tree without its .git (molecule's root search) runs the same.
 BASE_CONFIG = ROOT / ".config" / "molecule" / "config.yml"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.molecule.scenarios import BASE_CONFIG, FIRST_HALF, SCENARIOS, SECOND_HALF, run_scenario
+from tests.molecule.scenarios import BASE_CONFIG, SCENARIOS, run_scenario
 
 # Steps every scenario's effective sequence runs, in this order (house rule: every
 # role idempotent and honouring --check).
@@ -124,12 +124,10 @@ def test_every_role_has_a_scenario() -> None:
     assert roles and roles == sorted({role for role, _ in SCENARIOS})
 
 
-# The scenarios themselves run in two files, each half of them (every other role, sorted),
-# so that the suite's two workers share them (tests/molecule/scenarios.py runs one).
-@pytest.mark.parametrize(("role", "scenario"), FIRST_HALF, ids=[f"{r}:{s}" for r, s in FIRST_HALF])
+# The scenarios themselves, each a unit of work of its own for the suite's two workers
+# (tests/conftest.py: the longest start first, so that both workers end together).
+@pytest.mark.parametrize(("role", "scenario"), [
+    pytest.param(role, scenario, id=f"{role}:{scenario}", marks=pytest.mark.xdist_group(f"molecule:{role}:{scenario}"))
+    for role, scenario in SCENARIOS])
 def test_molecule_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None:
     run_scenario(role, scenario, tmp_path, fixture_repo)
-
-
-def test_the_halves_are_every_scenario() -> None:
-    assert sorted(FIRST_HALF + SECOND_HALF) == SCENARIOS and not set(FIRST_HALF) & set(SECOND_HALF)
