@@ -19,9 +19,11 @@ from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
 from gpuprov.cli_monitor import monitor
 from gpuprov.cli_options import output_option, up_options
+from gpuprov.cli_patch import patch
 from gpuprov.cli_stack import stack, types
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, options_for
+from gpuprov.scheduler_choice import Scheduler
 from gpuprov.shared.console import Console
 from gpuprov.stack_choice import StackChoice
 
@@ -88,6 +90,9 @@ def up(
     cuda: str | None,
     mirror_url: str | None,
     mirror_key_fingerprint: str | None,
+    scheduler: str,
+    slurm_controller: str | None,
+    slurm_controller_only: bool,
     dry_run: bool,
     yes: bool,
     output: str,
@@ -110,6 +115,7 @@ def up(
         options=options, min_count=min_count, retries=retries, keep_failed=keep_failed,
         stack=StackChoice(cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
                           mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint),
+        scheduler=Scheduler(kind=scheduler, controller=slurm_controller, controller_only=slurm_controller_only),
     )
     request = launching.UpRequest(spec, bootstrap=not no_bootstrap, rollback=rollback, health=health,
                                   tags=tags, mode=bootstrap_mode, dry_run=dry_run, name_generated=name is None)
@@ -197,63 +203,26 @@ def status(name: str, output: str) -> int:
 @click.argument("name")
 @click.option("--check", is_flag=True, help="Dry run (ansible --check --diff): change nothing.")
 @click.option("--tags", metavar="T", help="Only these plays/roles (comma-separated Ansible tags).")
+@click.option("--scheduler", type=click.Choice(defaults.SCHEDULERS),
+              help="Give the cluster this scheduler (recorded), then converge (slurm: `--tags slurm` "
+              "runs only its play).")
+@click.option("--slurm-controller", metavar="NODE", help="With --scheduler slurm: the controller (default: the first node).")
+@click.option("--slurm-controller-only", is_flag=True, help="With --scheduler slurm: the controller runs no jobs.")
 @output_option
-def provision(name: str, check: bool, tags: str | None, output: str) -> int:
+def provision(name: str, check: bool, tags: str | None, scheduler: str | None, slurm_controller: str | None,
+              slurm_controller_only: bool, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node; safe to re-run."""
     from gpuprov.core import converge  # lazy: CLI start-up
 
-    data = converge.provision(name, console=_console(), check=check, tags=tags)
+    if scheduler is None and (slurm_controller or slurm_controller_only):
+        raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
+    chosen = None if scheduler is None else Scheduler(kind=scheduler, controller=slurm_controller,
+                                                      controller_only=slurm_controller_only)
+    data = converge.provision(name, console=_console(), check=check, tags=tags, scheduler_choice=chosen)
     if output == "json":
         cli_output.emit_json(data)
     else:
         cli_output.provision_table(name, data)
-    return 0 if data.ok else 1
-
-
-@cli.command()
-@click.argument("name")
-@click.option("--driver", metavar="VERSION|BRANCH", help="Move the driver to this branch or release "
-              "(checked by the resolver; fabric manager follows).")
-@click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
-              help="Move the driver's kernel module flavour (old packages out, new ones in).")
-@click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
-@click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
-@click.option("--all", "all_", is_flag=True, help="Driver (the lock's branch pin), kernel and microcode.")
-@click.option("--batch", type=int, default=1, show_default=True, metavar="N", help="Nodes per batch.")
-@click.option("--check", is_flag=True, help="Print per node what would change; change nothing.")
-@click.option("--drain", metavar="CMD", help="Shell command run here before each node (GPUPROV_NODE set).")
-@click.option("--resume", metavar="CMD", help="Shell command run here after each healthy node.")
-@click.option("--no-reboot", is_flag=True, help="Never reboot; report the reboots needed.")
-@click.option("--mirror-url", metavar="URL", help="The package mirror (clusters with source mirror).")
-@click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
-@click.option("--health", default="quick", show_default=True, metavar="off|quick|standard", help="Health checks "
-              "before the first batch and after each: a check failing only after the patch stops the roll.")
-@click.option("--onto-image", metavar="REF|newest", help="Replace the nodes, a batch at a time, with new ones "
-              "from this baked image of the new lock (newest: the newest one; none yet: baked first) instead "
-              "of patching them in place.")
-@output_option
-def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
-          all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, no_reboot: bool,
-          mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, onto_image: str | None,
-          output: str) -> int:
-    """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates:
-    in place, or by replacing the nodes from a baked image (--onto-image)."""
-    from gpuprov.core import patch as patching  # lazy: CLI start-up
-
-    req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
-                           microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
-                           resume=resume, onto_image=onto_image,
-                           mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
-    if onto_image is not None:
-        from gpuprov.core.onto_image import roll_onto_image  # lazy: CLI start-up
-
-        data = roll_onto_image(name, req, console=_console(), health=health)
-    else:
-        data = patching.patch(name, req, console=_console(), health=health)
-    if output == "json":
-        cli_output.emit_json(data)
-    else:
-        cli_output.patch_table(name, check, data)
     return 0 if data.ok else 1
 
 
@@ -346,6 +315,7 @@ cli.add_command(types)
 cli.add_command(health)
 cli.add_command(stack)
 cli.add_command(image)
+cli.add_command(patch)
 cli.add_command(monitor)
 
 

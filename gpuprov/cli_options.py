@@ -125,6 +125,13 @@ UP_OPTIONS = [
     click.option("--cuda", metavar="X.Y", help=f"CUDA release (default {defaults.DEFAULT_CUDA})."),
     click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror)."),
     click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint."),
+    click.option("--scheduler", type=click.Choice(defaults.SCHEDULERS), default=defaults.DEFAULT_SCHEDULER,
+        show_default=True, help="slurm: Debian's Slurm on the nodes (one controller, every node a "
+        "compute node, GPUs as GRES, the fabric's NCCL settings in every job)."),
+    click.option("--slurm-controller", metavar="NODE", help="With --scheduler slurm: the controller "
+        "(default: the first node)."),
+    click.option("--slurm-controller-only", is_flag=True, help="With --scheduler slurm: the controller "
+        "runs no jobs."),
     click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing."),
     click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
 ]

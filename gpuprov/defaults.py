@@ -22,3 +22,7 @@ KERNEL_MODULES = ("open", "proprietary")
 # gpuprov.providers.aws.preflight.IMAGE_SOURCES, their facts: gpuprov.platforms).
 AWS_OS = ("debian12", "ubuntu22.04")
 DEFAULT_AWS_OS = "debian12"
+
+# `up --scheduler`: what runs the cluster's jobs (none: `gpuprov exec` and SSH only).
+SCHEDULERS = ("none", "slurm")
+DEFAULT_SCHEDULER = "none"

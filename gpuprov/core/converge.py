@@ -13,6 +13,7 @@ from gpuprov.ansible.runner import new_run_dir, parse_tags, write_extravars
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterFiles, Provider
+from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import (
     check_reachable,
     cluster_lock,
@@ -40,12 +41,21 @@ from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 # -- provision --------------------------------------------------------------------------
 def provision(
-    name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None
+    name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None,
+    scheduler_choice: scheduler.Scheduler | None = None,
 ) -> ProvisionResult:
+    """site.yml on every node that answers. ``scheduler_choice``: give the cluster this
+    scheduler first (recorded before the run; with ``check`` nothing is recorded, and the run
+    plans the cluster as its record is)."""
     tag_list = parse_tags(tags)
     store = store or Store()
     cluster = load(store, name)
+    if scheduler_choice is not None:
+        scheduler_choice.checked()
+        scheduler.controller_of(cluster, scheduler_choice)  # a controller that is no node: refused now
     with cluster_lock(name):
+        if scheduler_choice is not None and not check:
+            cluster = scheduler.record(store, load(store, name), scheduler_choice)
         provider, files, nodes = refresh(store, cluster)
         nodes = reachable_nodes(cluster, nodes)
         return run_site(store, cluster, provider, files, nodes, console=console, check=check,
@@ -72,7 +82,7 @@ def run_site(
     lock = version_lock(store, cluster)
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
            monitoring_host(cluster.spec))
-    extravars = playbook_vars(cluster, lock)
+    extravars = playbook_vars(cluster, lock) | scheduler.play_vars(cluster, files, nodes, console.say)
     # The same variables, for running the playbooks by hand (-e @vars.yml): as data, every
     # string tagged !unsafe like the run's own (a JSON file would be read as trusted template
     # source). A vars.json an older gpuprov wrote is removed so nobody runs it by mistake.

@@ -92,6 +92,7 @@ def checked(spec: ClusterSpec) -> tuple[Provider, ClusterSpec]:
     validate_name(spec.name)
     provider = get_provider(spec.provider)
     counts.check_request(spec, provider)
+    spec.scheduler.checked()
     return provider, provider.check_spec(spec)
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from gpuprov.errors import BadInput
+from gpuprov.scheduler_choice import Scheduler
 from gpuprov.stack_choice import StackChoice
 
 # The registry: the one place that names the providers (the CLI's --provider choices too).
@@ -60,7 +61,7 @@ class ClusterSpec:
     ``stack``: what was asked of the version lock. ``settings``: where packages, artifacts
     and images come from, as recorded with the cluster (gpuprov.shared.settings).
     ``min_count``, ``retries``, ``keep_failed``: `up --min-count` (a provider that takes it
-    says so with ``partial_launch``)."""
+    says so with ``partial_launch``). ``scheduler``: `--scheduler` and its controller."""
 
     name: str
     provider: str
@@ -72,6 +73,7 @@ class ClusterSpec:
     min_count: int | None = None
     retries: int | None = None
     keep_failed: bool = False
+    scheduler: Scheduler = field(default_factory=Scheduler)
 
     # The options core reads of any provider that has them (None where it has not).
     @property
@@ -110,7 +112,8 @@ class ClusterSpec:
                 **({"min_count": self.min_count} if self.min_count else {}),
                 **({"retries": self.retries} if self.retries is not None else {}),
                 **({"keep_failed": True} if self.keep_failed else {}),
-                **({"settings": self.settings} if self.settings is not None else {})}
+                **({"settings": self.settings} if self.settings is not None else {}),
+                **self.scheduler.as_options()}
         return {"instance_type": self.instance_type, "count": self.count, **top,
                 "options": {k: v for k, v in rest.items() if v is not None and v is not False}}
 
@@ -125,7 +128,10 @@ class ClusterSpec:
         spec = cls(name=name, provider=provider, instance_type=raw.get("instance_type"), count=raw.get("count"),
                    options=kind(**{k: v for k, v in flat.items() if k in names}), stack=choice,
                    settings=opts.get("settings"), min_count=opts.get("min_count"), retries=opts.get("retries"),
-                   keep_failed=bool(opts.get("keep_failed")))
+                   keep_failed=bool(opts.get("keep_failed")),
+                   scheduler=Scheduler(kind=opts.get("scheduler") or Scheduler().kind,
+                                       controller=opts.get("slurm_controller"),
+                                       controller_only=bool(opts.get("slurm_controller_only"))))
         return replace(spec, **changes)
 
 

@@ -1,0 +1,56 @@
+"""`gpuprov patch`: roll driver, kernel and microcode updates, or replace nodes from a baked image."""
+
+from __future__ import annotations
+
+import click
+
+from gpuprov import cli_output, defaults
+from gpuprov.cli_options import output_option
+from gpuprov.shared.console import Console
+
+
+@click.command()
+@click.argument("name")
+@click.option("--driver", metavar="VERSION|BRANCH", help="Move the driver to this branch or release "
+              "(checked by the resolver; fabric manager follows).")
+@click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
+              help="Move the driver's kernel module flavour (old packages out, new ones in).")
+@click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
+@click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
+@click.option("--all", "all_", is_flag=True, help="Driver (the lock's branch pin), kernel and microcode.")
+@click.option("--batch", type=int, default=1, show_default=True, metavar="N", help="Nodes per batch.")
+@click.option("--check", is_flag=True, help="Print per node what would change; change nothing.")
+@click.option("--drain", metavar="CMD", help="Shell command run here before each node (GPUPROV_NODE set).")
+@click.option("--resume", metavar="CMD", help="Shell command run here after each healthy node.")
+@click.option("--no-reboot", is_flag=True, help="Never reboot; report the reboots needed.")
+@click.option("--mirror-url", metavar="URL", help="The package mirror (clusters with source mirror).")
+@click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
+@click.option("--health", default="quick", show_default=True, metavar="off|quick|standard", help="Health checks "
+              "before the first batch and after each: a check failing only after the patch stops the roll.")
+@click.option("--onto-image", metavar="REF|newest", help="Replace the nodes, a batch at a time, with new ones "
+              "from this baked image of the new lock (newest: the newest one; none yet: baked first) instead "
+              "of patching them in place.")
+@output_option
+def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
+          all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, no_reboot: bool,
+          mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, onto_image: str | None,
+          output: str) -> int:
+    """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates:
+    in place, or by replacing the nodes from a baked image (--onto-image)."""
+    from gpuprov.core import patch as patching  # lazy: CLI start-up
+
+    req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
+                           microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
+                           resume=resume, onto_image=onto_image,
+                           mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
+    if onto_image is not None:
+        from gpuprov.core.onto_image import roll_onto_image  # lazy: CLI start-up
+
+        data = roll_onto_image(name, req, console=Console(), health=health)
+    else:
+        data = patching.patch(name, req, console=Console(), health=health)
+    if output == "json":
+        cli_output.emit_json(data)
+    else:
+        cli_output.patch_table(name, check, data)
+    return 0 if data.ok else 1

@@ -1,0 +1,40 @@
+"""What a command asks of a cluster's scheduler (`--scheduler`, `--slurm-controller`,
+`--slurm-controller-only`), typed and checked: a leaf, so the command line builds it
+(gpuprov.shared.scheduler keeps it with the cluster and serves it to the slurm play)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprov import defaults
+from gpuprov.errors import BadInput
+
+# A node name as gpuprov and Slurm both accept it (no spaces, '=', '#', ',' or brackets).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    kind: str = defaults.DEFAULT_SCHEDULER
+    controller: str | None = None  # a node name; None: the cluster's first node
+    controller_only: bool = False  # the controller runs no slurmd
+
+    def checked(self) -> Scheduler:
+        """BadInput (one line) for a choice that cannot be: an unknown scheduler, a controller
+        that is no node name, controller flags without Slurm."""
+        if self.kind not in defaults.SCHEDULERS:
+            raise BadInput(f"--scheduler {self.kind}: one of {', '.join(defaults.SCHEDULERS)}")
+        if self.kind != "slurm" and (self.controller or self.controller_only):
+            raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
+        if self.controller is not None and not NODE_NAME.fullmatch(self.controller):
+            raise BadInput(f"--slurm-controller {self.controller!r}: not a node name")
+        return self
+
+    def as_options(self) -> dict[str, Any]:
+        """How a cluster's record keeps it (its spec's options)."""
+        if self.kind == defaults.DEFAULT_SCHEDULER:
+            return {}
+        return {"scheduler": self.kind, **({"slurm_controller": self.controller} if self.controller else {}),
+                **({"slurm_controller_only": True} if self.controller_only else {})}
