@@ -212,3 +212,23 @@ def test_a_node_the_roll_never_reached_is_not_started() -> None:
     assert stopped["c"] == {"status": "not-started"}
     patch._settle(hosts)  # a roll that finished
     assert hosts["c"] == {"status": "unchanged"} and hosts["a"]["status"] == "patched"
+
+
+def test_a_driver_move_resolves_the_lock_once(monkeypatch: pytest.MonkeyPatch, gpuprov_home) -> None:
+    """`patch --driver` resolves the new lock once: the plays' variables take a lock that has
+    every field as it is (an older lock is still completed from today's data)."""
+    from gpuprov.shared import settings
+    from gpuprov.state import ClusterRecord
+
+    old = stack.resolve("p4d.24xlarge", driver="535").as_dict()
+    cluster = ClusterRecord(name="c", provider="aws", created="t0", state="bootstrapped", spec={"options": {}},
+                            lock=old)
+    calls: list[str] = []
+    real = stack.resolve_types
+    monkeypatch.setattr(stack, "resolve_types", lambda *a, **k: calls.append("resolve") or real(*a, **k))
+    lock = patch.new_lock(old, patch.request(driver="580"))
+    assert settings.playbook_vars(cluster, lock)["gpuprov_stack"] == lock
+    assert calls == ["resolve"]
+    older = {k: v for k, v in lock.items() if k not in ("dcgm", "dcgm_package")}  # a lock of before DCGM
+    assert settings.playbook_vars(cluster, older)["gpuprov_stack"]["dcgm"] == lock["dcgm"]
+    assert calls == ["resolve", "resolve"]
