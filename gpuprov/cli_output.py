@@ -111,6 +111,7 @@ def status(name: str, data: StatusResult) -> None:
     for k in data.kept:
         click.echo(f"kept: {k.name} ({k.id}, {k.address}) runs outside the node list since {k.when}: {k.why}; "
                    f"`gpuprov down {name}` removes it")
+    slurm_lines(data)
     health_line(name)
     monitoring_line(name)
     table(
@@ -119,6 +120,18 @@ def status(name: str, data: StatusResult) -> None:
         [[r.id, r.kind, r.started, {True: "yes", False: "no", None: "running"}[r.ok], r.artifact_dir]
          for r in data.runs],
     )
+
+
+def slurm_lines(data: StatusResult) -> None:
+    """Each node's Slurm state and reason (clusters with `--scheduler slurm`)."""
+    if data.slurm is None:
+        return
+    if data.slurm.error:
+        click.echo(f"slurm (controller {data.slurm.controller}): unknown: {data.slurm.error}")
+        return
+    click.echo(f"slurm (controller {data.slurm.controller}): " + "; ".join(
+        f"{node} {row.state}" + (f" ({row.reason})" if row.reason else "")
+        for node, row in sorted(data.slurm.nodes.items())))
 
 
 def images_lines(data: StatusResult) -> None:

@@ -10,6 +10,7 @@ from gpuprov.ansible.inventory import render, to_json
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import Provider, get
+from gpuprov.shared import scheduler
 from gpuprov.shared import settings as cluster_settings
 from gpuprov.shared.cluster import cluster_lock, expectations, load, refresh
 from gpuprov.shared.console import Console
@@ -88,7 +89,7 @@ def _tagged(provider: Provider, regions: set[str | None], asked: bool,
 def status(name: str, store: Store | None = None) -> StatusResult:
     store = store or Store()
     cluster = load(store, name)
-    _, _, nodes = refresh(store, cluster)
+    _, files, nodes = refresh(store, cluster)
     return StatusResult(
         cluster=name, provider=cluster.provider, state=cluster.state, failed_step=cluster.failed_step,
         created=cluster.created, spec=cluster.spec, stack=cluster.lock,
@@ -98,6 +99,7 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         replaced=[Replacement.of(r) for r in cluster.spec.get("replaced") or []],
         kept=[KeptNode(name=k["name"], id=k["id"], address=k["address"], why=k["why"], when=k["when"])
               for k in cluster.spec.get("kept") or []],
+        slurm=scheduler.slurm_status(cluster, files, nodes),
     )
 
 

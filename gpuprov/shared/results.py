@@ -123,6 +123,21 @@ class StatusResult:
     replaced: list[Replacement] = field(default_factory=list)
     # Nodes `up --min-count K --keep-failed` left running outside the node list (spec.kept).
     kept: list[KeptNode] = field(default_factory=list)
+    # Each node's Slurm state and reason (clusters with `--scheduler slurm`; None otherwise).
+    slurm: SlurmStatus | None = None
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    state: str  # Slurm's word: idle, allocated, mixed, drained, draining, down, ...
+    reason: str  # why it is drained or down ("" for none)
+
+
+@dataclass(frozen=True)
+class SlurmStatus:
+    controller: str
+    nodes: dict[str, SlurmNode]  # by Slurm's node name (the node's short hostname)
+    error: str | None = None  # the controller did not answer: why, in one line
 
 
 @dataclass(frozen=True)

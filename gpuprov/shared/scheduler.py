@@ -10,12 +10,15 @@ so they are in no extravars file, run artifact, log or state row.
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from typing import Any
 
-from gpuprov import defaults
+from gpuprov import defaults, ssh
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
 from gpuprov.scheduler_choice import Scheduler
+from gpuprov.shared.results import SlurmNode, SlurmStatus
 from gpuprov.slurm import munge
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
@@ -69,3 +72,47 @@ def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecor
     key = munge.ensure_key(files.dir / MUNGE_KEY)
     return {"gpuprov_scheduler": "slurm", "gpuprov_slurm_controller": controller_of(cluster, chosen),
             "gpuprov_slurm_controller_only": chosen.controller_only, "gpuprov_slurm_munge_key": str(key)}
+
+
+# What `status` asks the controller: each node's state and reason, one line each (a fixed
+# command, quoted for the node's shell: nothing of the user's reaches it).
+SINFO = ("sinfo", "--noheader", "--Node", "--format=%N|%T|%E")
+
+
+def slurm_status(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> SlurmStatus | None:
+    """Each node's Slurm state and reason, asked of the controller over its pinned SSH
+    connection (None where the cluster runs no Slurm; ``error`` where the controller did not
+    answer)."""
+    chosen = of(cluster)
+    if chosen.kind != "slurm":
+        return None
+    try:
+        controller = controller_of(cluster, chosen)
+    except BadInput as exc:
+        return SlurmStatus(controller=chosen.controller or "", nodes={}, error=str(exc))
+    node = next((n for n in nodes if n.name == controller), None)
+    if node is None:
+        return SlurmStatus(controller=controller, nodes={}, error=f"{controller} is not among the nodes")
+    cmd = ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+           "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}", shlex.join(SINFO)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
+                              timeout=40)
+    except subprocess.TimeoutExpired:
+        return SlurmStatus(controller=controller, nodes={}, error=f"no answer from {controller} within 40s")
+    if proc.returncode != 0:
+        return SlurmStatus(controller=controller, nodes={},
+                           error=f"sinfo on {controller}: " + ssh.ssh_error_line(proc.stderr, proc.returncode))
+    return SlurmStatus(controller=controller, nodes=parse_sinfo(proc.stdout))
+
+
+def parse_sinfo(text: str) -> dict[str, SlurmNode]:
+    """``sinfo --Node --format=%N|%T|%E`` as {node: state and reason} (a node in several
+    partitions is listed once per partition; "none" is Slurm's word for no reason)."""
+    out: dict[str, SlurmNode] = {}
+    for line in text.splitlines():
+        name, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if name and state:
+            out[name] = SlurmNode(state=state.strip(), reason="" if reason.strip() == "none" else reason.strip())
+    return out

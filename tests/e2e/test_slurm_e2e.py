@@ -122,3 +122,21 @@ cd /tmp && sbatch --parsable --wait -N2 -o /tmp/job-%j.out /tmp/envjob.sh""", us
     leaks = [str(p) for p in home.rglob("*") if p.is_file() and p != key_file
              and any(t in p.read_bytes() for t in texts)]
     assert leaks == [], leaks
+
+
+def test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays(cluster, env) -> None:
+    """`status` asks the controller; a node a person drained keeps its state and reason through
+    a `provision` (gpuprov resumes only what it drained itself)."""
+    name, nodes = cluster
+    first, second = nodes
+    _on(first, f"scontrol update nodename={second} state=drain reason='by hand'")
+    data = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert data["slurm"]["controller"] == first and data["slurm"]["error"] is None
+    assert data["slurm"]["nodes"][first] == {"state": "idle", "reason": ""}
+    assert data["slurm"]["nodes"][second]["state"] == "drained"
+    assert data["slurm"]["nodes"][second]["reason"] == "by hand"
+    table = run_cli("status", name, env=env, check=True).stdout
+    assert f"{second} drained (by hand)" in table
+    run_cli("provision", name, "--tags", "slurm", env=env, timeout=600, check=True)
+    again = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert again["slurm"]["nodes"][second] == {"state": "drained", "reason": "by hand"}

@@ -74,3 +74,15 @@ def test_a_spec_survives_its_record() -> None:
     raw = spec.as_dict()
     assert raw["region"] == "eu-west-1" and raw["spot"] is True and raw["options"]["disk_gb"] == 300
     assert ClusterSpec.from_record("c", "aws", raw) == spec
+
+
+def test_sinfo_lines_become_states_and_reasons() -> None:
+    """`sinfo --noheader --Node --format=%N|%T|%E` as Slurm 22.05.8 printed it on two local nodes
+    of this machine (2026-11-27), one drained by hand; a node is listed once per partition."""
+    from gpuprov.shared.scheduler import parse_sinfo
+
+    text = ("s1-node-1|idle|none\ns1-node-1|idle|none\n"
+            "s1-node-2|drained|by hand\ns1-node-2|drained|by hand\n")
+    rows = parse_sinfo(text)
+    assert {n: (r.state, r.reason) for n, r in rows.items()} == {
+        "s1-node-1": ("idle", ""), "s1-node-2": ("drained", "by hand")}
