@@ -16,6 +16,7 @@ import json
 import secrets
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,39 @@ cd /tmp && sbatch --parsable --wait -N2 -o /tmp/job-%j.out /tmp/envjob.sh""", us
     leaks = [str(p) for p in home.rglob("*") if p.is_file() and p != key_file
              and any(t in p.read_bytes() for t in texts)]
     assert leaks == [], leaks
+
+
+def _slurm_state(node: str, on: str) -> tuple[str, str]:
+    line = _on(on, f"sinfo --noheader --Node --nodes={node} --format='%T|%E' | head -1").strip()
+    state, _, reason = line.partition("|")
+    return state, reason
+
+
+def _wait_state(node: str, on: str, want: str, timeout: float = 90.0) -> tuple[str, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _slurm_state(node, on)
+        if found[0] == want or time.monotonic() > deadline:
+            return found
+        time.sleep(2)
+
+
+def test_a_node_is_drained_by_its_own_health_and_resumed_when_it_passes(cluster, env) -> None:
+    """The Docker engine (Debian's docker.io, installed on the node for this test) stopped:
+    slurmd's health program drains the node with the check's name as its Reason; started
+    again, the node is resumed. A service the node does not have is not checked (the other node
+    has no Docker and stays idle)."""
+    _, nodes = cluster
+    first, second = nodes
+    assert "gpuprov-slurm-health" in _on(first, "scontrol show config | grep -i HealthCheckProgram")
+    _on(second, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io "
+                ">/dev/null && systemctl enable --now docker")
+    _on(second, "systemctl stop docker.socket docker.service && systemctl restart slurmd")
+    state, reason = _wait_state(second, first, "drained")
+    assert state == "drained" and reason.startswith("gpuprov health: docker_active: docker inactive"), (state, reason)
+    assert _slurm_state(first, first)[0] == "idle"
+    _on(second, "systemctl start docker.socket docker.service && systemctl restart slurmd")
+    assert _wait_state(second, first, "idle") == ("idle", "none")
 
 
 def test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays(cluster, env) -> None:
