@@ -172,5 +172,8 @@ def test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays(cluster, env
     table = run_cli("status", name, env=env, check=True).stdout
     assert f"{second} drained (by hand)" in table
     run_cli("provision", name, "--tags", "slurm", env=env, timeout=600, check=True)
+    # The node's health program (as slurmd runs it): every check passes, and still a node a
+    # person drained is not resumed.
+    _on(second, "/usr/local/sbin/gpuprov-slurm-health")
     again = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
     assert again["slurm"]["nodes"][second] == {"state": "drained", "reason": "by hand"}
