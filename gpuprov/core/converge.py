@@ -151,10 +151,11 @@ def verify(
     cluster = load(store, name)
     provider, files, nodes = refresh(store, cluster)
     nodes = reachable_nodes(cluster, nodes)
-    # The probes also learn whether the cluster runs Slurm (a node of a Slurm cluster that lost
-    # its configuration fails; a node of any other cluster skips the Slurm probes, saying so).
-    kind = scheduler.of(cluster).kind
-    expect = {n: {**e, "scheduler": kind} for n, e in expectations(provider, nodes, version_lock(store, cluster)).items()}
+    # A Slurm cluster's probes know it runs Slurm (a node that lost its configuration fails);
+    # elsewhere they skip where the node has no Slurm, saying so (as a pull node's own do).
+    expect = expectations(provider, nodes, version_lock(store, cluster))
+    if scheduler.of(cluster).kind == "slurm":
+        expect = {n: {**e, "scheduler": "slurm"} for n, e in expect.items()}
     render(cluster.name, cluster.provider, nodes, expect, files, monitoring_host(cluster.spec))
     run_dir = new_run_dir(files, f"verify-{level}")
     run_id = store.start_run(cluster.name, f"verify-{level}", str(run_dir))

@@ -55,7 +55,13 @@ def up(request: UpRequest, *, console: Console, store: Store | None = None,
     if tag_list and not request.bootstrap:
         raise BadInput("--tags chooses the bootstrap's plays; it cannot go with --no-bootstrap")
     provider, spec = checked(request.spec)
-    mode = pull.mode_for(request.mode, provider, spec, request.bootstrap)
+    # Slurm is converged by push (its munge key never travels in a pull bundle): auto pushes,
+    # and pull is refused for it.
+    slurm = spec.scheduler.kind == "slurm"
+    if slurm and request.mode == "pull":
+        raise BadInput("--scheduler slurm is set up by push (the cluster's munge key never travels in a pull "
+                       "bundle): use --bootstrap push, or `gpuprov provision NAME --scheduler slurm` after a pull")
+    mode = pull.mode_for("push" if slurm else request.mode, provider, spec, request.bootstrap)
     store = store or Store()
     if request.dry_run:
         run = _planned(request, spec, provider, store, console, health, tag_list, mode)

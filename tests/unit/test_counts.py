@@ -86,3 +86,13 @@ def test_sinfo_lines_become_states_and_reasons() -> None:
     rows = parse_sinfo(text)
     assert {n: (r.state, r.reason) for n, r in rows.items()} == {
         "s1-node-1": ("idle", ""), "s1-node-2": ("drained", "by hand")}
+
+
+def test_slurm_is_not_pulled(capsys, gpuprov_home) -> None:
+    """A pull bundle carries no secret, so a Slurm cluster is never bootstrapped by pull."""
+    from tests.conftest import invoke
+
+    code, _, err = invoke(capsys, "up", "--provider", "docker", "--count", "1", "--name", "sp",
+                          "--scheduler", "slurm", "--bootstrap", "pull")
+    assert code == 2 and "--scheduler slurm is set up by push" in err and len(err.strip().splitlines()) == 1
+    assert not (gpuprov_home / "clusters" / "sp").exists()
