@@ -63,7 +63,7 @@ def spec_of(cluster: ClusterRecord, *, image: str | None, no_baked: bool = False
     """The cluster's recorded request as a spec whose new nodes boot from ``image`` (for adding
     nodes to it, or a throwaway cluster like it)."""
     spec = ClusterSpec.from_record(cluster.name, cluster.provider, cluster.spec)
-    spec = dataclasses.replace(spec, count=spec.count or len(cluster.nodes), **changes)
+    spec = dataclasses.replace(spec, **{"count": spec.count or len(cluster.nodes), **changes})
     return spec.with_options(image=image, no_baked=no_baked)
 
 

@@ -117,6 +117,12 @@ HEALTHY = {
     "dcgm_counters_file_turns_on_every_field_the_alerts_read": ("fail", "expected gpuprov's dcgm-exporter counters file"),
     "dcgm_host_engine_enabled_and_running_with_a_gpu": ("fail", "expected nvidia-dcgm enabled"),
     "dcgm_exporter_runs_the_locked_image_on_one_address": ("fail", "expected the dcgm-exporter unit"),
+    # (written after the real run: the Slurm probes skip on a node of a cluster without Slurm)
+    **{probe: ("skip", "no Slurm on this node (no /etc/slurm/slurm.conf)") for probe in (
+        "munge_key_is_0400_and_owned_by_munge", "munge_encodes_and_decodes_a_credential",
+        "slurmctld_active_on_the_controller", "slurmd_active_on_a_compute_node", "slurm_daemons_run_one_version",
+        "node_takes_work_in_sinfo", "srun_runs_a_task_on_this_node", "every_task_gets_the_clusters_environment",
+        "gres_matches_the_gpus_on_the_pci_bus")},
 }
 
 # Each edited node: exactly these probes differ from the healthy node, with these details.

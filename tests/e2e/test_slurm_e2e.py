@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.e2e.nodes import cleanup_labels, container
 
 pytestmark = pytest.mark.e2e
 
@@ -37,16 +38,11 @@ def cluster(env: dict[str, str]):
         yield name, nodes
     finally:
         run_cli("down", name, "--yes", env=env)
-        containers = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label=gpuprov.cluster={name}"],
-            capture_output=True, text=True, check=False).stdout.split()
-        if containers:
-            subprocess.run(["docker", "rm", "-f", "-v", *containers], capture_output=True, check=False)
+        cleanup_labels(name)
 
 
 def _on(node: str, script: str, user: str = "root") -> str:
-    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    cid = container(node)
     assert cid, f"no container for {node}"
     proc = subprocess.run(["docker", "exec", "-u", user, cid, "bash", "-c", script],
                           capture_output=True, text=True, check=False, timeout=180)

@@ -3,6 +3,8 @@ anything is touched (the roll itself runs for real in tests/e2e/test_docker_clus
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuprov.core import onto_image
@@ -65,3 +67,16 @@ class _Able:
 
     def supports(self, ability: str) -> bool:
         return True
+
+
+def test_the_recorded_request_reads_back_with_new_counts_and_image() -> None:
+    """New nodes for a cluster (or a throwaway one like it) come from its recorded request."""
+    from gpuprov.state import ClusterRecord, NodeRecord
+
+    node = NodeRecord(name="c-node-1", id="x", address="127.0.0.1", ssh_port=22, user="u", state="running")
+    record = ClusterRecord(name="c", provider="docker", created="t0", state="bootstrapped", lock=None, nodes=(node,),
+                           spec={"instance_type": "docker-node", "count": 1, "image": None, "options": {}})
+    spec = onto_image.spec_of(record, image="gpuprov/baked:abc-1", count=3)
+    assert (spec.count, spec.image, spec.no_baked) == (3, "gpuprov/baked:abc-1", False)
+    assert onto_image.spec_of(record, image=None, no_baked=True, name="bake-1", count=1).name == "bake-1"
+    assert onto_image.spec_of(dataclasses.replace(record, spec={**record.spec, "count": None}), image=None).count == 1
