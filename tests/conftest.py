@@ -142,6 +142,16 @@ def schedule_unit(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    """``item``'s id, where this pytest keeps it (pytest 9: a NodeId in ``_id``)."""
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
+
+
 def unit_seconds(unit: str) -> int:
     if unit in UNIT_SECONDS:
         return UNIT_SECONDS[unit]
@@ -149,14 +159,25 @@ def unit_seconds(unit: str) -> int:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test in a unit (its file's, unless it names one), the units longest first; the
-    tests of one unit keep their order (a file's tests run in file order)."""
+    tests of one unit keep their order (a file's tests run in file order).
+
+    Under --dist loadgroup the unit is also written into each test's id ("ID@UNIT", what
+    xdist's scheduler groups by). xdist 3.8 writes it to ``item._nodeid``, which pytest 9 no
+    longer reads (its ids live in ``item._id``): without this every test of a file would go
+    its own way (two workers each making the file's cluster, a test on one worker depending on
+    a test run on the other)."""
     first: dict[str, int] = {}
+    # (xdist tells its workers with the option "loadgroup"; the controller has "dist")
+    grouped = bool(getattr(config.option, "loadgroup", False)) or getattr(config.option, "dist", None) == "loadgroup"
     for index, item in enumerate(items):
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(schedule_unit(item)))
-        first.setdefault(schedule_unit(item), index)
+        unit = schedule_unit(item)
+        if grouped and not item.nodeid.endswith(f"@{unit}"):
+            _set_nodeid(item, f"{item.nodeid}@{unit}")
+        first.setdefault(unit, index)
     items.sort(key=lambda item: (-unit_seconds(schedule_unit(item)), first[schedule_unit(item)]))
 
 
