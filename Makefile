@@ -67,6 +67,7 @@ e2e: $(STAMP) host-setup mirror registry settings
 bench: $(STAMP) host-setup mirror registry settings
 	$(ENV) python benchmarks/run.py
 	$(ENV) python benchmarks/bootstrap_scale.py
+	$(ENV) python benchmarks/slurm.py
 
 clean:
 	rm -rf $(VENV) .ruff_cache

@@ -180,7 +180,8 @@ def patch_table(name: str, check: bool, data: PatchResult) -> None:
         + (f", nodes replaced from {data.image}" if data.image else ", in place"),
         ["node", "status", "changed", "rebooted", "detail"],
         [[h, s.status, s.changed, "yes" if s.rebooted else "no",
-          s.error or (f"replaced by {s.replaced_by}" if s.replaced_by else "; ".join(s.moved or s.plan))]
+          (s.error or (f"replaced by {s.replaced_by}" if s.replaced_by else "; ".join(s.moved or s.plan)))
+          + (f" [slurm: {s.slurm}]" if s.slurm else "")]
          for h, s in data.hosts.items()],
     )
 

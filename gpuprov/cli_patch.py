@@ -22,6 +22,11 @@ from gpuprov.shared.console import Console
 @click.option("--check", is_flag=True, help="Print per node what would change; change nothing.")
 @click.option("--drain", metavar="CMD", help="Shell command run here before each node (GPUPROV_NODE set).")
 @click.option("--resume", metavar="CMD", help="Shell command run here after each healthy node.")
+@click.option("--grace", type=int, metavar="SECONDS", help="Slurm clusters: how long a drained node's "
+              "running jobs get to end before it is patched (default 1800); still running after it: "
+              "the node is left drained, not patched, and the roll stops.")
+@click.option("--force", is_flag=True, help="Slurm clusters: patch a drained node without waiting for "
+              "its jobs (they may fail).")
 @click.option("--no-reboot", is_flag=True, help="Never reboot; report the reboots needed.")
 @click.option("--mirror-url", metavar="URL", help="The package mirror (clusters with source mirror).")
 @click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's pinned key fingerprint.")
@@ -32,7 +37,8 @@ from gpuprov.shared.console import Console
               "of patching them in place.")
 @output_option
 def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
-          all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, no_reboot: bool,
+          all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, grace: int | None,
+          force: bool, no_reboot: bool,
           mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, onto_image: str | None,
           output: str) -> int:
     """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates:
@@ -41,7 +47,7 @@ def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool
 
     req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
                            microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
-                           resume=resume, onto_image=onto_image,
+                           resume=resume, onto_image=onto_image, grace=grace, force=force,
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
     if onto_image is not None:
         from gpuprov.core.onto_image import roll_onto_image  # lazy: CLI start-up

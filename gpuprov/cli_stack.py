@@ -66,5 +66,6 @@ def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str 
         cli_output.emit_json(data)
     else:
         # The table has no platform row of its own: the platforms come last, as a note.
-        cli_output.stack_table(instance_type, {**data, "notes": [*data["notes"], f"platform: {platforms.summary()}"]})
+        cli_output.stack_table(instance_type, {**data, "notes": [*data["notes"], f"platform: {platforms.summary()}",
+                                                              platforms.slurm_summary()]})
     return 0

@@ -23,22 +23,25 @@ class Platform:
     version: str  # 12, 22.04
     codename: str  # galaxy meta's version name: bookworm, jammy
     proven: bool
+    slurm: str = ""  # the Slurm its own archive ships (slurm-wlm): what `--scheduler slurm` installs
 
     @property
     def title(self) -> str:
         return f"{self.distribution} {self.version} ({self.codename})"
 
     def row(self) -> dict[str, Any]:
-        return {"os": self.key, "name": self.title, "proven": self.proven,
+        return {"os": self.key, "name": self.title, "proven": self.proven, "slurm": self.slurm,
                 "how": PROVEN_BY if self.proven else "claimed by the roles' metadata; no scenario "
                 "here runs on it"}
 
 
 PLATFORMS: tuple[Platform, ...] = (
-    Platform("debian12", "Debian", "12", "bookworm", proven=True),
-    Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False),
-    Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False),
-    Platform("ubuntu24.04", "Ubuntu", "24.04", "noble", proven=False),
+    # slurm: the slurm-wlm upstream version in each release's own archive (Debian 12: 22.05.8,
+    # installed and run here; the Ubuntu ones as their archives list them).
+    Platform("debian12", "Debian", "12", "bookworm", proven=True, slurm="22.05.8"),
+    Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False, slurm="19.05.5"),
+    Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False, slurm="21.08.5"),
+    Platform("ubuntu24.04", "Ubuntu", "24.04", "noble", proven=False, slurm="23.11.4"),
 )
 BY_KEY = {p.key: p for p in PLATFORMS}
 BY_CODENAME = {(p.distribution, p.codename): p for p in PLATFORMS}
@@ -58,3 +61,10 @@ def summary() -> str:
     proven = ", ".join(p.title for p in PLATFORMS if p.proven)
     claimed = ", ".join(p.title for p in PLATFORMS if not p.proven)
     return f"proven here: {proven}; claimed, not proven here: {claimed}"
+
+
+def slurm_summary() -> str:
+    """One line: the Slurm each platform's own archive gives `--scheduler slurm` (controller and
+    nodes run the one version of their OS; a probe checks it)."""
+    return "slurm (--scheduler slurm, the OS's own slurm-wlm): " + ", ".join(
+        f"{p.distribution} {p.version} {p.slurm}" for p in PLATFORMS if p.slurm)

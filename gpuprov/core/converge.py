@@ -54,12 +54,16 @@ def provision(
         scheduler_choice.checked()
         scheduler.controller_of(cluster, scheduler_choice)  # a controller that is no node: refused now
     with cluster_lock(name):
-        if scheduler_choice is not None and not check:
-            cluster = scheduler.record(store, load(store, name), scheduler_choice)
+        cluster = load(store, name)
         provider, files, nodes = refresh(store, cluster)
         nodes = reachable_nodes(cluster, nodes)
+        # A node whose slurm.conf serves another cluster: refused before the choice is recorded.
+        if scheduler.would_configure(cluster, nodes, scheduler_choice, tag_list):
+            scheduler.refuse_foreign(cluster, files, nodes)
+        if scheduler_choice is not None and not check:
+            cluster = scheduler.record(store, load(store, name), scheduler_choice)
         return run_site(store, cluster, provider, files, nodes, console=console, check=check,
-                          tags=tag_list)
+                        tags=tag_list, slurm_checked=True)
 
 
 def run_site(
@@ -72,13 +76,18 @@ def run_site(
     console: Console,
     check: bool = False,
     tags: list[str] | None = None,
+    slurm_checked: bool = False,
 ) -> ProvisionResult:
     """Run site.yml (every play, or only ``tags``) on ``nodes`` of ``cluster`` under its version
     lock: the inventory and the run's variables written, the run recorded with its artifacts, an
     unreachable node reported once and left out. A full run that succeeds marks the cluster
     bootstrapped; one that fails records the failed step. ``check``: Ansible's --check --diff
     (nothing changes, nothing is marked). `provision`, `up`, `patch --onto-image` and a pull
-    bootstrap's push fallback all converge through here."""
+    bootstrap's push fallback all converge through here. A run that configures Slurm first
+    refuses a node whose slurm.conf serves another cluster (unless ``slurm_checked``: the
+    caller did, before it recorded the choice)."""
+    if not slurm_checked and scheduler.would_configure(cluster, nodes, tags=tags):
+        scheduler.refuse_foreign(cluster, files, nodes)
     lock = version_lock(store, cluster)
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
            monitoring_host(cluster.spec))

@@ -10,10 +10,11 @@ The roll, in order:
    here and prints the plan.
 3. Baseline: the probes and health checks on the nodes to patch, against the lock
    they run now.
-4. Batch by batch (``--batch N``): drain hook, ``patch.yml`` on the batch (the
-   kernel guard and the reboot decision are in the playbook), the probes
+4. Batch by batch (``--batch N``): drain (through Slurm on a Slurm cluster, waiting
+   ``--grace`` for its jobs: gpuprov.shared.slurm_drain; then the drain hook), ``patch.yml`` on
+   the batch (the kernel guard and the reboot decision are in the playbook), the probes
    against the new lock, the health checks (``--health``, gpuprov.core.health_gate),
-   resume hook. A node whose play fails, or whose probes or health checks fail
+   resume hook, Slurm resume. A node whose play fails, or whose probes or health checks fail
    where they did not fail before the patch, stops the roll: nodes already done
    stay done, the failing node is reported (and stays drained), nodes not yet
    started are not touched.
@@ -51,10 +52,11 @@ from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-e
     request,
     run_hook,
 )
-from gpuprov.errors import BadInput
+from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.health import run as health_run
 from gpuprov.health.facts import Expect
 from gpuprov.probes import run as probes_run
+from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import (
     check_reachable,
     cluster_lock,
@@ -67,6 +69,7 @@ from gpuprov.shared.cluster import (
 )
 from gpuprov.shared.results import LockMove, PatchHost, PatchResult, serialise
 from gpuprov.shared.settings import playbook_vars
+from gpuprov.shared.slurm_drain import GRACE_S, OWN, SlurmDrains, slurm_names
 from gpuprov.state import NodeRecord, Store
 
 
@@ -97,13 +100,15 @@ class Roll:
     batches: list[list[str]] = field(default_factory=list)
     ok: bool = False
     health: str = "quick"  # the health gate's level (`--health`), or "off"
+    slurm: SlurmDrains | None = None  # a Slurm cluster's drains (gpuprov.shared.slurm_drain)
 
     def say(self, text: str) -> None:
         self.console.say(text)
 
     def result(self) -> PatchResult:
+        notes = self.slurm.notes if self.slurm else {}
         return PatchResult(cluster=self.name, ok=self.ok, batches=self.batches,
-                           hosts={h: PatchHost.of(s) for h, s in self.hosts.items()},
+                           hosts={h: PatchHost.of({**s, "slurm": notes.get(h)}) for h, s in self.hosts.items()},
                            lock=LockMove(from_=self.old.get("hash"), to=self.lock["hash"]))
 
 
@@ -113,6 +118,10 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
     store = store or Store()
     validate_name(name)
     cluster = load(store, name)
+    slurm = scheduler.of(cluster).kind == "slurm"
+    if not slurm and (req.force or req.grace is not None):
+        raise BadInput(f"--grace and --force go with a cluster that runs Slurm; '{name}' runs none "
+                       "(its drains are --drain and --resume)")
     old = version_lock(store, cluster)
     lock = new_lock(old, req)
     roll = Roll(name, req, old, lock, patch_vars(playbook_vars(cluster, lock), req, lock), console,
@@ -131,6 +140,10 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
             reach(roll, nodes)
             if roll.by_name:
                 todo = plan(roll)
+                if not req.check and slurm and todo:
+                    roll.slurm = slurm_drains(roll, cluster, run_id)
+                    # The probes after a batch find its nodes drained by this roll (not a fault).
+                    new_expect = {h: {**e, "slurm_drained_by": OWN} for h, e in new_expect.items()}
                 if not req.check:
                     stopped = roll_out(roll, todo, expectations(provider, nodes, old), new_expect)
                     # The lock moves only when every node has it: not with a node left unreachable.
@@ -174,6 +187,19 @@ def reach(roll: Roll, nodes: list[NodeRecord]) -> None:
     for host, why in roll.down.items():
         mark_unreachable(roll.hosts[host], why)
     roll.by_name = {n.name: n for n in reachable}
+
+
+def slurm_drains(roll: Roll, cluster: Any, run_id: Any) -> SlurmDrains:
+    """A Slurm cluster's drains for this roll: its controller (it must answer) and each
+    reachable node's Slurm name."""
+    controller = scheduler.controller_of(cluster)
+    if controller not in roll.by_name:
+        raise GpuprovError(f"{roll.name}: the Slurm controller {controller} does not answer: no node can be "
+                           "drained through Slurm, so none is patched")
+    grace = roll.req.grace if roll.req.grace is not None else GRACE_S
+    return SlurmDrains(controller=roll.by_name[controller], files=roll.files,
+                       names=slurm_names(list(roll.by_name.values()), roll.files), run=f"run {run_id}",
+                       grace=grace, force=roll.req.force)
 
 
 def plan(roll: Roll) -> list[str]:
@@ -286,7 +312,13 @@ def play(roll: Roll, number: int, ready: list[str]) -> list[str]:
 
 
 def hook(roll: Roll, host: str, phase: str) -> bool:
-    """The drain or resume hook for one node, when one is given; a failed hook fails the node."""
+    """The drain or resume hook for one node, when one is given; a failed hook fails the node.
+    On a Slurm cluster the node is drained through Slurm first (its jobs waited for)."""
+    if phase == "drain" and roll.slurm is not None:
+        ok, detail = roll.slurm.drain(host)
+        if not ok:
+            roll.hosts[host].update(status="failed", error=detail)
+            return False
     command = roll.req.drain if phase == "drain" else roll.req.resume
     if not command:
         return True
@@ -302,6 +334,11 @@ def finish(roll: Roll, host: str) -> bool:
     state = roll.hosts[host]
     if state["status"] != "failed" and roll.req.resume:
         hook(roll, host, "resume")
+    if roll.slurm is not None:
+        if state["status"] == "failed":
+            roll.slurm.failed(host, state["error"])
+        else:
+            roll.slurm.resume(host)
     if state["status"] == "failed":
         roll.say(f"  {host}: FAILED: {state['error']}")
         return False

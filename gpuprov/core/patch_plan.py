@@ -40,6 +40,8 @@ class Request:
     mirror_url: str | None = None
     mirror_key_fingerprint: str | None = None
     onto_image: str | None = None  # roll by replacing nodes from this baked image (or "newest")
+    grace: int | None = None  # Slurm clusters: seconds a drained node's jobs get (None: the default)
+    force: bool = False  # Slurm clusters: do not wait for the jobs of a drained node
 
 
 def request(*, all_: bool = False, **kw: Any) -> Request:
@@ -58,6 +60,12 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
                        "--microcode, --all or --onto-image")
     if req.batch < 1:
         raise BadInput(f"--batch must be at least 1, not {req.batch}")
+    if req.grace is not None and req.grace < 0:
+        raise BadInput(f"--grace must be 0 or more seconds, not {req.grace}")
+    if req.force and req.grace is not None:
+        raise BadInput("--force does not wait for jobs: leave out --grace, or --force")
+    if req.onto_image is not None and (req.force or req.grace is not None):
+        raise BadInput("--grace and --force go with a roll in place, not with --onto-image")
     for flag, hook in (("--drain", req.drain), ("--resume", req.resume)):
         if hook is not None and not hook.strip():
             raise BadInput(f"{flag} is empty: give a shell command, or leave the option out")

@@ -1,6 +1,17 @@
-"""The full level's run across nodes: NVIDIA nccl-tests' ``all_reduce_perf`` under Open MPI's
-``mpirun``, one rank per GPU on every node, judged against the type's published two-node floor
-(gpuprov.health.floors) by gpuprov.health.nccl.bandwidth_check.
+"""The full level's run across nodes: NVIDIA nccl-tests' ``all_reduce_perf``, one rank per GPU on
+every node, judged against the type's published two-node floor (gpuprov.health.floors) by
+gpuprov.health.nccl.bandwidth_check: under Slurm's ``srun`` on a cluster that runs Slurm, else
+under Open MPI's ``mpirun``.
+
+On a Slurm cluster (``--scheduler slurm``) the run is one job step from the first node, as the
+login user: ``srun --nodelist=<the nodes> --ntasks-per-node=G --gpus-per-node=G --mpi=pmix``
+(Slurm's PMIx plugin wires up Debian's Open MPI: proven on local nodes by
+tests/e2e/test_slurm_e2e.py), its environment the job's own (the lock's NCCL settings through
+the task prolog) plus ``FI_PROVIDER=efa`` on EFA types. No key is made or copied: Slurm starts
+the ranks, munge authenticates them. The job waits for its nodes like any other (a busy cluster
+queues it) within the same budget.
+
+Without Slurm:
 
 mpirun starts its ranks on the other nodes over SSH from the first node (the launcher), so for
 the length of one run gpuprov gives the nodes a way in to each other, and takes it away after:
@@ -42,6 +53,7 @@ from gpuprov.health.checks_gpu import failed, skipped
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
 from gpuprov.shared.results import HealthCheck
+from gpuprov.shared.slurm_drain import NAME as SLURM_NAME
 from gpuprov.ssh import node_key, pinned_key, ssh_options
 from gpuprov.state import NodeRecord
 
@@ -57,6 +69,7 @@ class Peer:
     node: NodeRecord
     address: str  # where the other nodes reach it (its default route's address)
     gpus: int
+    slurm_name: str = ""  # its Slurm NodeName (short hostname), read by the full level
 
 
 def peers(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Mapping[str, Expect]
@@ -87,7 +100,7 @@ def peers(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Map
         if seen.rc("mpirun") != 0:
             return [], failed(CHECK, f"{node.name}: mpirun is not installed", "Open MPI on every node",
                               f"run the nccl_tests play ({expected[node.name].provision} --tags nccl_tests)")
-        out.append(Peer(node, address, gpus))
+        out.append(Peer(node, address, gpus, seen.text("slurm_name").strip()))
     if len({p.gpus for p in out}) > 1:
         return [], failed(CHECK, "GPU counts differ: " + ", ".join(f"{p.node.name} {p.gpus}" for p in out),
                           "the same GPUs on every node", "check the nodes' gpu_count rows")
@@ -198,9 +211,39 @@ def _launch(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], 
     return replace(ran, rc=None if proc.returncode == 124 else proc.returncode, output=proc.stdout + proc.stderr)
 
 
+def srun_command(group: Sequence[Peer], program: Sequence[str], *, ranks_per_node: int,
+                 env: Sequence[str] = (), timeout: int = BUDGET_S) -> str:
+    """The one command the first node runs for a run under Slurm (its words gpuprov's constants,
+    the nodes' Slurm names, read from them and checked, and ints)."""
+    bad = [p.node.name for p in group if not SLURM_NAME.match(p.slurm_name)]
+    if bad:
+        raise ValueError(f"no Slurm node name read from {', '.join(bad)}")
+    ranks = int(ranks_per_node)
+    return (f"timeout {int(timeout)} srun --job-name=gpuprov-health --nodes={len(group)} "
+            f"--nodelist={','.join(p.slurm_name for p in group)} --ntasks-per-node={ranks} "
+            f"--gpus-per-node={ranks} --mpi=pmix --export={shlex.quote(','.join(['ALL', *env]))} "
+            f"{shlex.join(program)} 2>&1")
+
+
+def srun_run(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], *, ranks_per_node: int,
+             env: Sequence[str] = (), timeout: int = BUDGET_S) -> MpiRun:
+    """``program`` as one Slurm job step over ``group``, started on its first node."""
+    try:
+        command = srun_command(group, program, ranks_per_node=ranks_per_node, env=env, timeout=timeout)
+    except ValueError as exc:
+        return MpiRun(None, "", setup=str(exc))
+    try:
+        proc = subprocess.run(_ssh(group[0].node, files, command), capture_output=True, text=True,
+                              timeout=timeout + 60, check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return MpiRun(None, "")
+    return MpiRun(None if proc.returncode == 124 else proc.returncode, proc.stdout + proc.stderr)
+
+
 def across_nodes(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Mapping[str, Expect],
-                 files: ClusterFiles, run_dir: Path) -> HealthCheck:
-    """The full level's cluster row: all_reduce_perf over every GPU of every node."""
+                 files: ClusterFiles, run_dir: Path, launcher: str = "mpirun") -> HealthCheck:
+    """The full level's cluster row: all_reduce_perf over every GPU of every node, under
+    ``launcher`` (``srun`` on a cluster that runs Slurm, else ``mpirun``)."""
     group, why = peers(nodes, facts, expected)
     if why is not None:
         return _cluster(why)
@@ -208,7 +251,8 @@ def across_nodes(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expect
     env = ["FI_PROVIDER=efa"] if first.efa_interfaces else []
     program = ["sh", "-c", 'exec "$(command -v all_reduce_perf || echo /opt/nccl-tests/build/all_reduce_perf)" '
                '-b 8 -e 2G -f 2 -g 1']
-    ran = mpi_run(group, files, program, ranks_per_node=group[0].gpus, env=env)
+    start = srun_run if launcher == "srun" else mpi_run
+    ran = start(group, files, program, ranks_per_node=group[0].gpus, env=env)
     (run_dir / "nccl-across-nodes.txt").write_text(ran.output)
     where = f"{len(group)} nodes x {group[0].gpus} GPUs"
     if ran.setup:
@@ -222,7 +266,7 @@ def across_nodes(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expect
         row = nccl.bandwidth_check(NODE, ran.output, instance_type=first.instance_type, nodes=len(group))
         if ran.rc != 0 and row.status == "pass":
             text = ran.output.strip()
-            row = failed(CHECK, f"mpirun exited {ran.rc}: {text.splitlines()[-1][:200] if text else ''}",
+            row = failed(CHECK, f"{launcher} exited {ran.rc}: {text.splitlines()[-1][:200] if text else ''}",
                          EXPECTED, "read the raw output (nccl-across-nodes.txt in the run's directory)")
     if ran.left:
         found = mpi_key.left_line(ran.left, ran.run_id, ran.expires)

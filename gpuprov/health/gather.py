@@ -70,6 +70,8 @@ FULL: dict[str, str] = {
     "cluster_address": ("i=$(ip -4 route show default 2>/dev/null | awk '{ print $5; exit }'); "
                         '[ -n "$i" ] && ip -4 -o addr show dev "$i" | awk \'{ split($4, a, "/"); print a[1]; exit }\''),
     "mpirun": "command -v mpirun || { echo 'mpirun: not found'; exit 127; }",
+    # A Slurm cluster's run goes through srun (the node's Slurm name: its short hostname).
+    "slurm_name": "uname -n | cut -d. -f1",
 }
 # How long one node's script may run, by level.
 BUDGET_S = {"quick": 90, "standard": 90 + DCGM_BUDGET_S[2] + NCCL_BUDGET_S + 30,

@@ -14,7 +14,7 @@ from gpuprov.errors import BadInput
 from gpuprov.health import LEVELS, cluster_nccl, evaluate, gather
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared import localhost
+from gpuprov.shared import localhost, scheduler
 from gpuprov.shared.cluster import load, reachable_nodes, refresh, version_lock
 from gpuprov.shared.console import Console
 from gpuprov.shared.localhost import LocalRequest
@@ -102,8 +102,10 @@ def cluster_health(name: str, *, console: Console, level: str = "quick", only: S
         readings: dict[str, Facts] = {}
         rows.extend(check_nodes(nodes, expected, files, run_dir, console, level, readings))
         if level == "full":
-            console.say(f"  across {len(nodes)} node(s): all_reduce_perf under mpirun (budget {cluster_nccl.BUDGET_S} s)")
-            row = cluster_nccl.across_nodes(nodes, readings, expected, files, run_dir)
+            launcher = "srun" if scheduler.of(cluster).kind == "slurm" else "mpirun"
+            console.say(f"  across {len(nodes)} node(s): all_reduce_perf under {launcher} "
+                        f"(budget {cluster_nccl.BUDGET_S} s)")
+            row = cluster_nccl.across_nodes(nodes, readings, expected, files, run_dir, launcher)
             progress(console, row.node, [row], 0.0)
             rows.append(row)
     except BaseException:

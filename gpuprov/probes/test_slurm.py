@@ -34,6 +34,9 @@ class SlurmNode:
     name: str
     controller: str
     compute: tuple[str, ...]
+    # `gpuprov patch` on a Slurm cluster probes a node it drained itself before resuming it:
+    # the Reason its drain wrote starts with this ("gpuprov patch"); "" everywhere else.
+    drained_by: str = ""
 
     @property
     def is_controller(self) -> bool:
@@ -66,7 +69,26 @@ def slurm(host, node) -> SlurmNode:
         pytest.skip(f"no Slurm on this node (no {CONF}): a cluster without a scheduler")
     controller, compute = parse_conf(conf.content_string)
     name = host.run("hostname -s").stdout.strip()
-    return SlurmNode(name=name, controller=controller, compute=compute)
+    return SlurmNode(name=name, controller=controller, compute=compute,
+                     drained_by=str(data.get("slurm_drained_by") or ""))
+
+
+def _drained_by_the_roll(host, slurm: SlurmNode) -> str:
+    """The node's drain Reason when the roll that runs these probes drained it (its Reason
+    starts with the roll's words), else ""."""
+    if not slurm.drained_by:
+        return ""
+    state = host.run(f"sinfo -h -N -n {shlex.quote(slurm.name)} -o '%T|%E'").stdout.strip().splitlines()
+    status, _, reason = (state[0] if state else "").partition("|")
+    return reason if "drain" in status and reason.startswith(slurm.drained_by) else ""
+
+
+def _need_jobs(host, slurm: SlurmNode) -> None:
+    _need_compute(slurm)
+    reason = _drained_by_the_roll(host, slurm)
+    if reason:
+        pytest.skip(f"{slurm.name} is drained by the roll that runs these probes ({reason}): no job runs "
+                    "there until its gate passes and it is resumed")
 
 
 def _need_compute(slurm: SlurmNode) -> None:
@@ -142,6 +164,10 @@ def _state(host, name: str) -> tuple[str, str]:
 
 def test_node_takes_work_in_sinfo(host, slurm, report):
     _need_compute(slurm)
+    own = _drained_by_the_roll(host, slurm)
+    if own:
+        report(f"sinfo: {slurm.name} drained by this roll ({own}): resumed once its gate passes")
+        return
     deadline = time.monotonic() + UP_WAIT_S
     line, err = _state(host, slurm.name)
     while line.split("|")[0] not in UP_STATES and time.monotonic() < deadline:
@@ -157,7 +183,7 @@ def test_node_takes_work_in_sinfo(host, slurm, report):
 
 
 def test_srun_runs_a_task_on_this_node(host, slurm, report):
-    _need_compute(slurm)
+    _need_jobs(host, slurm)
     run = host.run(f"timeout 120 srun -N1 -w {shlex.quote(slurm.name)} hostname -s")
     assert run.rc == 0 and run.stdout.strip() == slurm.name, (
         f"expected `srun -N1 -w {slurm.name} hostname -s` to answer {slurm.name}, found rc {run.rc}: "
@@ -166,7 +192,7 @@ def test_srun_runs_a_task_on_this_node(host, slurm, report):
 
 
 def test_every_task_gets_the_clusters_environment(host, slurm, report):
-    _need_compute(slurm)
+    _need_jobs(host, slurm)
     env_file = host.file(TASK_ENV)
     if not env_file.is_file:
         pytest.skip(f"no task environment on {slurm.name} (no {TASK_ENV}: slurm_task_env is empty)")

@@ -312,6 +312,7 @@ class PatchHost:
     error: str | None = field(default=None, metadata={OPTIONAL: True})
     reboot_skipped: str | None = field(default=None, metadata={OPTIONAL: True})
     replaced_by: str | None = field(default=None, metadata={OPTIONAL: True})
+    slurm: str | None = field(default=None, metadata={OPTIONAL: True})  # Slurm clusters: drained, resumed, ...
 
     @classmethod
     def of(cls, state: Mapping[str, Any]) -> PatchHost:

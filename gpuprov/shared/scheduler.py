@@ -10,12 +10,15 @@ so they are in no extravars file, run artifact, log or state row.
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gpuprov import defaults, ssh
-from gpuprov.errors import BadInput
+from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles
 from gpuprov.scheduler_choice import Scheduler
 from gpuprov.shared.results import SlurmNode, SlurmStatus
@@ -116,3 +119,97 @@ def parse_sinfo(text: str) -> dict[str, SlurmNode]:
         if name and state:
             out[name] = SlurmNode(state=state.strip(), reason="" if reason.strip() == "none" else reason.strip())
     return out
+
+
+# -- a node whose slurmd serves another cluster is never clobbered ----------------------------
+# Before a run that would configure Slurm, each node is asked for its slurm.conf (a fixed
+# command, quoted for the node's shell: nothing of the user's reaches it); exit 3: no file.
+SLURM_CONF = "/etc/slurm/slurm.conf"
+_NO_CONF = 3
+# How long a node whose SSH does not answer yet (refused, reset: a node just started) is asked
+# again before it is left to the run.
+READ_WAIT_S = 20.0
+READ_CONF = ("sh", "-c", f"[ -e {SLURM_CONF} ] || exit {_NO_CONF}; exec cat {SLURM_CONF}")
+# Slurm's parser (parse_config.c): Key=Value pairs, the key in any case, spaces around '='
+# allowed, a value quoted or up to the next space; '#' starts a comment unless escaped ('\\#').
+_CLUSTER_NAME = re.compile(r'(?:^|\s)ClusterName\s*=\s*(?:"([^"]*)"|(\S+))', re.IGNORECASE)
+_COMMENT = re.compile(r"(?<!\\)#.*")
+
+
+def slurm_cluster_name(cluster_name: str) -> str:
+    """The ClusterName the slurm play writes for a gpuprov cluster (playbooks/slurm.yml: the
+    name lower-cased, every character but a-z 0-9 '_' '-' made '-')."""
+    return re.sub(r"[^a-z0-9_-]", "-", cluster_name.lower())
+
+
+def conf_cluster_name(text: str) -> str | None:
+    """The ClusterName a slurm.conf names, lower-cased as Slurm takes it (the last one where it
+    is given twice); None for a file that names none."""
+    found = None
+    for line in text.splitlines():
+        for match in _CLUSTER_NAME.finditer(_COMMENT.sub("", line)):
+            found = match.group(1) if match.group(1) is not None else match.group(2)
+    if found is None:
+        return None
+    # Shown in a one-line message: nothing of the file's may move the terminal or add a line.
+    return "".join(c if c.isprintable() else "?" for c in found.strip().lower())[:64]
+
+
+def _read_conf(node: NodeRecord, files: ClusterFiles) -> tuple[str, str | None]:
+    """("file", its text) / ("none", None) / ("unreached", why) / ("unread", why). A node whose
+    SSH does not answer yet (a node just started) is asked again for up to READ_WAIT_S seconds:
+    one skipped here but reached by the run a moment later would be clobbered."""
+    cmd = ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+           "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}",
+           shlex.join(READ_CONF)]
+    deadline = time.monotonic() + READ_WAIT_S
+    while True:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
+                                  timeout=40, errors="replace")
+        except subprocess.TimeoutExpired:
+            return "unreached", "no answer within 40s"
+        if proc.returncode == 0:
+            return "file", proc.stdout
+        if proc.returncode == _NO_CONF:
+            return "none", None
+        why = ssh.ssh_error_line(proc.stderr, proc.returncode)
+        if proc.returncode != 255:
+            return "unread", why
+        if ssh.HOST_KEY_MISMATCH in why or "Permission denied" in proc.stderr or time.monotonic() > deadline:
+            return "unreached", why
+        time.sleep(1.0)
+
+
+def would_configure(cluster: ClusterRecord, nodes: list[NodeRecord], chosen: Scheduler | None = None,
+                    tags: list[str] | None = None) -> bool:
+    """Whether a run on ``nodes`` (with ``tags``) configures Slurm: the cluster has it (or is
+    being given it), the slurm play is among the tags, and the run reaches every node
+    (play_vars)."""
+    return ((chosen or of(cluster)).kind == "slurm" and (not tags or "slurm" in tags)
+            and {n.name for n in nodes} == {n.name for n in cluster.nodes})
+
+
+def refuse_foreign(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> None:
+    """BadInput (one line) where a node's slurm.conf names another ClusterName than the one
+    the slurm play would write (or names none): that node's slurmd serves another cluster and
+    is never clobbered. A node without the file, or with this cluster's name, passes; a node
+    whose SSH does not answer within the wait is left to the run (which finds it unreachable
+    too, reports it and leaves it out); one whose file cannot be read is refused (exit 1)."""
+    ours = slurm_cluster_name(cluster.name)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 32))) as pool:
+        answers = list(pool.map(lambda n: _read_conf(n, files), nodes))
+    foreign, unread = [], []
+    for node, (kind, text) in zip(nodes, answers, strict=True):
+        if kind == "file":
+            theirs = conf_cluster_name(text or "")
+            foreign += [] if theirs == ours else [
+                f"{node.name}: its {SLURM_CONF} " + (f"serves Slurm cluster '{theirs}'" if theirs is not None
+                                                     else "names no ClusterName")]
+        elif kind == "unread":
+            unread.append(f"{node.name}: {SLURM_CONF} could not be read ({text})")
+    if foreign:
+        raise BadInput(f"{'; '.join(foreign)}, not this cluster's '{ours}': refused, "
+                       "nothing recorded or changed")
+    if unread:
+        raise GpuprovError("; ".join(unread) + ": refused, nothing recorded or changed")

@@ -8,6 +8,11 @@ tests run in file order: --check changes nothing; a roll stopped by a broken
 node (first node patched, failing node reported, third untouched); the roll
 completed; a no-op patch; the kernel guard refusing a node whose next kernel
 has no NVIDIA module. Between the last two: the branch and flavour move to R580 open.
+
+The fleet runs Slurm (`provision --scheduler slurm --tags slurm`): every roll drains its nodes
+through Slurm and resumes them; a job running on a node is waited for (the failing-node roll),
+one still running past `--grace` keeps its node drained and unpatched, and `--force` patches
+without waiting (the branch move).
 """
 
 from __future__ import annotations
@@ -72,6 +77,12 @@ def fleet(env, repo, tmp_path_factory):
             capture_output=True, text=True, check=False,
             env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg")})
         assert proc.returncode == 0, proc.stdout[-4000:]
+        # driver.yml refreshed the fixture repository's lists only (the node image ships none):
+        # Debian's, for Slurm's packages, as a node that ever ran `apt-get update` has them.
+        for node in (f"{name}-node-{i}" for i in (1, 2, 3)):
+            sh(node, "apt-get update -q >/dev/null 2>&1")
+        proc = run_cli("provision", name, "--scheduler", "slurm", "--tags", "slurm", env=env, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         yield name, [f"{name}-node-{i}" for i in (1, 2, 3)]
     finally:
         run_cli("down", name, "--yes", env=env)
@@ -87,6 +98,27 @@ def sh(node: str, cmd: str) -> str:
 def state(node: str) -> str:
     """The node's package state: every installed package with its version, and the holds."""
     return sh(node, "dpkg-query -W -f='${Package} ${Version} ${Status}\\n'; apt-mark showhold")
+
+
+def slurm_state(node: str, on: str) -> tuple[str, str]:
+    """(state, reason) of ``node`` as the controller ``on`` shows it."""
+    line = sh(on, f"sinfo --noheader --Node --nodes={node} --format='%T|%E'").strip().splitlines()[0]
+    state, _, reason = line.partition("|")
+    return state, "" if reason == "none" else reason
+
+
+def job(node: str, seconds: int) -> str:
+    """A batch job of the nodes' user sleeping ``seconds`` on ``node``, once it runs: its id."""
+    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    jid = subprocess.run(["docker", "exec", "-u", "gpuprov", "-w", "/tmp", cid, "sbatch", "--parsable",
+                          "-w", node, "-o", "/dev/null", "--wrap", f"sleep {seconds}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + 60
+    while sh(node, f"squeue --noheader --jobs={jid} --format=%T").strip() != "RUNNING":
+        assert time.monotonic() < deadline, sh(node, f"scontrol show job {jid}")
+        time.sleep(1)
+    return jid
 
 
 def driver(node: str) -> str:
@@ -136,6 +168,7 @@ def test_a_failing_node_stops_the_roll(env, repo, fleet, tmp_path):
                " rm -rf /var/lib/apt/lists/*")
     third_before = state(third)
     log = tmp_path / "hooks.log"
+    running = job(first, 90)  # the roll (plan, baseline, then batch 1) drains the first node through Slurm and waits for it
     proc, data, _ = patch(env, repo, name, "--driver", "535", "--batch", "1",
                           "--drain", f"echo drain $GPUPROV_NODE >> {log}",
                           "--resume", f"echo resume $GPUPROV_NODE >> {log}")
@@ -149,6 +182,16 @@ def test_a_failing_node_stops_the_roll(env, repo, fleet, tmp_path):
     assert state(third) == third_before
     assert {"nvidia-driver-535", "nvidia-dkms-535"} <= set(sh(first, "apt-mark showhold").split())
     assert log.read_text().split("\n")[:-1] == [f"drain {first}", f"resume {first}", f"drain {broken}"]
+    # Through Slurm: the job was waited for (it ran to its end), the first node resumed, the
+    # failing node left drained with why, the third never touched.
+    assert "JobState=COMPLETED" in sh(first, f"scontrol show job {running}")
+    assert data["hosts"][first]["slurm"] == "drained; waited for its jobs to end; resumed", data["hosts"][first]
+    assert data["hosts"][broken]["slurm"] == "drained; left drained"
+    assert "slurm" not in data["hosts"][third]
+    assert slurm_state(first, first) == ("idle", "")
+    state_, reason = slurm_state(broken, first)
+    assert state_ == "drained" and reason.startswith("gpuprov patch failed: "), (state_, reason)
+    assert slurm_state(third, first) == ("idle", "")
     # Container nodes cannot reboot: said so, not silently skipped.
     assert "container" in data["hosts"][first].get("reboot_skipped", "") or not data["hosts"][first]["rebooted"]
     record = runs(env, name)[0]
@@ -167,6 +210,9 @@ def test_the_roll_completes_once_the_node_is_fixed(env, repo, fleet):
     assert data["hosts"][first]["status"] == "unchanged"
     assert data["hosts"][broken]["status"] == data["hosts"][third]["status"] == "patched"
     assert all(driver(n) == f"{NEW}-1" for n in nodes)
+    # The node the last roll left drained is resumed by this one.
+    assert data["hosts"][broken]["slurm"] == "drained; resumed"
+    assert {slurm_state(n, first) for n in nodes} == {("idle", "")}
     assert json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]["driver"] == NEW
 
 
@@ -198,10 +244,27 @@ def test_branch_and_flavour_move(env, repo, fleet):
             f"nvidia-dkms-535 {NEW}-1 -> removed",
             "reboot: none (container node: it shares the kernel of its host)"], data["hosts"][n]
     assert {n: state(n) for n in nodes} == before
-    proc, data, _ = patch(env, repo, name, "--driver", "580", "--kernel-module", "open", "--batch", "3")
+    # A job still running on the third node after --grace: that node is neither patched nor
+    # resumed, the others are; --force then patches it without waiting.
+    first, third = nodes[0], nodes[2]
+    running = job(third, 600)
+    proc, data, _ = patch(env, repo, name, "--driver", "580", "--kernel-module", "open", "--batch", "3",
+                          "--grace", "2")
+    assert proc.returncode == 1 and not data["ok"], proc.stderr[-3000:]
+    assert [data["hosts"][n]["status"] for n in nodes] == ["patched", "patched", "failed"], data["hosts"]
+    assert f"1 job(s) still running on {third} after the 2 s grace time ({running})" in data["hosts"][third]["error"]
+    assert state(third) == before[third]
+    state_, reason = slurm_state(third, first)
+    assert state_ == "draining" and reason.startswith("gpuprov patch failed: 1 job(s) still running"), (state_, reason)
+    proc, data, _ = patch(env, repo, name, "--driver", "580", "--kernel-module", "open", "--batch", "3",
+                          "--force")
     assert proc.returncode == 0 and data["ok"], proc.stderr[-3000:]
+    assert [data["hosts"][n]["status"] for n in nodes] == ["unchanged", "unchanged", "patched"]
+    assert data["hosts"][third]["slurm"] == f"drained; --force: not waiting for job(s) {running}; resumed"
+    assert sh(third, f"squeue --noheader --jobs={running} --format=%T").strip() == "RUNNING"
+    assert slurm_state(third, first)[0] in ("allocated", "mixed")
+    sh(first, f"scancel {running}")
     for n in nodes:
-        assert data["hosts"][n]["status"] == "patched"
         assert sh(n, "dpkg-query -W -f='${db:Status-Abbrev}${Package}\\n' 'nvidia-*' | awk '/^.i/ { print $2 }'"
                   ).split() == ["nvidia-dkms-580-open", "nvidia-driver-580-open", f"nvidia-driver-pinning-{R580}"]
         assert {"nvidia-driver-580-open", "nvidia-dkms-580-open"} <= set(sh(n, "apt-mark showhold").split())

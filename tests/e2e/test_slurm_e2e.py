@@ -5,7 +5,9 @@ the rdma and slurm plays only (`--tags rdma,slurm`), so every job gets the NCCL 
 play writes. What it proves: both nodes idle in `sinfo` with the CPUs and memory their facts say,
 `srun -N2` answering from both, a two-node batch job seeing the NCCL environment, one munge key
 made by gpuprov (identical on both nodes, 0400 munge, its bytes nowhere in gpuprov's state or run
-artifacts), and bad scheduler input refused with one line and nothing recorded.
+artifacts), bad scheduler input refused with one line and nothing recorded, a node whose
+slurm.conf serves another cluster refused before anything is recorded or changed, and (last, a
+labelled FIXTURE of device files) GRES giving a job only the GPU it was given.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import secrets
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,6 +71,34 @@ def test_bad_scheduler_input_is_one_line_exit_2_and_records_nothing(cluster, env
         assert needle in proc.stderr, proc.stderr
         assert _scheduler_of(env, name) is None
     assert not (Path(env["GPUPROV_HOME"]) / "clusters" / name / "munge.key").exists()
+
+
+def _runs_of(env: dict[str, str], name: str) -> int:
+    with sqlite3.connect(Path(env["GPUPROV_HOME"]) / "state.db") as db:
+        return db.execute("SELECT count(*) FROM runs WHERE cluster = ?", (name,)).fetchone()[0]
+
+
+def test_a_node_whose_slurm_serves_another_cluster_is_never_clobbered(cluster, env) -> None:
+    """A node whose /etc/slurm/slurm.conf names another ClusterName (another site's Slurm) is
+    refused before anything is recorded or changed: one line naming the node and that cluster,
+    exit 2, no scheduler recorded, no run, no munge key made, the file as it was."""
+    name, nodes = cluster
+    second = nodes[1]
+    foreign = "# Slurm of another site\nClusterName=lab-west\nSlurmctldHost=head01\n"
+    _on(second, f"mkdir -p /etc/slurm && printf '{foreign}' > /etc/slurm/slurm.conf")
+    try:
+        before = _on(second, "sha256sum /etc/slurm/slurm.conf")
+        runs = _runs_of(env, name)
+        proc = run_cli("provision", name, "--scheduler", "slurm", "--tags", "rdma,slurm", env=env, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert f"{second}: its /etc/slurm/slurm.conf serves Slurm cluster 'lab-west'" in proc.stderr, proc.stderr
+        assert nodes[0] not in proc.stderr, proc.stderr
+        assert _scheduler_of(env, name) is None and _runs_of(env, name) == runs
+        assert not (Path(env["GPUPROV_HOME"]) / "clusters" / name / "munge.key").exists()
+        assert _on(second, "sha256sum /etc/slurm/slurm.conf") == before
+        assert _on(second, "dpkg-query -W -f='${db:Status-Status}' slurmd 2>/dev/null || true") != "installed"
+    finally:
+        _on(second, "rm -f /etc/slurm/slurm.conf")
 
 
 def test_slurm_runs_jobs_across_both_nodes_with_the_fabric_environment(cluster, env) -> None:
@@ -136,6 +167,29 @@ def _wait_state(node: str, on: str, want: str, timeout: float = 90.0) -> tuple[s
         time.sleep(2)
 
 
+MPI_PROGRAM = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
+               "print(socket.gethostname(), c.Get_rank(), c.Get_size(), c.allreduce(1))")
+
+
+def test_an_mpi_program_starts_under_plain_srun_across_both_nodes(cluster, env) -> None:
+    """MPI through Slurm: Debian's Open MPI (what the nccl_tests play installs; mpi4py, Debian's
+    python3-mpi4py, is the MPI program here) wired up by Slurm's PMIx plugin, the slurm.conf
+    default, so `srun` starts MPI ranks as written, with no --mpi and no SSH key between the
+    nodes. Four ranks on two nodes, each seeing the world of four and an allreduce summing it."""
+    name, nodes = cluster
+    first = nodes[0]
+    for node in nodes:
+        _on(node, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+                  "python3-mpi4py openmpi-bin >/dev/null")
+    assert _on(first, "scontrol show config | grep '^MpiDefault '").split("=", 1)[1].strip() == "pmix"
+    out = _on(first, f"cd /tmp && timeout 150 srun -N2 --ntasks-per-node=2 python3 -c '{MPI_PROGRAM}'",
+              user="gpuprov")
+    rows = sorted(line.split() for line in out.splitlines() if line.strip())
+    assert [r[1:] for r in sorted(rows, key=lambda r: int(r[1]))] == [[str(i), "4", "4"] for i in range(4)], out
+    assert sorted({r[0] for r in rows}) == sorted(nodes), out
+    assert not any((Path(env["GPUPROV_HOME"]) / "clusters" / name).glob("**/gpuprov-mpi-*"))
+
+
 def test_a_node_is_drained_by_its_own_health_and_resumed_when_it_passes(cluster, env) -> None:
     """The Docker engine (Debian's docker.io, installed on the node for this test) stopped:
     slurmd's health program drains the node with the check's name as its Reason; started
@@ -173,3 +227,85 @@ def test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays(cluster, env
     _on(second, "/usr/local/sbin/gpuprov-slurm-health")
     again = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
     assert again["slurm"]["nodes"][second] == {"state": "drained", "reason": "by hand"}
+
+
+# FIXTURE (labelled): two GPUs that are only device files. Each node gets character devices
+# 195:0 and 195:1 (/dev/nvidia0, /dev/nvidia1: the NVIDIA driver's major number, no driver
+# behind them), and the slurm play is run by hand (the cluster's own inventory, ansible.cfg and
+# vars.yml that gpuprov wrote) with the node's census given as 2 GPUs of the recorded H100's
+# model instead of read from its PCI bus. This is the module's last test: the cluster is torn
+# down after it, so nothing is restored.
+FIXTURE_GPUS = 2
+# Run inside the job: each device opened, and what the kernel answered.
+OPEN_DEVICES = """import errno, os, sys
+for dev in sys.argv[1:]:
+    try:
+        os.close(os.open(dev, os.O_RDWR))
+        print(dev, "opened")
+    except OSError as exc:
+        print(dev, errno.errorcode[exc.errno], exc.strerror)
+"""
+IN_JOB = ("bash -c 'echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; "
+          "python3 /tmp/open-devices.py /dev/nvidia0 /dev/nvidia1'")
+
+
+def _recorded_model() -> str:
+    from gpuprov import catalog
+
+    bus = catalog.parse_pci((Path(__file__).resolve().parents[1] / "fixtures" / "recordings" / "h100-sxm5-580"
+                             / "pci.txt").read_text())
+    (model,) = {catalog.GPU_BY_PCI_DEVICE[d] for d in bus["gpu_device_ids"]}
+    return model
+
+
+def _fixture_play(env: dict[str, str], name: str, model: str) -> None:
+    from gpuprov import paths
+
+    cdir = Path(env["GPUPROV_HOME"]) / "clusters" / name
+    fixture_vars = {
+        "gpuprov_base_gpus": FIXTURE_GPUS, "gpuprov_base_gpu_models": [model],
+        # No HealthCheckProgram for this run: gpuprov's node health drains a node whose GPUs
+        # do not answer `nvidia-smi -L`, and these device files have no driver behind them.
+        "slurm_health_services": [], "slurm_health_gpu_services": [],
+    }
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.yml"),
+         "-e", f"@{cdir / 'vars.yml'}", "-e", json.dumps(fixture_vars), str(paths.playbooks_dir() / "slurm.yml")],
+        env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg")}, capture_output=True, text=True, check=False,
+        timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_gres_on_device_files_gives_a_job_only_its_gpu(cluster, env) -> None:
+    """gres.conf lists the device files (no NVML here), slurm.conf the model and count, and a
+    job given one GPU gets CUDA_VISIBLE_DEVICES=0 and that device alone: the devices cgroup
+    (cgroup.conf ConstrainDevices=yes) refuses /dev/nvidia1 (EPERM) while /dev/nvidia0 is let
+    through to the kernel, which finds no driver (ENXIO). A job given both opens both as far."""
+    name, nodes = cluster
+    first = nodes[0]
+    model = _recorded_model()
+    gres_type = model.lower()
+    for node in nodes:
+        _on(node, "for i in 0 1; do [ -e /dev/nvidia$i ] || mknod -m 666 /dev/nvidia$i c 195 $i; done")
+    _fixture_play(env, name, model)
+    assert "ConstrainDevices=yes" in _on(first, "cat /etc/slurm/cgroup.conf").split()
+
+    conf = _on(first, "cat /etc/slurm/slurm.conf")
+    for node in nodes:
+        line = next(x for x in conf.splitlines() if x.startswith(f"NodeName={node} "))
+        assert f" Gres=gpu:{gres_type}:{FIXTURE_GPUS} " in line, line
+    gres = _on(first, "grep -v '^#' /etc/slurm/gres.conf").splitlines()
+    assert sorted(gres) == sorted(f"NodeName={n} AutoDetect=off Name=gpu Type={gres_type} File=/dev/nvidia[0-1]"
+                                  for n in nodes), gres
+    assert f"Gres=gpu:{gres_type}:{FIXTURE_GPUS}" in _on(first, f"scontrol show node {first}")
+    assert _wait_state(first, first, "idle")[0] == "idle"
+
+    _on(first, f"cat > /tmp/open-devices.py <<'EOS'\n{OPEN_DEVICES}EOS")
+    one = _on(first, f"srun -w {first} --gres=gpu:1 {IN_JOB}", user="gpuprov").splitlines()
+    assert one == ["CUDA_VISIBLE_DEVICES=0",
+                   "/dev/nvidia0 ENXIO No such device or address",
+                   "/dev/nvidia1 EPERM Operation not permitted"], one
+    both = _on(first, f"srun -w {first} --gres=gpu:2 {IN_JOB}", user="gpuprov").splitlines()
+    assert both == ["CUDA_VISIBLE_DEVICES=0,1",
+                    "/dev/nvidia0 ENXIO No such device or address",
+                    "/dev/nvidia1 ENXIO No such device or address"], both

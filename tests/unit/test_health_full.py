@@ -174,6 +174,50 @@ def test_a_run_whose_key_could_not_be_removed_everywhere_fails_naming_the_node(m
     assert "gpuprov-mpi-0123456789ab" in row.action and "authorized_keys" in row.action
 
 
+# -- a cluster that runs Slurm: the run is one srun step ---------------------------------------------
+def _slurm_facts(address: str, name: str) -> Facts:
+    return _facts(address=address, slurm_name=Section(name + "\n", 0))
+
+
+def test_under_slurm_the_run_is_one_srun_step_with_pmix_and_no_key() -> None:
+    facts = {"c-node-1": _slurm_facts("10.0.1.5", "ip-10-0-1-5"), "c-node-2": _slurm_facts("10.0.1.6", "ip-10-0-1-6")}
+    group, row = cluster_nccl.peers([_node(1), _node(2)], facts, {"c-node-1": P4DE, "c-node-2": P4DE})
+    assert row is None
+    command = cluster_nccl.srun_command(group, ["sh", "-c", "exec all_reduce_perf -g 1"], ranks_per_node=8,
+                                        env=["FI_PROVIDER=efa"], timeout=900)
+    assert command == ("timeout 900 srun --job-name=gpuprov-health --nodes=2 --nodelist=ip-10-0-1-5,ip-10-0-1-6 "
+                       "--ntasks-per-node=8 --gpus-per-node=8 --mpi=pmix --export=ALL,FI_PROVIDER=efa "
+                       "sh -c 'exec all_reduce_perf -g 1' 2>&1")
+
+
+@pytest.mark.parametrize("name", ["", "a;reboot", "$(id)", "-x"])
+def test_a_slurm_name_that_is_not_one_starts_nothing(name: str, tmp_path) -> None:
+    facts = {"c-node-1": _slurm_facts("10.0.1.5", "ip-10-0-1-5"), "c-node-2": _slurm_facts("10.0.1.6", name)}
+    group, _ = cluster_nccl.peers([_node(1), _node(2)], facts, {"c-node-1": P4DE, "c-node-2": P4DE})
+    ran = cluster_nccl.srun_run(group, ClusterFiles(tmp_path), ["true"], ranks_per_node=8)
+    assert ran.rc is None and ran.setup == "no Slurm node name read from c-node-2"
+
+
+def test_the_published_run_as_srun_returns_it_passes_and_makes_no_key(monkeypatch, tmp_path) -> None:
+    text = (REC / "p4de-24xlarge-x2-efa" / "all_reduce_perf.txt").read_text()
+    seen: dict = {}
+
+    def fake_srun_run(group, files, program, *, ranks_per_node, env=(), timeout=0):
+        seen.update(ranks=ranks_per_node, env=list(env))
+        return cluster_nccl.MpiRun(0, text)
+
+    def no_mpi_run(*_a, **_k):
+        raise AssertionError("mpirun (and its per-run key) on a Slurm cluster")
+
+    # srun itself cannot run here (no GPU, no EFA): what the published nodes printed stands in.
+    monkeypatch.setattr(cluster_nccl, "srun_run", fake_srun_run)
+    monkeypatch.setattr(cluster_nccl, "mpi_run", no_mpi_run)
+    facts = {"c-node-1": _slurm_facts("10.0.1.5", "a"), "c-node-2": _slurm_facts("10.0.1.6", "b")}
+    row = cluster_nccl.across_nodes([_node(1), _node(2)], facts, {"c-node-1": P4DE, "c-node-2": P4DE},
+                                    ClusterFiles(tmp_path), tmp_path, "srun")
+    assert row.status == "pass" and seen == {"ranks": 8, "env": ["FI_PROVIDER=efa"]}, row
+
+
 # -- the run's key line (gpuprov.health.mpi_key) ----------------------------------------------------
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFqLpR0wK9m3bYv5x0aD1cU8e2hQ7sT4nJ6oW1rZ3yXk gpuprov-mpi-0123456789ab"
 RUN = "gpuprov-mpi-0123456789ab"

@@ -73,7 +73,7 @@ def test_stack_shows_the_platforms(capsys) -> None:
     assert exc.value.code in (0, None)
     rows = json.loads(out)["platforms"]
     assert rows[0] == {"os": "debian12", "name": "Debian 12 (bookworm)", "proven": True,
-                       "how": platforms.PROVEN_BY}
+                       "how": platforms.PROVEN_BY, "slurm": "22.05.8"}
     assert {r["os"]: r["proven"] for r in rows[1:]} == {
         "ubuntu20.04": False, "ubuntu22.04": False, "ubuntu24.04": False}
 
@@ -81,3 +81,4 @@ def test_stack_shows_the_platforms(capsys) -> None:
         main(["stack", "--type", "g5.xlarge"])
     out, _ = capsys.readouterr()
     assert "proven here: Debian 12 (bookworm); claimed, not proven here: Ubuntu 20.04" in " ".join(out.split())
+    assert "the OS's own slurm-wlm): Debian 12 22.05.8, Ubuntu 20.04 19.05.5" in " ".join(out.split())

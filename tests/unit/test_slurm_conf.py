@@ -138,7 +138,7 @@ def test_the_cluster_wide_settings_are_the_issues() -> None:
     for line in ("ClusterName=train", "SlurmctldHost=demo-1(172.17.0.3)", "GresTypes=gpu",
                  "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
                  "ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup,task/affinity",
-                 "AuthType=auth/munge"):
+                 "AuthType=auth/munge", "MpiDefault=pmix"):
         assert line in text.splitlines()
     assert "TaskProlog" not in text and "HealthCheck" not in text
     assert conf.cgroup_conf().splitlines()[1:] == ["ConstrainCores=yes", "ConstrainDevices=yes",
