@@ -117,14 +117,15 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
 # scenario starts early.
 UNIT_SECONDS = {
     "tests/e2e/test_docker_cluster.py": 2300,  # CI: set-up 1183, driver move 353 (here: 3200)
-    "tests/e2e/test_patch_e2e.py": 729,  # here
+    "tests/e2e/test_patch_e2e.py": 950,  # here 729 before its fleet ran Slurm (+ provision, + a roll)
     "tests/e2e/test_cluster_faults.py": 712,  # here (set-up 168)
     "molecule:nvidia_driver:default": 540,  # CI
     "tests/e2e/test_pull_e2e.py": 365,  # here
     "tests/e2e/test_unreachable.py": 261,  # here
-    "molecule:slurm:default": 240,  # estimated (3 to 5 minutes)
+    "molecule:slurm:default": 200,  # here 165 to 264
     "molecule:nvidia_fabricmanager:default": 228,  # CI
     "molecule:cuda:default": 209,  # CI
+    "tests/e2e/test_slurm_e2e.py": 260,  # here 203 (7 tests, two nodes, rdma and slurm plays)
     "tests/e2e/test_monitor_e2e.py": 170,  # here
     "tests/e2e/test_static_onprem.py": 134,  # here
     "tests/e2e/test_recorded_node.py": 123,  # here

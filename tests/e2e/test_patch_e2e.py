@@ -101,24 +101,36 @@ def state(node: str) -> str:
 
 
 def slurm_state(node: str, on: str) -> tuple[str, str]:
-    """(state, reason) of ``node`` as the controller ``on`` shows it."""
-    line = sh(on, f"sinfo --noheader --Node --nodes={node} --format='%T|%E'").strip().splitlines()[0]
-    state, _, reason = line.partition("|")
-    return state, "" if reason == "none" else reason
+    """(state, reason) of ``node`` as the controller ``on`` shows it, once the controller hears
+    from the node (sinfo's ``*``: not responding, seen for a few seconds on this loaded machine
+    while the node's play ran; 60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        line = sh(on, f"sinfo --noheader --Node --nodes={node} --format='%T|%E'").strip().splitlines()[0]
+        state, _, reason = line.partition("|")
+        if not state.endswith("*") or time.monotonic() > deadline:
+            return state, "" if reason == "none" else reason
+        time.sleep(2)
 
 
-def job(node: str, seconds: int) -> str:
-    """A batch job of the nodes' user sleeping ``seconds`` on ``node``, once it runs: its id."""
+def job(node: str, script: str) -> str:
+    """A batch job of the nodes' user running ``script`` on ``node``, once it runs: its id."""
     cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
                          capture_output=True, text=True, check=True).stdout.strip()
     jid = subprocess.run(["docker", "exec", "-u", "gpuprov", "-w", "/tmp", cid, "sbatch", "--parsable",
-                          "-w", node, "-o", "/dev/null", "--wrap", f"sleep {seconds}"],
+                          "-w", node, "-o", "/dev/null", "--wrap", script],
                          capture_output=True, text=True, check=True).stdout.strip()
     deadline = time.monotonic() + 60
     while sh(node, f"squeue --noheader --jobs={jid} --format=%T").strip() != "RUNNING":
         assert time.monotonic() < deadline, sh(node, f"scontrol show job {jid}")
         time.sleep(1)
     return jid
+
+
+# A job that runs until its node is drained, then 5 s more: a roll that does not wait for it
+# patches under it (and then its "waited" note is missing).
+UNTIL_DRAINED = ("timeout 900 sh -c 'until sinfo -h -N -n \"$(hostname -s)\" -o %T | grep -q drain; "
+                 "do sleep 1; done; sleep 5'")
 
 
 def driver(node: str) -> str:
@@ -168,7 +180,7 @@ def test_a_failing_node_stops_the_roll(env, repo, fleet, tmp_path):
                " rm -rf /var/lib/apt/lists/*")
     third_before = state(third)
     log = tmp_path / "hooks.log"
-    running = job(first, 90)  # the roll (plan, baseline, then batch 1) drains the first node through Slurm and waits for it
+    running = job(first, UNTIL_DRAINED)  # the roll drains the first node through Slurm and waits for it
     proc, data, _ = patch(env, repo, name, "--driver", "535", "--batch", "1",
                           "--drain", f"echo drain $GPUPROV_NODE >> {log}",
                           "--resume", f"echo resume $GPUPROV_NODE >> {log}")
@@ -247,7 +259,7 @@ def test_branch_and_flavour_move(env, repo, fleet):
     # A job still running on the third node after --grace: that node is neither patched nor
     # resumed, the others are; --force then patches it without waiting.
     first, third = nodes[0], nodes[2]
-    running = job(third, 600)
+    running = job(third, "sleep 600")
     proc, data, _ = patch(env, repo, name, "--driver", "580", "--kernel-module", "open", "--batch", "3",
                           "--grace", "2")
     assert proc.returncode == 1 and not data["ok"], proc.stderr[-3000:]
