@@ -117,8 +117,8 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
 # scenario starts early.
 UNIT_SECONDS = {
     "tests/e2e/test_docker_cluster.py": 2300,  # CI: set-up 1183, driver move 353 (here: 3200)
-    "tests/e2e/test_patch_e2e.py": 950,  # here 729 before its fleet ran Slurm (+ provision, + a roll)
-    "tests/e2e/test_cluster_faults.py": 712,  # here (set-up 168)
+    "tests/e2e/test_patch_e2e.py": 1548,  # CI-like fresh clone (729 before its fleet ran Slurm)
+    "tests/e2e/test_cluster_faults.py": 533,  # fresh clone
     "molecule:nvidia_driver:default": 540,  # CI
     "tests/e2e/test_pull_e2e.py": 365,  # here
     "tests/e2e/test_unreachable.py": 261,  # here

