@@ -11,6 +11,7 @@ from gpuprov.ansible import runner
 from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir, parse_tags, write_extravars
 from gpuprov.core.monitoring import monitoring_host
+from gpuprov.health import node_bundle
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterFiles, Provider
 from gpuprov.shared import scheduler
@@ -92,6 +93,10 @@ def run_site(
     render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
            monitoring_host(cluster.spec))
     extravars = playbook_vars(cluster, lock) | scheduler.play_vars(cluster, files, nodes, console.say)
+    if extravars.get("gpuprov_scheduler") == "slurm":
+        # Slurm's HealthCheckProgram runs `gpuprov health`'s quick level on each node, held to
+        # what `gpuprov health NAME` holds it to.
+        extravars |= node_bundle.play_vars(files.dir, node_bundle.expectations(cluster.name, provider, nodes, lock))
     # The same variables, for running the playbooks by hand (-e @vars.yml): as data, every
     # string tagged !unsafe like the run's own (a JSON file would be read as trusted template
     # source). A vars.json an older gpuprov wrote is removed so nobody runs it by mistake.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 from gpuprov import catalog
@@ -16,8 +16,9 @@ from gpuprov.health.gather import Section
 @lru_cache(maxsize=1)
 def nvlink_table() -> dict[str, int]:
     """NVLink links per GPU by instance type (the catalog's nvlink_links_per_gpu, with its
-    sources)."""
-    raw = json.loads(Path(catalog.__file__).with_name("instance_types.json").read_text())
+    sources). Read as the package's resource: the same from a checkout, a wheel or the node's
+    zipapp (gpuprov.health.node_bundle)."""
+    raw = json.loads(resources.files(catalog).joinpath("instance_types.json").read_text(encoding="utf-8"))
     return {k: int(v) for k, v in raw.get("nvlink_links_per_gpu", {}).items() if not k.startswith("_")}
 
 

@@ -152,6 +152,36 @@ cd /tmp && sbatch --parsable --wait -N2 -o /tmp/job-%j.out /tmp/envjob.sh""", us
     assert leaks == [], leaks
 
 
+def test_each_node_runs_gpuprovs_quick_health_itself(cluster, env) -> None:
+    """The health program's quick level is gpuprov's own (the zipapp gpuprov built for the run,
+    byte for byte), run on the node with the node's python3 and no site-packages, held to what
+    `gpuprov health` holds the node to: on these healthy container nodes nothing fails, and what
+    a container cannot have skips with its reason."""
+    from gpuprov.health import QUICK, node_bundle
+
+    name, nodes = cluster
+    built = Path(env["GPUPROV_HOME"]) / "clusters" / name / node_bundle.NAME
+    assert built.read_bytes() == node_bundle.build()
+    for node in nodes:
+        assert _on(node, "sha256sum /usr/local/lib/gpuprov/node-health.pyz").split()[0] == \
+            hashlib.sha256(built.read_bytes()).hexdigest()
+        assert _on(node, "stat -c '%a %U' /usr/local/lib/gpuprov/node-health.pyz").strip() == "644 root"
+        config = json.loads(_on(node, "cat /etc/slurm/gpuprov-health.json"))
+        assert config["node_check"] == "/usr/local/lib/gpuprov/node-health.pyz", config
+        expect = json.loads(_on(node, f"cat {config['expect']}"))
+        assert (expect["instance_type"], expect["gpus"], expect["provision"]) == (
+            "docker-node", 0, f"gpuprov provision {name}"), expect
+        out = _on(node, f"python3 -I -S {config['node_check']} --expect {config['expect']} --json; echo \"rc=$?\"")
+        report, rc = out.rsplit("rc=", 1)
+        data = json.loads(report)
+        assert rc.strip() == "0" and data["ok"] is True, data
+        rows = {r["check"]: r for r in data["checks"]}
+        assert len(rows) == len(QUICK) and rows["gpu_count"]["status"] == "pass", rows
+        skipped = {k: r["reason"] for k, r in rows.items() if r["status"] == "skip"}
+        assert {"gpu_answers", "driver", "xid", "ecc"} <= set(skipped) and all(skipped.values()), skipped
+        assert skipped["xid"].startswith("container node"), skipped
+
+
 def _slurm_state(node: str, on: str) -> tuple[str, str]:
     line = _on(on, f"sinfo --noheader --Node --nodes={node} --format='%T|%E' | head -1").strip()
     state, _, reason = line.partition("|")
@@ -202,7 +232,8 @@ def test_a_node_is_drained_by_its_own_health_and_resumed_when_it_passes(cluster,
                 ">/dev/null && systemctl enable --now docker")
     _on(second, "systemctl stop docker.socket docker.service && systemctl restart slurmd")
     state, reason = _wait_state(second, first, "drained")
-    assert state == "drained" and reason.startswith("gpuprov health: docker_active: docker inactive"), (state, reason)
+    # (the quick level, run by the same program, adds nothing: that node is otherwise well)
+    assert state == "drained" and reason == "gpuprov health: docker_active: docker inactive", (state, reason)
     assert _slurm_state(first, first)[0] == "idle"
     _on(second, "systemctl start docker.socket docker.service && systemctl restart slurmd")
     assert _wait_state(second, first, "idle") == ("idle", "none")
@@ -264,9 +295,10 @@ def _fixture_play(env: dict[str, str], name: str, model: str) -> None:
     cdir = Path(env["GPUPROV_HOME"]) / "clusters" / name
     fixture_vars = {
         "gpuprov_base_gpus": FIXTURE_GPUS, "gpuprov_base_gpu_models": [model],
-        # No HealthCheckProgram for this run: gpuprov's node health drains a node whose GPUs
-        # do not answer `nvidia-smi -L`, and these device files have no driver behind them.
-        "slurm_health_services": [], "slurm_health_gpu_services": [],
+        # No HealthCheckProgram for this run (no services, no gpuprov quick health): gpuprov's
+        # node health drains a node whose GPUs do not answer, and these device files have no
+        # driver behind them.
+        "slurm_health_services": [], "slurm_health_gpu_services": [], "slurm_health_node_check_src": "",
     }
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(cdir / "inventory.yml"),

@@ -9,41 +9,12 @@ from typing import Any
 
 import pytest
 
-from gpuprov.health import evaluate, gather
+from gpuprov.health import evaluate
 from gpuprov.health.checks_gpu import ALERT_C
 from gpuprov.health.checks_state import Temperatures, temperature, thresholds
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.health.gather import Section
-
-REC = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
-LOCK = {"driver": "580.159.04", "kernel_module": "open"}
-Q_FILES = ("q-ECC.txt", "q-ROW_REMAPPER.txt", "q-TEMPERATURE.txt", "q-PERFORMANCE.txt")
-# What the recordings do not hold (the capture machines were not gpuprov nodes): a node the
-# rdma role set up, as the gather script's commands print it.
-RDMA_SET = {"memlock_user": "unlimited\nunlimited", "memlock_pid1": "unlimited unlimited", "systemd": "no",
-            "modules_load": "nvidia-peermem", "lsmod": "nvidia_peermem\nnvidia_uvm\nnvidia", "infiniband": ""}
-
-
-def body(path: Path) -> str:
-    return gather.recorded(path.read_text())
-
-
-def sections(machine: str, swap: dict[str, Path]) -> dict[str, Section]:
-    """A node's sections from a machine's recordings; ``swap``: a section's recording
-    replaced by another file (an edited copy)."""
-    rec = REC / machine
-    files = {"pci": rec / "pci.txt", "smi_ids": rec / "query-ids.txt", "proc_version": rec / "proc-driver.txt",
-             "nvlink": rec / "nvlink-s.txt", "kernel_log": rec / "dmesg.txt"}
-    q = {name: rec / name for name in Q_FILES}
-    for key, path in swap.items():
-        if key in q:
-            q[key] = path
-        else:
-            files[key] = path
-    out = {k: Section(body(p) if p.exists() else "", 0) for k, p in files.items()}
-    out["smi_q"] = Section("\n".join(body(p) for p in q.values()), 0)
-    out |= {"uid": Section("0", 0), "container": Section("", 1), "kernel_log_source": Section("dmesg", 0)}
-    return out | {k: Section(v, 0) for k, v in RDMA_SET.items()}
+from tests.fixtures.health_recordings import EDITED, LOCK, REC, body, sections
 
 
 def verdicts(machine: str, model: str, swap: dict[str, Path] | None = None) -> dict[str, Any]:
@@ -123,32 +94,6 @@ def test_the_temperature_check_on_an_older_drivers_report() -> None:
     assert hot.status == "fail"
     assert hot.found == ("00000000:18:00.0: 86 °C (limit 85 °C); the GPU's own max operating 87 °C, "
                          "slowdown 89 °C, shutdown 92 °C"), hot.found
-
-
-EDITED = [
-    ("ecc", {"q-ECC.txt": "h100-sxm5-580-edited-ecc/q-ECC.txt"}, "2 uncorrectable volatile", "reset the GPU"),
-    ("row_remap", {"q-ROW_REMAPPER.txt": "h100-sxm5-580-edited-remap-pending/q-ROW_REMAPPER.txt"},
-     "Pending: Yes", "the remap takes effect at reset"),
-    ("row_remap", {"q-ROW_REMAPPER.txt": "h100-sxm5-580-edited-remap-failure/q-ROW_REMAPPER.txt"},
-     "Remapping Failure Occurred: Yes", "RMA: isolate the node"),
-    ("temperature", {"q-TEMPERATURE.txt": "h100-sxm5-580-edited-hot/q-TEMPERATURE.txt"},
-     "86 °C (limit 85 °C); the GPU's own max operating 87 °C, slowdown 89 °C, shutdown 95 °C", "check its cooling"),
-    ("clocks", {"q-PERFORMANCE.txt": "h100-sxm5-580-edited-hw-slowdown/q-PERFORMANCE.txt"},
-     "HW Slowdown, HW Thermal Slowdown", "check its cooling"),
-    ("clocks", {"q-PERFORMANCE.txt": "h100-sxm5-580-edited-power-brake/q-PERFORMANCE.txt"},
-     "HW Power Brake Slowdown", "power supplies"),
-    ("gpu_count", {"pci": "h100-sxm5-580-edited-gpu-gone/pci.txt"}, "0 NVIDIA GPU(s)", "RMA: isolate the node"),
-    ("gpu_answers", {"smi_ids": "h100-sxm5-580-edited-gpu-lost/query-ids.txt"},
-     "Unable to determine the device handle", "drain and reboot the node"),
-    ("driver", {"proc_version": "h100-proprietary-edited/proc-driver.txt"}, "kernel module 535.309.01",
-     "bring the driver to the lock"),
-    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-xid79.txt"}, "Xid 79 on 0000:00:06 x1",
-     "drain and reboot the node"),
-    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-xid63.txt"}, "Xid 63", "reset the GPU"),
-    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-xid64.txt"}, "Xid 64", "RMA: isolate the node"),
-    ("xid", {"kernel_log": "h100-sxm5-580-edited-xid/dmesg-fallen-no-xid.txt"}, "(no Xid line)",
-     "drain and reboot the node"),
-]
 
 
 @pytest.mark.parametrize(("check", "swap", "found", "action"), EDITED, ids=lambda v: str(v)[:40])
