@@ -84,11 +84,35 @@ def _drained_by_the_roll(host, slurm: SlurmNode) -> str:
 
 
 def _need_jobs(host, slurm: SlurmNode) -> None:
+    """Skip where the roll running these probes drained the node itself; fail at once where the
+    node takes no work for another reason (a drain by anyone else, down): no job could land there,
+    and waiting out `srun`'s timeout would only say so two minutes later."""
     _need_compute(slurm)
     reason = _drained_by_the_roll(host, slurm)
     if reason:
         pytest.skip(f"{slurm.name} is drained by the roll that runs these probes ({reason}): no job runs "
                     "there until its gate passes and it is resumed")
+    state, why = _settled_state(host, slurm.name)
+    assert state in UP_STATES, (
+        f"expected {slurm.name} to take a job, found it '{state}' in sinfo"
+        + (f" (reason: {why})" if why else "") + ": no job can run there")
+
+
+def _settled_state(host, name: str) -> tuple[str, str]:
+    """(sinfo's state, the Reason) of ``name``, once the controller has settled it: a node not
+    responding yet (a trailing ``*``) or of unknown state is waited for, up to UP_WAIT_S; a
+    drained or down node with a Reason is a decision (a person's, Slurm's, a health check's) and is
+    returned at once."""
+    deadline = time.monotonic() + UP_WAIT_S
+    while True:
+        line, err = _state(host, name)
+        state = line.split("|")[0] or err
+        reason = host.run(f"sinfo -h -R -n {shlex.quote(name)} -o '%E'").stdout.strip()
+        if state in UP_STATES or time.monotonic() >= deadline:
+            return state, reason
+        if reason and not state.endswith("*") and not state.startswith("unk"):
+            return state, reason
+        time.sleep(2)
 
 
 def _need_compute(slurm: SlurmNode) -> None:
@@ -168,16 +192,11 @@ def test_node_takes_work_in_sinfo(host, slurm, report):
     if own:
         report(f"sinfo: {slurm.name} drained by this roll ({own}): resumed once its gate passes")
         return
-    deadline = time.monotonic() + UP_WAIT_S
-    line, err = _state(host, slurm.name)
-    while line.split("|")[0] not in UP_STATES and time.monotonic() < deadline:
-        time.sleep(2)
-        line, err = _state(host, slurm.name)
-    state = line.split("|")[0]
-    reason = host.run(f"sinfo -h -R -n {shlex.quote(slurm.name)} -o '%E'").stdout.strip()
+    state, reason = _settled_state(host, slurm.name)
     assert state in UP_STATES, (
-        f"expected {slurm.name} {'/'.join(UP_STATES)} in sinfo within {UP_WAIT_S} s, found "
-        f"'{state or err}'" + (f" (reason: {reason})" if reason else ""))
+        f"expected {slurm.name} {'/'.join(UP_STATES)} in sinfo (waiting up to {UP_WAIT_S} s while it is not "
+        f"responding), found '{state}'" + (f" (reason: {reason})" if reason else ""))
+    line, _ = _state(host, slurm.name)
     _, cpus, memory, gres = [*line.split("|"), "", "", ""][:4]
     report(f"sinfo: {slurm.name} {state}, {cpus} CPUs, {memory} MiB, gres {gres}")
 
