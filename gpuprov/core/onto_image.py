@@ -42,6 +42,7 @@ from gpuprov.images import BakedImage, newest_for
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.providers import get as get_provider
+from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import (
     cluster_lock,
     expectations,
@@ -92,6 +93,13 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
     if not (provider.supports("bake") and provider.supports("terminate_nodes")):
         raise BadInput(f"--onto-image: {provider.display_name or provider.name} nodes cannot be replaced from an "
                        "image (docker and aws can); patch them in place")
+    if scheduler.of(cluster).kind == "slurm":
+        # Slurm knows its nodes by name (slurm.conf on every node): a replacement leaves it
+        # listing nodes that are gone and not knowing the new ones, and a replaced controller
+        # takes slurmctld with it. Refused before anything is baked, launched or recorded.
+        raise BadInput(f"--onto-image: {name} runs Slurm, whose node list would lose the replaced nodes; "
+                       "patch it in place (drained through Slurm), or replace nodes with `gpuprov down`/`up` "
+                       f"and `gpuprov provision {name}`")
     if req.kernel or req.microcode:
         raise BadInput("--onto-image replaces nodes with ones from an image: --kernel and --microcode patch nodes "
                        "in place; bake an image that has them instead")

@@ -62,6 +62,21 @@ def test_a_provider_that_cannot_replace_nodes_is_refused(gpuprov_home) -> None:
         onto_image.roll_onto_image("ss", request(onto_image="newest"), console=None)
 
 
+def test_a_slurm_cluster_is_refused_before_anything_is_touched(gpuprov_home, monkeypatch) -> None:
+    """Slurm knows its nodes by name: replacing them would leave slurm.conf listing nodes that are
+    gone. Refused before an image is picked or baked, and no run is recorded."""
+    from gpuprov.state import Store
+
+    store = Store()
+    store.create_cluster("sl", "docker", {"count": 2, "options": {"scheduler": "slurm"}}, lock={"hash": "aaaaaaaaaaaa"})
+    monkeypatch.setattr(onto_image, "get_provider", lambda name: _Able())
+    with pytest.raises(BadInput, match="sl runs Slurm, whose node list would lose the replaced nodes; patch it in place"):
+        onto_image.roll_onto_image("sl", request(onto_image="newest"), console=None)
+    with pytest.raises(BadInput, match="runs Slurm"):
+        onto_image.roll_onto_image("sl", request(onto_image="newest", check=True), console=None)
+    assert store.runs("sl") == []
+
+
 class _Able:
     name = display_name = "docker"
 
