@@ -226,6 +226,14 @@ def test_the_roll_completes_once_the_node_is_fixed(env, repo, fleet):
     assert all(driver(n) == f"{NEW}-1" for n in nodes)
     # The node the last roll left drained is resumed by this one.
     assert data["hosts"][broken]["slurm"] == "drained; resumed"
+    # Its baseline probes found it drained (by the last roll, not this one): reported at once,
+    # with the Reason, instead of waiting out sinfo's and srun's timeouts.
+    before = sorted((Path(env["GPUPROV_HOME"]) / "clusters" / name / "runs").glob("*-patch/probes-before"))[-1]
+    rows = {r["probe"]: r for r in map(json.loads, (before / "probes.jsonl").read_text().splitlines())
+            if r["host"] == broken}
+    assert rows["srun_runs_a_task_on_this_node"]["status"] == "fail", rows
+    assert "no job can run there" in rows["srun_runs_a_task_on_this_node"]["detail"]
+    assert "gpuprov patch failed" in rows["node_takes_work_in_sinfo"]["detail"]
     assert {slurm_state(n, first) for n in nodes} == {("idle", "")}
     assert json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]["driver"] == NEW
 
