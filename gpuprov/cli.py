@@ -20,7 +20,7 @@ from gpuprov.cli_local import verify_options
 from gpuprov.cli_monitor import monitor
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_patch import patch
-from gpuprov.cli_stack import stack, types
+from gpuprov.cli_stack import cuda_for_install, stack, types
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, options_for
 from gpuprov.scheduler_choice import Scheduler
@@ -101,6 +101,7 @@ def up(
     from gpuprov.core import launching  # lazy: CLI start-up
     from gpuprov.shared import cluster  # lazy: CLI start-up
 
+    cuda = cuda_for_install(cuda, instance_type)
     if name is not None:
         cluster.validate_name(name)
     # The provider's own flags: its options type says which it takes (a flag of another

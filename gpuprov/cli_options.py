@@ -122,7 +122,8 @@ UP_OPTIONS = [
     click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's)."),
     click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
         help="Kernel module flavour (default: from the GPUs: proprietary for V100, else open)."),
-    click.option("--cuda", metavar="X.Y", help=f"CUDA release (default {defaults.DEFAULT_CUDA})."),
+    click.option("--cuda", metavar="X.Y", help=f"CUDA line (default {defaults.DEFAULT_CUDA}, the one gpuprov "
+                 "installs; `gpuprov stack --cuda 12.9|13.0` shows the others' locks)."),
     click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror)."),
     click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint."),
     click.option("--scheduler", type=click.Choice(defaults.SCHEDULERS), default=defaults.DEFAULT_SCHEDULER,

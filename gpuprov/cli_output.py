@@ -202,9 +202,10 @@ def settings_table(recorded: dict[str, Setting] | None) -> None:
 
 
 def types_table(rows: list[dict[str, Any]], price_date: str) -> None:
+    """The types as a table; its `cuda` column: the CUDA lines each type's GPUs can use."""
     table(
         f"instance types (prices: on-demand us-east-1 estimate as of {price_date}, not a quote)",
-        ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "vcpus", "efa", "nvswitch", "$/h"],
+        ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "cuda", "vcpus", "efa", "nvswitch", "$/h"],
         [
             [
                 r["instance_type"],
@@ -212,6 +213,7 @@ def types_table(rows: list[dict[str, Any]], price_date: str) -> None:
                 r["gpus"],
                 r["gpu_memory_gib"],
                 r["arch"] or "-",
+                " ".join(r["cuda_lines"]) or "-",
                 r["vcpus"] or "-",
                 r["efa_interfaces"] if r["efa"] else "no",
                 "yes" if r["nvswitch"] else "no",

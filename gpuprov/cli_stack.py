@@ -41,9 +41,29 @@ def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> in
     return 0
 
 
+def cuda_for_install(value: str | None, instance_type: str | None = None) -> str | None:
+    """The CUDA line `up` was asked for (``--cuda``), refused (BadInput, one line, before
+    anything is created) where it resolves (`gpuprov stack` shows its lock) but gpuprov does not
+    install it yet. None: not asked. (`provision` and `patch` keep the line of the cluster's
+    lock: they take no --cuda.)"""
+    if value is None:
+        return None
+    from gpuprov import cuda_lines  # lazy: CLI start-up
+
+    line = cuda_lines.spelled(value)
+    if line not in cuda_lines.lines():
+        return line  # the resolver refuses it with its rule (the GPUs' first CUDA, the lines there are)
+    later = cuda_lines.not_installed_yet(line, instance_type or "TYPE")
+    if later:
+        raise BadInput(later)
+    return line
+
+
 @click.command()
 @click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
-@click.option("--cuda", default=defaults.DEFAULT_CUDA, show_default=True, help="CUDA release.")
+@click.option("--cuda", default=defaults.DEFAULT_CUDA, show_default=True, metavar="LINE",
+              help="CUDA line: 11.8, 12.9 or 13.0 (12 and 13, or 13.x, name the one line of that "
+              "major). Every line resolves here; up, provision and patch install 11.8 only.")
 @click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
               "the newest supported long-term branch for the type).")
 @click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES), help="Default: from the GPU.")

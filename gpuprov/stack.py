@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
 
-from gpuprov import catalog, defaults, platforms
+from gpuprov import catalog, cuda_lines, defaults, platforms
 from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stack.X is the API)
     _LIFECYCLE_FIELDS,
     CUDA_MIN_DRIVER,
@@ -43,8 +43,9 @@ DEFAULT_SOURCE = defaults.DEFAULT_SOURCE
 
 # Minimum CUDA for each GPU architecture (compute capability).
 # Source: CUDA 11.8 release notes ("adds support for NVIDIA Hopper and Ada
-# Lovelace", i.e. sm_90 and sm_89), CUDA 12.8 release notes (adds Blackwell, sm_100)
-# and the CUDA GPUs compute-capability table.
+# Lovelace", i.e. sm_90 and sm_89), CUDA 12.8 release notes (adds Blackwell, sm_100
+# and sm_120) and the CUDA GPUs compute-capability table. The oldest architecture each
+# CUDA line still drives is line data (gpuprov.cuda_lines: CUDA 13 drops Volta and older).
 ARCH_MIN_CUDA = {
     "sm_70": "9.0",
     "sm_75": "10.0",
@@ -53,6 +54,7 @@ ARCH_MIN_CUDA = {
     "sm_89": "11.8",
     "sm_90": "11.8",
     "sm_100": "12.8",
+    "sm_120": "12.8",
 }
 
 # Fields added after locks were first stored: left out of the hash when empty, so a stored
@@ -135,6 +137,8 @@ class Lock:
             "driver": self.driver,
             "fabricmanager": self.fabricmanager,
             "cuda": self.cuda,
+            "cuda_release": self.cuda_version,
+            "cuda_installable": cuda_lines.is_installable(self.cuda),
             "cudnn": self.cudnn,
             "nccl": self.nccl,
             "efa_installer": self.efa_installer,
@@ -203,7 +207,8 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
             raise BadInput(f"gpuprov has no driver facts for {itype.gpu_model} ({itype.name}); "
                            f"it knows {', '.join(sorted(GPU_MIN_DRIVER))}")
 
-    # 1. CUDA against every GPU architecture.
+    # 1. CUDA against every GPU architecture: the first CUDA for it, then the line's range.
+    cuda = cuda_lines.spelled(cuda)
     for itype in kinds:
         if itype.arch is None:
             continue
@@ -212,11 +217,18 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
             raise BadInput(
                 f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}) on {itype.name}: "
                 f"{itype.arch} needs CUDA >= {need} (CUDA release notes: the first CUDA for "
-                f"{itype.arch} is {need})"
+                f"{itype.arch} is {need}){cuda_lines.way_forward(itype.arch, cuda)}"
             )
-    if cuda not in facts["cuda"]:
-        known = ", ".join(sorted(facts["cuda"]))
-        raise BadInput(f"gpuprov's stack data has no CUDA {cuda} (available: {known})")
+    cuda_lines.line(cuda)  # refused here when the data lacks the line
+    for itype in kinds:
+        why = itype.arch and cuda_lines.arch_reason(cuda, itype.arch)
+        if why:
+            raise BadInput(f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}, "
+                           f"{cuda_lines.family(itype.arch)}) on {itype.name}: {why}"
+                           f"{cuda_lines.way_forward(itype.arch, cuda)}")
+    refused = cuda_lines.source_refusal(cuda, source)
+    if refused:
+        raise BadInput(refused)
 
     # 2. Driver: requested branch or exact version, else the default branch (computed).
     branches: dict[str, str] = facts["driver"]["branches"]
@@ -227,7 +239,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
         # A branch gpuprov has no pinned release for: still check the rules first,
         # so an impossible request is refused with its reason.
         exact = f"{branch}.0.0"
-    need_cuda = CUDA_MIN_DRIVER[cuda]
+    need_cuda = cuda_lines.min_driver(cuda)
     if _v(exact) < _v(need_cuda):
         raise BadInput(
             f"driver {requested} is too old for CUDA {cuda}: CUDA {cuda} needs driver >= "
@@ -279,7 +291,8 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
     if nvswitch:
         notes.append(f"NVSwitch: fabric manager pinned to driver {exact}")
 
-    cudnn = facts["cudnn"]
+    pieces = cuda_lines.pieces(cuda, source, label)
+    notes.extend(pieces["notes"])
     names_key = "driver_packages_open" if module == "open" else "driver_packages"
     pin_from = src.get("pinning_from_branch")
     packages = {
@@ -287,11 +300,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
         "driver_version": src["driver_version"].format(version=exact),
         "fabricmanager": src["fabricmanager_package"].format(branch=branch) or None,
         "fabricmanager_version": src["fabricmanager_version"].format(version=exact) or None,
-        "cuda": src["cuda_package"],
-        "cuda_version": src["cuda_version"],
-        "cudnn": list(src["cudnn_packages"]),
-        "cudnn_version": src["cudnn_version"],
-        "cudnn_method": src["cudnn_method"],
+        **pieces["packages"],
     }
     if src.get("pinning_package") and pin_from and int(branch) >= int(pin_from):
         # NVIDIA's own version lock (installed before the driver): this exact release.
@@ -320,10 +329,10 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
         fabricmanager=fabricmanager,
         cuda=cuda,
         cuda_version=facts["cuda"][cuda]["distro_version" if source == "distro" else "version"],
-        cudnn=cudnn["version"],
-        cudnn_archive=cudnn["archive"],
-        cudnn_archive_sha256=cudnn["archive_sha256"],
-        nccl=facts["nccl"]["version"],
+        cudnn=pieces["cudnn"],
+        cudnn_archive=pieces["cudnn_archive"],
+        cudnn_archive_sha256=pieces["cudnn_archive_sha256"],
+        nccl=pieces["nccl"],
         efa_installer=facts["efa"]["installer"] if efa else None,
         packages=packages,
         notes=tuple(notes),
@@ -342,8 +351,8 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
         dcgm_package=dcgm_src["package"],
         dcgm_package_version=dcgm_src["package_version"].format(version=dcgm["version"]),
         dcgm_exporter_image=dcgm["exporter_image"] if dcgm_src["package"] else "",
-        nccl_tests=facts["nccl"]["tests"],
-        nccl_tests_sha256=facts["nccl"]["tests_sha256"],
+        nccl_tests=pieces["nccl_tests"],
+        nccl_tests_sha256=pieces["nccl_tests_sha256"],
     )
 
 
@@ -369,3 +378,4 @@ def from_dict(raw: dict[str, Any]) -> Lock:
     body["base_images"] = tuple(body.get("base_images", ()))
     body["site_pip_requirements"] = tuple(body.get("site_pip_requirements", ()))
     return Lock(**body)
+

@@ -103,6 +103,10 @@ class InstanceType:
         return self.price.get(region)
 
     def row(self) -> dict[str, Any]:
+        # Not at the top: the node health bundle (gpuprov.health.node_bundle) carries this module
+        # without the lock data, and never asks for a row.
+        from gpuprov import cuda_lines  # lazy: CLI start-up
+
         return {
             "instance_type": self.name,
             "provider": self.provider,
@@ -116,6 +120,8 @@ class InstanceType:
             "efa_interfaces": self.efa_max_interfaces,
             "nvswitch": self.nvswitch,
             "price_us_east_1": self.price.get("us-east-1"),
+            # The CUDA lines whose architecture range holds the GPUs' (every line without a GPU).
+            "cuda_lines": cuda_lines.lines_for_arch(self.arch),
         }
 
 

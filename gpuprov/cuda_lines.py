@@ -1,0 +1,167 @@
+"""CUDA lines: the CUDA releases a lock can carry (11.8, the default; 12.9; 13.0), each with the
+facts of ``data/stack.toml`` ([cuda."X.Y"]): its minimum driver, the GPU architectures it
+drives, cuDNN and NCCL built for it, and whether gpuprov installs it yet. ``gpuprov.stack``
+resolves a lock of any line with these rules; `up`, `provision` and `patch` install only the
+lines marked installable.
+
+What `--cuda` accepts: a line as the lock records it (``12.9``), or a major release alone
+(``13``, ``13.x``) for the one line of that major. Any other ``X.Y`` passes through, so that
+the architecture rule can say which CUDA a GPU needs before the data says it lacks the line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gpuprov.drivers import _v, data
+from gpuprov.errors import BadInput
+
+SPELLING = re.compile(r"([0-9]{1,2})(?:\.([0-9]{1,2}|x|X))?")
+# Where the line facts come from (the comments of data/stack.toml name each document).
+ARCH_DOC = "CUDA Toolkit release notes"
+
+
+def lines() -> dict[str, dict[str, Any]]:
+    """Every line of the data, {"X.Y": facts}."""
+    return dict(data()["cuda"])
+
+
+def names() -> list[str]:
+    """The lines, oldest first."""
+    return sorted(lines(), key=_v)
+
+
+def installable() -> list[str]:
+    """The lines `up`, `provision` and `patch` install."""
+    return [n for n in names() if is_installable(n)]
+
+
+def listing() -> str:
+    return ", ".join(names())
+
+
+def spelled(value: str) -> str:
+    """The line a `--cuda` value names: ``X.Y`` as given, ``X`` or ``X.x`` the one line of
+    major X. Anything else is refused (one line)."""
+    match = SPELLING.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise BadInput(f"--cuda {value!r}: expected a CUDA line like 11.8, 12.9 or 13 (lines: {listing()})")
+    major, minor = match.groups()
+    if minor is not None and minor not in ("x", "X"):
+        return value
+    of_major = [n for n in names() if n.split(".")[0] == str(int(major))]
+    if len(of_major) != 1:
+        raise BadInput(f"gpuprov's stack data has no CUDA {int(major)}.x line (available: {listing()})")
+    return of_major[0]
+
+
+def line(cuda: str) -> dict[str, Any]:
+    """The facts of line ``cuda`` (refused when the data lacks it)."""
+    facts = lines().get(cuda)
+    if facts is None:
+        raise BadInput(f"gpuprov's stack data has no CUDA {cuda} (available: {listing()})")
+    return facts
+
+
+def min_driver(cuda: str) -> str:
+    return str(line(cuda)["min_driver"])
+
+
+# Architecture families by compute capability (the CUDA GPUs table), for messages.
+FAMILIES = ((50, "Maxwell"), (60, "Pascal"), (70, "Volta"), (75, "Turing"), (80, "Ampere"), (89, "Ada"),
+            (90, "Hopper"), (100, "Blackwell"))
+
+
+def family(arch: str) -> str:
+    number = arch_number(arch)
+    return next((name for low, name in reversed(FAMILIES) if number >= low), "pre-Maxwell")
+
+
+def arch_number(arch: str) -> int:
+    """sm_75 -> 75, sm_100 -> 100: compute capabilities compare as numbers."""
+    return int(arch.split("_", 1)[1])
+
+
+def arch_reason(cuda: str, arch: str) -> str | None:
+    """Why line ``cuda`` cannot drive ``arch``, or None."""
+    facts = line(cuda)
+    low, high = facts["arch_min"], facts["arch_max"]
+    if arch_number(arch) < arch_number(low):
+        return (f"CUDA {cuda} supports {low} and newer ({ARCH_DOC}: CUDA {cuda.split('.')[0]} dropped "
+                f"offline compilation and library support for older architectures)")
+    if arch_number(arch) > arch_number(high):
+        return f"CUDA {cuda} supports up to {high} ({ARCH_DOC})"
+    return None
+
+
+def lines_for_arch(arch: str | None) -> list[str]:
+    """The lines whose architecture range holds ``arch`` (every line for no GPU)."""
+    return [n for n in names() if arch is None or arch_reason(n, arch) is None]
+
+
+def way_forward(arch: str, cuda: str) -> str:
+    """'; use --cuda A or --cuda B' naming the lines that drive ``arch`` ('' when none)."""
+    others = [n for n in lines_for_arch(arch) if n != cuda]
+    return f"; use {' or '.join(f'--cuda {n}' for n in reversed(others))}" if others else ""
+
+
+def source_refusal(cuda: str, source: str) -> str | None:
+    """Why package source ``source`` gives no lock of line ``cuda``, or None."""
+    facts = line(cuda)
+    why = facts.get("refused", {}).get(source)
+    if why:
+        return f"CUDA {cuda} with package source '{source}': {why}"
+    if facts.get("sources") is not None and source not in facts["sources"]:
+        return f"CUDA {cuda}: gpuprov has no package names of package source '{source}' for it"
+    return None
+
+
+def is_installable(cuda: str) -> bool:
+    """Whether `up`, `provision` and `patch` install line ``cuda`` (False for a line the data lacks)."""
+    return bool(lines().get(cuda, {}).get("installable"))
+
+
+def not_installed_yet(cuda: str, instance_type: str = "TYPE") -> str | None:
+    """One line when gpuprov resolves line ``cuda`` but does not install it, else None."""
+    if is_installable(cuda):
+        return None
+    return (f"CUDA {cuda} resolves (`gpuprov stack --type {instance_type} --cuda {cuda}` shows its lock) but "
+            f"gpuprov does not install it yet: up, provision and patch install CUDA "
+            f"{', '.join(installable())}")
+
+
+def pieces(cuda: str, source: str, instance_type: str = "TYPE") -> dict[str, Any]:
+    """What line ``cuda`` puts in a lock besides the driver: cuDNN (version, archive), NCCL and
+    nccl-tests, the CUDA and cuDNN package names of ``source`` and the notes. CUDA 11.8 keeps
+    its pieces in the data's [cudnn], [nccl] and [sources.*] (where they were before lines);
+    every other line carries its own."""
+    facts = data()
+    own = line(cuda)
+    named = (own.get("sources") or {}).get(source)
+    if named is None:
+        src = facts["sources"][source]
+        named = {k: src[k] for k in ("cuda_package", "cuda_version", "cudnn_packages", "cudnn_version",
+                                     "cudnn_method")}
+    cudnn, nccl = facts["cudnn"], facts["nccl"]
+    mine = "cudnn" in own
+    out: dict[str, Any] = {
+        "cudnn": own["cudnn"] if mine else cudnn["version"],
+        "cudnn_archive": "" if mine else cudnn["archive"],
+        "cudnn_archive_sha256": "" if mine else cudnn["archive_sha256"],
+        "nccl": own.get("nccl") or nccl["version"],
+        "nccl_tests": own.get("nccl_tests", nccl["tests"]) or None,
+        "nccl_tests_sha256": nccl["tests_sha256"] if own.get("nccl_tests", nccl["tests"]) else "",
+        "packages": {"cuda": named["cuda_package"], "cuda_version": named["cuda_version"],
+                     "cudnn": list(named["cudnn_packages"]), "cudnn_version": named["cudnn_version"],
+                     "cudnn_method": named["cudnn_method"]},
+        "notes": [],
+    }
+    later = not_installed_yet(cuda, instance_type)
+    if later:
+        out["notes"].append(later)
+    if own.get("base_image_tags") and not own.get("base_images"):
+        out["notes"].append(f"base images not pinned by digest yet: {', '.join(own['base_image_tags'])}")
+    if not out["nccl_tests"]:
+        out["notes"].append(f"nccl-tests: no release pinned for CUDA {cuda} yet")
+    return out
