@@ -107,8 +107,10 @@ def pinned_branches(source: str) -> dict[str, str]:
 
 def _branch_fits(branch: str, exact: str, gpus: list[str], cuda: str) -> str | None:
     """Why ``branch`` (at ``exact``) cannot serve these GPUs and CUDA, or None."""
-    if cuda in CUDA_MIN_DRIVER and _v(exact) < _v(CUDA_MIN_DRIVER[cuda]):
-        return f"CUDA {cuda} needs driver >= {CUDA_MIN_DRIVER[cuda]}"
+    # A locked CUDA line's own minimum (data/stack.toml's [cuda."X.Y"].min_driver), else the table.
+    need = (data().get("cuda", {}).get(cuda) or {}).get("min_driver") or CUDA_MIN_DRIVER.get(cuda)
+    if need and _v(exact) < _v(need):
+        return f"CUDA {cuda} needs driver >= {need}"
     for gpu in gpus:
         if _v(exact) < _v(GPU_MIN_DRIVER[gpu]):
             return f"{gpu} needs driver >= {GPU_MIN_DRIVER[gpu]}"

@@ -187,3 +187,13 @@ def test_the_leaf_list_of_lines_not_installed_is_the_data() -> None:
             StackChoice(cuda=line).checked()
     # A release the data lacks is the resolver's to refuse, with its rule.
     assert StackChoice(cuda="11.7").checked().cuda == "11.7"
+
+
+def test_the_default_branch_search_holds_a_branch_to_the_lines_own_minimum() -> None:
+    """The branch search (drivers._branch_fits) reads each locked line's minimum from the data,
+    as resolution does: R575 serves 12.9 but not 13.0, R570 neither."""
+    from gpuprov import drivers
+
+    assert drivers._branch_fits("575", "575.57.08", [], "12.9") is None
+    assert drivers._branch_fits("575", "575.57.08", [], "13.0") == "CUDA 13.0 needs driver >= 580.95.05"
+    assert drivers._branch_fits("570", "570.195.03", [], "12.9") == "CUDA 12.9 needs driver >= 575.57.08"
