@@ -116,10 +116,10 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
 # here. A unit not named gets its directory's figure, so a new end-to-end file or molecule
 # scenario starts early.
 UNIT_SECONDS = {
-    "tests/e2e/test_docker_cluster.py": 2300,  # CI: set-up 1183, driver move 353 (here: 3200)
-    "tests/e2e/test_patch_e2e.py": 1548,  # CI-like fresh clone (729 before its fleet ran Slurm)
-    "tests/e2e/test_cluster_faults.py": 533,  # fresh clone
-    "molecule:nvidia_driver:default": 540,  # CI
+    "tests/e2e/test_docker_cluster.py": 2249,  # fresh clone: set-up 1195, driver move 520
+    "tests/e2e/test_patch_e2e.py": 1200,  # fresh clone (1548 before drained nodes failed their probes at once)
+    "tests/e2e/test_cluster_faults.py": 428,  # fresh clone
+    "molecule:nvidia_driver:default": 582,  # fresh clone
     "tests/e2e/test_pull_e2e.py": 365,  # here
     "tests/e2e/test_unreachable.py": 261,  # here
     "molecule:slurm:default": 200,  # here 165 to 264
