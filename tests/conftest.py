@@ -127,7 +127,7 @@ UNIT_SECONDS = {
     "molecule:cuda:default": 209,  # CI
     "tests/e2e/test_slurm_e2e.py": 260,  # here 203 (7 tests, two nodes, rdma and slurm plays)
     "tests/e2e/test_monitor_e2e.py": 170,  # here
-    "tests/e2e/test_static_onprem.py": 134,  # here
+    "tests/e2e/test_static_onprem.py": 134,  # here 105 (72 in a fresh clone before its Slurm test)
     "tests/e2e/test_recorded_node.py": 123,  # here
     "molecule:dcgm:default": 110,  # here (CI 185 while its converge ran the driver play too)
     "tests/e2e/test_health_e2e.py": 71,  # here

@@ -1,6 +1,6 @@
 """On-prem hosts through the real CLI (static provider over two local nodes): the lock comes
-from what the hosts are, `--no-bootstrap` still pins every key, and a mixed cluster gets
-the right stack on each host.
+from what the hosts are, `--no-bootstrap` still pins every key, a mixed cluster gets
+the right stack on each host, and Slurm on existing hosts knows them by their own names.
 
 The nodes are local containers: their PCI bus has no NVIDIA device. A host declared as a
 p4d.24xlarge (NVSwitch) therefore gets a lock with fabric manager, and the fabric manager
@@ -128,3 +128,40 @@ def test_an_unknown_declared_type_is_bad_input_and_nothing_is_recorded(env, mach
     assert proc.returncode == 2 and "unknown instance type 'dgx-a10'" in proc.stderr, proc.stderr
     assert "did you mean" in proc.stderr
     assert run_cli("status", "typo", env=env).returncode == 2
+
+
+def test_slurm_on_existing_hosts_knows_them_by_their_own_names(env, machines, tmp_path) -> None:
+    """Issue 32 on the static provider: `up --scheduler slurm --slurm-controller rack-2` over hosts
+    that already exist, then `provision --tags slurm`. Slurm knows each host by the name it gives
+    itself (not gpuprov's rack-N), the controller is the host named rack-2 in the hosts file, both
+    hosts take work, and a job runs across both. (Last in the file: it leaves Slurm on the hosts.)"""
+    hosts = _hosts_file(env, machines, tmp_path / "slurm.yml",
+                        [{"instance_type": "docker-node"}, {"instance_type": "docker-node"}])
+    name = f"sl-{secrets.token_hex(3)}"
+    up = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", name, "--source", "distro",
+                 "--scheduler", "slurm", "--slurm-controller", "rack-2", "--no-bootstrap", "-o", "json", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        prov = run_cli("provision", name, "--tags", "slurm", env=env, timeout=900)
+        assert prov.returncode == 0, prov.stdout[-3000:] + prov.stderr[-3000:]
+        _, nodes = machines
+        own = [_on(n["name"], "uname -n").strip() for n in nodes]
+        assert own[0] != "rack-1" and own[1] != "rack-2", own
+        status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+        assert status["slurm"]["controller"] == "rack-2" and status["slurm"]["error"] is None, status["slurm"]
+        assert {n: s["state"] for n, s in status["slurm"]["nodes"].items()} == dict.fromkeys(own, "idle")
+        assert "SlurmctldHost=" + own[1] in _on(nodes[0]["name"], "cat /etc/slurm/slurm.conf")
+        assert _on(nodes[1]["name"], "systemctl is-active slurmctld").strip() == "active"
+        answered = _on(nodes[0]["name"], "timeout 120 srun -N2 hostname", user="gpuprov").split()
+        assert sorted(answered) == sorted(own), answered
+    finally:
+        run_cli("down", name, "--yes", env=env)
+
+
+def _on(node: str, script: str, user: str = "root") -> str:
+    cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={node}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    proc = subprocess.run(["docker", "exec", "-u", user, "-w", "/tmp", cid, "sh", "-c", script],
+                          capture_output=True, text=True, check=False, timeout=180)
+    assert proc.returncode == 0, f"{node}: {script}: {proc.stderr}"
+    return proc.stdout
