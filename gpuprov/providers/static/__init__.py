@@ -27,11 +27,27 @@ from typing import Any
 from gpuprov import ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
-from gpuprov.providers.static.hosts_file import StaticHost, parse_hosts_file
 from gpuprov.providers.static.options import StaticOptions
 from gpuprov.state import NodeRecord
 
 __all__ = ["PROVIDER", "StaticHost", "StaticProvider", "parse_hosts_file"]
+
+
+def parse_hosts_file(path: str | None) -> tuple[Any, Path | None]:
+    """gpuprov.providers.static.hosts_file.parse_hosts_file, imported when a hosts file is read:
+    it loads ansible-core's inventory code (about 0.2 s), which `list`, `status` and every
+    command that reads no hosts file do without."""
+    from gpuprov.providers.static import hosts_file  # lazy: CLI start-up
+
+    return hosts_file.parse_hosts_file(path)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StaticHost":
+        from gpuprov.providers.static.hosts_file import StaticHost  # lazy: CLI start-up
+
+        return StaticHost
+    raise AttributeError(name)
 
 class StaticProvider(Provider):
     name = "static"
