@@ -117,7 +117,7 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
 # scenario starts early.
 UNIT_SECONDS = {
     "tests/e2e/test_docker_cluster.py": 2249,  # fresh clone: set-up 1195, driver move 520
-    "tests/e2e/test_patch_e2e.py": 1200,  # fresh clone (1548 before drained nodes failed their probes at once)
+    "tests/e2e/test_patch_e2e.py": 1000,  # fresh clone 1200 (1548 before drained nodes failed their probes at once); alone 726
     "tests/e2e/test_cluster_faults.py": 428,  # fresh clone
     "molecule:nvidia_driver:default": 582,  # fresh clone
     "tests/e2e/test_pull_e2e.py": 365,  # here

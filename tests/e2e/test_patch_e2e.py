@@ -78,9 +78,7 @@ def fleet(env, repo, tmp_path_factory):
             env={**env, "ANSIBLE_CONFIG": str(cdir / "ansible.cfg")})
         assert proc.returncode == 0, proc.stdout[-4000:]
         # driver.yml refreshed the fixture repository's lists only (the node image ships none):
-        # Debian's, for Slurm's packages, as a node that ever ran `apt-get update` has them.
-        for node in (f"{name}-node-{i}" for i in (1, 2, 3)):
-            sh(node, "apt-get update -q >/dev/null 2>&1")
+        # the slurm role finds Debian's lists lacking its packages and refreshes them itself.
         proc = run_cli("provision", name, "--scheduler", "slurm", "--tags", "slurm", env=env, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         yield name, [f"{name}-node-{i}" for i in (1, 2, 3)]
