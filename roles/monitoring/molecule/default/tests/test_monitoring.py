@@ -52,7 +52,7 @@ def test_prometheus_reports_its_node_exporter_target_up(host, prometheus):
     while True:
         targets = api(host, prometheus, "/api/v1/targets?state=active")["activeTargets"]
         node = [t for t in targets if t["labels"].get("job") == "node"]
-        if node and all(t["health"] == "up" for t in node) or time.time() > deadline:
+        if (node and all(t["health"] == "up" for t in node)) or time.time() > deadline:
             break
         time.sleep(2)
     assert len(node) == 1, targets
