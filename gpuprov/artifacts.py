@@ -7,13 +7,14 @@ preset) from ``nvidia-cudnn-cu11`` (downloaded with its sha256 pinned), so
 its sha256 can be pinned in the version lock.
 
     python -m gpuprov.artifacts build DIR       # DIR/cudnn/<archive>, DIR/SHA256SUMS
+                                                # and each CUDA line's redist archives
+                                                # (gpuprov/artifact_archives.py)
     python -m gpuprov.artifacts serve DIR --bind ADDR --port N
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import lzma
 import os
@@ -24,17 +25,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from gpuprov import stack
+from gpuprov import artifact_archives, stack
+from gpuprov.artifact_archives import sha256
 
 MTIME = 1700000000  # fixed, for reproducible archives
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fetch_wheel(cache: Path) -> Path:
@@ -107,6 +101,8 @@ def build(directory: Path, wheel_cache: Path | None = None) -> dict[str, str]:
     if not archive.exists() or sha256(archive) != cudnn["archive_sha256"]:
         build_cudnn_archive(wheel, archive.parent)
     sums = {f"cudnn/{archive.name}": sha256(archive)}
+    # The CUDA lines the mirror serves as NVIDIA's redist archives (data: [[cuda."X.Y".archives]]).
+    sums.update(artifact_archives.build(directory, stack.data(), wheel_cache or directory / "wheels"))
     (directory / "SHA256SUMS").write_text("".join(f"{h}  {p}\n" for p, h in sums.items()))
     return sums
 
@@ -142,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: the archive's sha256 differs from the lock's ({expected})",
                   file=sys.stderr)
             return 1
-        return 0
+        wrong = artifact_archives.mismatches(sums, stack.data())
+        for line in wrong:
+            print(f"warning: {line}", file=sys.stderr)
+        return 1 if wrong else 0
     serve(args.directory, args.bind, args.port)
     return 0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gpuprov.artifact_archives import line_archives, subdir
 from gpuprov.drivers import _v, data
 from gpuprov.errors import BadInput
 
@@ -117,6 +118,13 @@ def source_refusal(cuda: str, source: str) -> str | None:
     return None
 
 
+def own_archives(cuda: str) -> list[dict[str, str]]:
+    """The redist archives the artifact mirror serves for line ``cuda``, as the lock pins them:
+    {"component", "archive", "sha256", "dir"} ("dir": the mirror's directory of it)."""
+    return [{"component": a["component"], "archive": a["archive"], "sha256": a["archive_sha256"],
+             "dir": subdir(a)} for a in line_archives(cuda, data())]
+
+
 def is_installable(cuda: str) -> bool:
     """Whether `up`, `provision` and `patch` install line ``cuda`` (False for a line the data lacks)."""
     return bool(lines().get(cuda, {}).get("installable"))
@@ -145,10 +153,13 @@ def pieces(cuda: str, source: str, instance_type: str = "TYPE") -> dict[str, Any
                                      "cudnn_method")}
     cudnn, nccl = facts["cudnn"], facts["nccl"]
     mine = "cudnn" in own
+    archives = own_archives(cuda) if named.get("cuda_method") == "archives" else []
+    cudnn_own = next((a for a in archives if a["component"] == "cudnn"), None)
     out: dict[str, Any] = {
         "cudnn": own["cudnn"] if mine else cudnn["version"],
-        "cudnn_archive": "" if mine else cudnn["archive"],
-        "cudnn_archive_sha256": "" if mine else cudnn["archive_sha256"],
+        "cudnn_archive": cudnn_own["archive"] if cudnn_own else "" if mine else cudnn["archive"],
+        "cudnn_archive_sha256": cudnn_own["sha256"] if cudnn_own else "" if mine else cudnn["archive_sha256"],
+        "cuda_archives": [a for a in archives if a is not cudnn_own],
         "nccl": own.get("nccl") or nccl["version"],
         "nccl_tests": own.get("nccl_tests", nccl["tests"]) or None,
         "nccl_tests_sha256": nccl["tests_sha256"] if own.get("nccl_tests", nccl["tests"]) else "",
@@ -157,6 +168,12 @@ def pieces(cuda: str, source: str, instance_type: str = "TYPE") -> dict[str, Any
                      "cudnn_method": named["cudnn_method"]},
         "notes": [],
     }
+    if named.get("cuda_method", "packages") != "packages":
+        # Only where it is not the packages (so that every lock stored before keeps its hash).
+        out["packages"]["cuda_method"] = named["cuda_method"]
+    if archives:
+        out["notes"].append(f"CUDA {own['version']} from the artifact mirror as NVIDIA's redist archives "
+                            f"({', '.join(a['component'] for a in archives)}), each checked against its sha256")
     later = not_installed_yet(cuda, instance_type)
     if later:
         out["notes"].append(later)

@@ -60,7 +60,7 @@ ARCH_MIN_CUDA = {
 # Fields added after locks were first stored: left out of the hash when empty, so a stored
 # lock keeps its hash (gpuprov completes it for the plays: gpuprov.core.settings.complete_lock).
 _ADDED_FIELDS = ("dcgm", "dcgm_package", "dcgm_package_version", "dcgm_exporter_image",
-                 "nccl_tests", "nccl_tests_sha256")
+                 "nccl_tests", "nccl_tests_sha256", "cuda_archives")
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,10 @@ class Lock:
     # nccl-tests (role nccl_tests): its release and the sha256 of its release archive.
     nccl_tests: str | None = None
     nccl_tests_sha256: str = ""
+    # A line the artifact mirror serves as NVIDIA's redist archives (packages.cuda_method
+    # "archives"): the toolkit's and NCCL's, each {"component", "archive", "sha256", "dir"}
+    # (cuDNN's is cudnn_archive). Empty for a line installed from packages.
+    cuda_archives: tuple[dict[str, str], ...] = ()
 
     @property
     def flavour(self) -> str:
@@ -353,6 +357,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
         dcgm_exporter_image=dcgm["exporter_image"] if dcgm_src["package"] else "",
         nccl_tests=pieces["nccl_tests"],
         nccl_tests_sha256=pieces["nccl_tests_sha256"],
+        cuda_archives=tuple(pieces["cuda_archives"]),
     )
 
 
@@ -377,5 +382,6 @@ def from_dict(raw: dict[str, Any]) -> Lock:
     body["notes"] = tuple(body.get("notes", ()))
     body["base_images"] = tuple(body.get("base_images", ()))
     body["site_pip_requirements"] = tuple(body.get("site_pip_requirements", ()))
+    body["cuda_archives"] = tuple(body.get("cuda_archives", ()))
     return Lock(**body)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The local artifact mirror, as an air-gapped site would run one: build the
-# artifacts gpuprov installs from archives (the cuDNN redist archive, rebuilt
-# reproducibly from the pinned PyPI wheel and checked against the lock's
-# sha256), then serve them over HTTP on the docker bridge gateway, where the
+# artifacts gpuprov installs from archives (the cuDNN redist archive and CUDA
+# 13.0's redist archives, rebuilt reproducibly from the pinned PyPI wheels and
+# checked against the lock's sha256s), then serve them over HTTP on the docker bridge gateway, where the
 # local nodes reach it. Idempotent: builds only what is missing, starts only
 # when not running.
 #   scripts/artifact-mirror.sh [start|stop]
@@ -23,7 +23,7 @@ if [ "${1:-start}" = stop ]; then
 fi
 
 mkdir -p "$dir/mirror"
-log "building artifacts in $dir/mirror (first time: downloads the cuDNN wheel, ~700 MB, and repacks it)"
+log "building artifacts in $dir/mirror (first time: downloads the cuDNN 8.9 wheel, ~700 MB, and CUDA 13.0's wheels, ~650 MB, and repacks them)"
 "$python" -m gpuprov.artifacts build "$dir/mirror" --wheel-cache "$dir/wheels" >/dev/null
 
 gateway=$(bridge_gateway)

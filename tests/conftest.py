@@ -125,6 +125,7 @@ UNIT_SECONDS = {
     "molecule:slurm:default": 200,  # here 165 to 264
     "molecule:nvidia_fabricmanager:default": 228,  # CI
     "molecule:cuda:default": 209,  # CI
+    "molecule:cuda:archives": 240,  # here 315 beside two helpers' e2e runs (load 11 on 2 cores)
     "tests/e2e/test_slurm_e2e.py": 260,  # here 203 (7 tests, two nodes, rdma and slurm plays)
     "tests/e2e/test_monitor_e2e.py": 170,  # here
     "tests/e2e/test_static_onprem.py": 134,  # here 105 (72 in a fresh clone before its Slurm test)

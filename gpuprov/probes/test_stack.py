@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import shlex
 from fnmatch import fnmatch
 
 import pytest
 
+from gpuprov import cuda_lines
 from gpuprov.probes.nodefacts import (
     in_container,
     installed_kernels,
@@ -119,6 +121,47 @@ def test_nvcc_reports_the_locked_cuda(host, expect, report):
     report(out.stdout.strip().splitlines()[-2] if len(out.stdout.splitlines()) > 1 else out.stdout)
 
 
+# A kernel and the runtime's headers: compiled by the node's nvcc for each architecture the
+# lock names (the cluster's GPUs; for hosts of no known GPU, the oldest and newest its CUDA line
+# drives), linked against the toolkit's runtime, and run: it prints the runtime version its
+# headers declare (CUDART_VERSION). Running a kernel needs a GPU: cuda_context_can_be_created
+# (test_gpu.py) proves that where there is one. (Asking the runtime itself without a driver
+# answers 0 from CUDA 11.8 and 13000 from CUDA 13.0, seen here: not a check.)
+PROGRAM = r"""#include <cstdio>
+#include <cuda_runtime.h>
+__global__ void scale(float *x, float a) { x[blockIdx.x * blockDim.x + threadIdx.x] *= a; }
+int main() { std::printf("%d\n", CUDART_VERSION); return 0; }
+"""
+
+
+def compile_targets(lock: dict) -> list[str]:
+    archs = [a.strip() for a in (lock.get("arch") or "").split(",") if a.strip()]
+    if archs:
+        return archs
+    line = cuda_lines.line(lock["cuda"])
+    return sorted({line["arch_min"], line["arch_max"]}, key=cuda_lines.arch_number)
+
+
+@pytest.mark.cuda
+def test_nvcc_compiles_for_the_locked_architectures(host, expect, report):
+    lock = expect.lock()
+    targets = compile_targets(lock)
+    flags = " ".join(f"-gencode arch=compute_{a[3:]},code={a}" for a in targets)
+    script = (f"set -e; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; cd \"$d\"; "
+              f"printf '%s' {shell_quote(PROGRAM)} > k.cu; nvcc {flags} -o k k.cu 2>&1; ./k")
+    out = host.run(f"bash -lc {shell_quote(script)}")
+    major, minor = (int(x) for x in lock["cuda"].split("."))
+    want = str(major * 1000 + minor * 10)
+    assert out.rc == 0 and out.stdout.strip().splitlines()[-1:] == [want], (
+        f"expected a CUDA program to compile for {', '.join(targets)} against runtime headers {want}, "
+        f"found: {(out.stdout + out.stderr).strip()[-400:]}")
+    report(f"compiled for {', '.join(targets)} against runtime headers {want}; it runs")
+
+
+def shell_quote(text: str) -> str:
+    return shlex.quote(text)
+
+
 @pytest.mark.cuda
 def test_cuda_prefix_and_environment(host, expect, report):
     lock = expect.lock()
@@ -137,6 +180,8 @@ def test_cuda_prefix_and_environment(host, expect, report):
 def test_cudnn_matches_the_lock(host, expect, report):
     lock = expect.lock()
     want = ".".join(lock["cudnn"].split(".")[:3])  # 8.9.6.50 -> 8.9.6
+    major, minor, patch = (int(x) for x in want.split("."))
+    library = f"libcudnn.so.{major}"
     header = host.run(
         f"cat /usr/local/cuda-{lock['cuda']}/include/cudnn_version.h /usr/include/cudnn_version.h "
         "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h 2>/dev/null"
@@ -146,15 +191,16 @@ def test_cudnn_matches_the_lock(host, expect, report):
     assert found == want, f"expected cudnn_version.h to say {want}, found {found}"
     # The library itself: loaded by the dynamic linker, asked for its version.
     code = (
-        "import ctypes; lib = ctypes.CDLL('libcudnn.so.8'); "
+        f"import ctypes; lib = ctypes.CDLL('{library}'); "
         "lib.cudnnGetVersion.restype = ctypes.c_size_t; print(lib.cudnnGetVersion())"
     )
     out = host.run(f'python3 -c "{code}"')
-    major, minor, patch = (int(x) for x in want.split("."))
-    assert out.rc == 0 and out.stdout.strip() == str(major * 1000 + minor * 100 + patch), (
-        f"expected libcudnn.so.8 to load and report {want}, found: {(out.stdout or out.stderr).strip()[:200]}"
+    # cudnn_version.h: MAJOR*1000 + MINOR*100 + PATCH up to cuDNN 8, MAJOR*10000 + ... from 9.
+    code_of = major * (10000 if major >= 9 else 1000) + minor * 100 + patch
+    assert out.rc == 0 and out.stdout.strip() == str(code_of), (
+        f"expected {library} to load and report {want}, found: {(out.stdout or out.stderr).strip()[:200]}"
     )
-    report(f"header {found}, libcudnn.so.8 loads and reports {out.stdout.strip()}")
+    report(f"header {found}, {library} loads and reports {out.stdout.strip()}")
 
 
 # Package sources whose repositories carry NVIDIA's libnccl2 (the cuda role installs it there).
@@ -164,6 +210,9 @@ NCCL_SOURCES = ("nvidia", "mirror")
 @pytest.mark.cuda
 def test_nccl_matches_the_lock(host, expect, report):
     lock = expect.lock()
+    if (lock.get("packages") or {}).get("cuda_method") == "archives":
+        nccl_from_archive(host, lock, report)
+        return
     if lock.get("source") not in NCCL_SOURCES:
         pytest.skip(f"package source {lock.get('source')!r} carries no libnccl2 (Debian 12's archive has "
                     f"none): NCCL {lock['nccl']} is not installed by gpuprov there")
@@ -174,3 +223,22 @@ def test_nccl_matches_the_lock(host, expect, report):
     held = set(host.run("apt-mark showhold").stdout.split())
     assert "libnccl2" in held, "expected libnccl2 held (it moves only with the lock), it is not"
     report(f"libnccl2 and libnccl-dev {want}, held")
+
+
+def nccl_from_archive(host, lock: dict, report) -> None:
+    """NCCL unpacked from the lock's archive: nccl.h says the locked release, and libnccl.so.2
+    loads (through the dynamic linker's paths) and reports it (ncclGetVersion: MAJOR*10000 +
+    MINOR*100 + PATCH from NCCL 2.9)."""
+    major, minor, patch = (int(x) for x in lock["nccl"].split("."))
+    header = host.run(f"cat /usr/local/cuda-{lock['cuda']}/include/nccl.h 2>/dev/null").stdout
+    parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCH")]
+    found = ".".join(m.group(1) for m in parts) if all(parts) else None
+    assert found == lock["nccl"], f"expected nccl.h to say {lock['nccl']}, found {found}"
+    code = ("import ctypes; lib = ctypes.CDLL('libnccl.so.2'); v = ctypes.c_int(); "
+            "rc = lib.ncclGetVersion(ctypes.byref(v)); print(rc, v.value)")
+    out = host.run(f'python3 -c "{code}"')
+    want = f"0 {major * 10000 + minor * 100 + patch}"
+    assert out.rc == 0 and out.stdout.strip() == want, (
+        f"expected libnccl.so.2 to load and report {lock['nccl']} ({want}), "
+        f"found: {(out.stdout or out.stderr).strip()[:200]}")
+    report(f"nccl.h {found}, libnccl.so.2 loads and reports {want.split()[1]} (from the archive)")

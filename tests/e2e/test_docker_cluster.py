@@ -131,7 +131,8 @@ def test_verify_passes_or_skips_with_reason(cluster, env) -> None:
         assert smi["status"] == "skip" and "no GPU" in smi["detail"], smi
         for probe in ("driver_packages_match_the_lock", "gpu_packages_are_held",
                       "nouveau_blacklisted", "dkms_module_for_every_kernel",
-                      "nvcc_reports_the_locked_cuda", "cuda_prefix_and_environment",
+                      "nvcc_reports_the_locked_cuda", "nvcc_compiles_for_the_locked_architectures",
+                      "cuda_prefix_and_environment",
                       "cudnn_matches_the_lock"):
             assert by_name[probe]["status"] == "pass", (host, by_name[probe])
         assert "535.309.01" in by_name["dkms_module_for_every_kernel"]["detail"]

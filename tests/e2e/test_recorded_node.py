@@ -96,6 +96,8 @@ HEALTHY = {
     "unattended_upgrades_leave_gpu_packages": ("fail", "expected unattended-upgrades to skip"),
     "gpu_fact_matches_pci_bus": ("fail", "expected an executable /etc/ansible/facts.d/gpu.fact"),
     "nvcc_reports_the_locked_cuda": ("fail", "expected nvcc on a login shell's PATH, found none"),
+    # (written after the real run: the compile probe, for the lock's GPU architecture)
+    "nvcc_compiles_for_the_locked_architectures": ("fail", "expected a CUDA program to compile for sm_90"),
     "cuda_prefix_and_environment": ("fail", "expected /usr/local/cuda -> /usr/local/cuda-11.8"),
     "cudnn_matches_the_lock": ("fail", "expected cudnn_version.h to say 8.9.6"),
     # (written after the real run: the nvidia source's lock installs NCCL; nothing here did)

@@ -88,7 +88,8 @@ def test_v100_resolves_under_11_8_and_12_9() -> None:
         # Sources without the line's pieces.
         ("g5.xlarge", {"cuda": "12.9", "source": "distro"}, r"package source 'distro': Debian 12's archive "
                                                              r"packages CUDA 11\.8 only.*--source nvidia"),
-        ("g5.xlarge", {"cuda": "13", "source": "mirror"}, r"package source 'mirror'.*not pinned yet; use --source nvidia"),
+        ("g5.xlarge", {"cuda": "12.9", "source": "mirror"}, r"package source 'mirror'.*carries no nvcc; use --source nvidia, or --cuda 13 with --source mirror"),
+        ("g5.xlarge", {"cuda": "13", "source": "distro"}, r"package source 'distro'.*CUDA 13 needs driver R580"),
         # Lines the data lacks, and spellings it refuses.
         ("g5.xlarge", {"cuda": "12.8"}, r"has no CUDA 12\.8 \(available: 11\.8, 12\.9, 13\.0\)"),
         ("g5.xlarge", {"cuda": "14"}, r"has no CUDA 14\.x line"),
