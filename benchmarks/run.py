@@ -10,11 +10,16 @@ On local nodes (the docker provider; the Docker engine, node image and package c
   - up to verified, 2 nodes, from scratch (warm package cache: `up` + `verify`);
   - image bake of one of those nodes;
   - up to verified, 2 nodes, from the baked image;
-  - no-op `provision` of the whole site on 1, 2, 4 and 8 nodes booted from the baked image,
-    and T(8)/T(1), with Mitogen's strategy (opt-in: GPUPROV_ANSIBLE_STRATEGY=mitogen) and,
-    with --strategies mitogen,linear, Ansible's own (gpuprov's default) beside it; for each,
-    the CPU it cost (the controller's process tree and the node containers' cgroups) and the
-    floor that CPU puts under the wall time on this machine's cores: CPU / cores;
+  - no-op `provision --full` of the whole site (every node runs every play) on 1, 2, 4 and 8
+    nodes booted from the baked image, and T(8)/T(1), with Mitogen's strategy (opt-in:
+    GPUPROV_ANSIBLE_STRATEGY=mitogen) and, with --strategies mitogen,linear, Ansible's own
+    (gpuprov's default) beside it; for each, the CPU it cost (the controller's process tree and
+    the node containers' cgroups) and the floor that CPU puts under the wall time on this
+    machine's cores: CPU / cores;
+  - on the same nodes, the no-op `provision` with manifests (each node checked in one SSH round
+    trip, no Ansible where its manifest holds: noop_manifest_*), its CPU, and, from 2 nodes
+    up, a `provision` with one node drifted (a managed file edited: that node's full run and
+    the others' checks: drift1_*);
   - EC2 calls of `up --type p4d.24xlarge --count 4` against moto (benchmarks/aws_api_calls.py): with
     --image, from the default image (no AMI baked for the lock), and from an AMI baked for it.
 Uses its own GPUPROV_HOME and image repository; removes its clusters and image. Writes
@@ -90,7 +95,8 @@ def main() -> None:
     parser.add_argument("--strategies", default="mitogen",
                         help="no-op figures per Ansible strategy (GPUPROV_ANSIBLE_STRATEGY), comma-separated: "
                              "mitogen (the default), linear (Ansible's own); runs alternate, same nodes")
-    parser.add_argument("--skip", default="", help="comma-separated: scratch, noop, aws")
+    parser.add_argument("--skip", default="", help="comma-separated: scratch, baked (up from the baked image), "
+                        "noop, manifest (its no-op and drift figures), aws")
     parser.add_argument("--image", metavar="REF", help="boot from this baked image (of the docker-node lock): "
                         "no from-scratch bootstrap, no bake (those figures are left out)")
     args = parser.parse_args()
@@ -132,12 +138,13 @@ def main() -> None:
         down(source, env)
 
         samples = []
-        for i in range(args.runs):
+        for i in range(args.runs if "baked" not in skip else 0):
             name = f"bench-{tag}-b{i}"
             clusters.append(name)
             samples.append(up_verified(name, 2, env))
             down(name, env)
-        results["up_verified_2_baked_s"] = figure(samples)
+        if samples:
+            results["up_verified_2_baked_s"] = figure(samples)
 
         if "noop" not in skip:
             for n in sizes:
@@ -148,7 +155,7 @@ def main() -> None:
                 cpu = {x: [] for x in strategies}
                 for _ in range(args.runs):  # alternating: both strategies see the same machine state
                     for x in strategies:
-                        wall, controller, nodes = cpu_timed("provision", name, cluster=name,
+                        wall, controller, nodes = cpu_timed("provision", name, "--full", cluster=name,
                                                             env={**env, "GPUPROV_ANSIBLE_STRATEGY": x})
                         samples[x].append(wall)
                         cpu[x].append((controller, nodes))
@@ -160,6 +167,8 @@ def main() -> None:
                     # No schedule beats the CPU the run needs spread over every core of the machine.
                     results[f"noop_provision_{n}_cpu_floor_s{sfx}"] = figure(
                         [(c + d) / os.cpu_count() for c, d in cpu[x]])
+                if "manifest" not in skip:
+                    results |= manifest_figures(name, n, args.runs, env)
                 down(name, env)
             for x in strategies:
                 key = f"noop_provision_{{}}_s{_suffix(x, strategies)}"
@@ -182,6 +191,40 @@ def main() -> None:
         if ids:
             subprocess.run(["docker", "image", "rm", "-f", *ids], capture_output=True, check=False)
         report(results)  # what was measured, also when a step failed or the run was stopped
+
+
+# What the drift figure edits on its first node: a file the plays write on every run (the
+# unattended-upgrades guard of the driver's packages), so every manifest has it.
+DRIFTED_FILE = "/etc/apt/apt.conf.d/51gpuprov-unattended-upgrades"
+
+
+def manifest_figures(name: str, n: int, runs: int, env: dict[str, str]) -> dict[str, object]:
+    """The no-op `provision` with manifests on cluster ``name`` (its last `provision --full`
+    wrote them), and from 2 nodes up one drifted node's `provision` (the file put back by it)."""
+    out: dict[str, object] = {}
+    walls, cpus = [], []
+    for _ in range(runs):
+        wall, controller, nodes = cpu_timed("provision", name, cluster=name, env=env)
+        walls.append(wall)
+        cpus.append((controller, nodes))
+    out[f"noop_manifest_{n}_s"] = figure(walls)
+    out[f"noop_manifest_{n}_controller_cpu_s"] = figure([c for c, _ in cpus])
+    out[f"noop_manifest_{n}_node_cpu_s"] = figure([d for _, d in cpus])
+    if n < 2:
+        return out
+    first = f"{name}-node-1"
+    walls, cpus = [], []
+    for _ in range(runs):
+        container = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={first}"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        subprocess.run(["docker", "exec", container, "sh", "-c", f"echo '// by hand' >> {DRIFTED_FILE}"], check=True)
+        wall, controller, nodes = cpu_timed("provision", name, cluster=name, env=env)
+        walls.append(wall)
+        cpus.append((controller, nodes))
+    out[f"drift1_of_{n}_s"] = figure(walls)
+    out[f"drift1_of_{n}_controller_cpu_s"] = figure([c for c, _ in cpus])
+    out[f"drift1_of_{n}_node_cpu_s"] = figure([d for _, d in cpus])
+    return out
 
 
 def report(results: dict[str, object]) -> None:

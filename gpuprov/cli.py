@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpuprov import __version__, cli_local, cli_output, defaults
+from gpuprov import __version__, cli_budget, cli_local, cli_output, defaults
 from gpuprov.cli_health import health
 from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
@@ -73,6 +73,8 @@ def up(
     ssh_cidr: str | None,
     allow_wide_ssh_cidr: bool,
     spot: bool,
+    max_price: float | None,
+    regions: str | None,
     disk_gb: int | None,
     capacity_reservation: str | None,
     rollback: bool | None,
@@ -101,26 +103,37 @@ def up(
     from gpuprov.core import launching  # lazy: CLI start-up
     from gpuprov.shared import cluster  # lazy: CLI start-up
 
+    name_generated = name is None
     cuda = cuda_for_install(cuda, instance_type)
     if name is not None:
         cluster.validate_name(name)
-    # The provider's own flags: its options type says which it takes (a flag of another
-    # provider is refused, naming it); every other check is core's and the provider's.
-    options = options_for(provider, {
-        "region": region, "image": image, "no_baked": no_baked, "os": os_name, "ssh_cidr": ssh_cidr,
-        "allow_wide_ssh_cidr": allow_wide_ssh_cidr, "spot": spot, "disk_gb": disk_gb,
-        "capacity_reservation": capacity_reservation, "hosts_file": hosts_file,
-    })
-    spec = ClusterSpec(
-        name=name or cluster.generate_name(), provider=provider, instance_type=instance_type, count=count,
-        options=options, min_count=min_count, retries=retries, keep_failed=keep_failed,
-        stack=StackChoice(cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
-                          mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint),
-        scheduler=Scheduler(kind=scheduler, controller=slurm_controller, controller_only=slurm_controller_only),
-    )
-    request = launching.UpRequest(spec, bootstrap=not no_bootstrap, rollback=rollback, health=health,
-                                  tags=tags, mode=bootstrap_mode, dry_run=dry_run, name_generated=name is None)
-    result = launching.up(request, console=_console(), confirm=_launch_confirmation(yes))
+    name = name or cluster.generate_name()
+
+    def request_for(instance_type: str | None, region: str | None) -> Any:
+        # The provider's own flags: its options type says which it takes (a flag of another
+        # provider is refused, naming it); every other check is core's and the provider's.
+        options = options_for(provider, {
+            "region": region, "image": image, "no_baked": no_baked, "os": os_name, "ssh_cidr": ssh_cidr,
+            "allow_wide_ssh_cidr": allow_wide_ssh_cidr, "spot": spot, "disk_gb": disk_gb,
+            "capacity_reservation": capacity_reservation, "hosts_file": hosts_file,
+        })
+        spec = ClusterSpec(
+            name=name, provider=provider, instance_type=instance_type, count=count,
+            options=options, min_count=min_count, retries=retries, keep_failed=keep_failed,
+            stack=StackChoice(cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
+                              mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint),
+            scheduler=Scheduler(kind=scheduler, controller=slurm_controller, controller_only=slurm_controller_only),
+        )
+        return launching.UpRequest(spec, bootstrap=not no_bootstrap, rollback=rollback, health=health, tags=tags,
+                                   mode=bootstrap_mode, dry_run=dry_run, name_generated=name_generated)
+
+    if max_price is None and regions is None:
+        request = request_for(instance_type, region)
+        result = launching.up(request, console=_console(), confirm=_launch_confirmation(yes))
+    else:
+        request, result = cli_budget.up_within_budget(request_for, instance_type, region, regions, max_price, spot,
+                                                      provider, _console(), _launch_confirmation(yes))
+    spec = request.spec
     cli_output.up_result(result, output)
     cli_output.eol_warning_of(spec.name)
     return 1 if (result.bootstrap is not None and not result.bootstrap.ok) or (
@@ -202,24 +215,27 @@ def status(name: str, output: str) -> int:
 # -- provision / verify -----------------------------------------------------------------------
 @cli.command()
 @click.argument("name")
-@click.option("--check", is_flag=True, help="Dry run (ansible --check --diff): change nothing.")
+@click.option("--check", is_flag=True, help="Dry run (ansible --check --diff): change nothing; each node's drift "
+              "from its manifest, item by item.")
 @click.option("--tags", metavar="T", help="Only these plays/roles (comma-separated Ansible tags).")
+@click.option("--full", is_flag=True, help="Run the plays on every node, also where its manifest holds.")
 @click.option("--scheduler", type=click.Choice(defaults.SCHEDULERS),
               help="Give the cluster this scheduler (recorded), then converge (slurm: `--tags slurm` "
               "runs only its play).")
 @click.option("--slurm-controller", metavar="NODE", help="With --scheduler slurm: the controller (default: the first node).")
 @click.option("--slurm-controller-only", is_flag=True, help="With --scheduler slurm: the controller runs no jobs.")
 @output_option
-def provision(name: str, check: bool, tags: str | None, scheduler: str | None, slurm_controller: str | None,
-              slurm_controller_only: bool, output: str) -> int:
-    """Run the bootstrap playbooks (site.yml) on every node; safe to re-run."""
+def provision(name: str, check: bool, tags: str | None, full: bool, scheduler: str | None,
+              slurm_controller: str | None, slurm_controller_only: bool, output: str) -> int:
+    """Run the bootstrap playbooks (site.yml) on every node whose manifest does not hold; safe
+    to re-run."""
     from gpuprov.core import converge  # lazy: CLI start-up
 
     if scheduler is None and (slurm_controller or slurm_controller_only):
         raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
     chosen = None if scheduler is None else Scheduler(kind=scheduler, controller=slurm_controller,
                                                       controller_only=slurm_controller_only)
-    data = converge.provision(name, console=_console(), check=check, tags=tags, scheduler_choice=chosen)
+    data = converge.provision(name, console=_console(), check=check, tags=tags, scheduler_choice=chosen, full=full)
     if output == "json":
         cli_output.emit_json(data)
     else:

@@ -66,6 +66,11 @@ UP_OPTIONS = [
         help="aws: accept an --ssh-cidr wider than /16 (IPv4) or /48 (IPv6); SSH is then open to "
         "that much of the internet."),
     click.option("--spot", is_flag=True, help="Use spot capacity (aws)."),
+    click.option("--max-price", type=float, metavar="USD", help="aws: launch the cheapest allowed type (--type, "
+        "else every GPU type gpuprov knows) and region (--regions) that costs at most USD per instance-hour "
+        "(on-demand; with --spot, spot) and has capacity, going on to the next-cheapest when no zone has it."),
+    click.option("--regions", metavar="R1,R2", help="aws, with --max-price: the regions to choose from "
+        "(default: --region's)."),
     click.option(
         "--disk-gb",
         type=click.IntRange(min=8, max=16384),

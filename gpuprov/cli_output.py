@@ -18,6 +18,7 @@ from gpuprov.state import Store
 if TYPE_CHECKING:
     from gpuprov.shared.results import (
         Bootstrap,
+        ClusterCost,
         ClusterRow,
         NodeRow,
         PatchResult,
@@ -88,8 +89,13 @@ def provision_table(cluster: str, data: ProvisionResult | Bootstrap) -> None:
 
 
 def cluster_list(rows: list[ClusterRow]) -> None:
-    table(None, ["name", "provider", "nodes", "created", "state"],
-          [[r.name, r.provider, r.nodes, r.created, r.state] for r in rows])
+    table(None, ["name", "provider", "nodes", "created", "state", "$/h"],
+          [[r.name, r.provider, r.nodes, r.created, r.state, money(r.price.usd_per_hour if r.price else None)]
+           for r in rows])
+    for r in rows:
+        if r.price and r.price.why:
+            click.echo(f"{r.name}: " + (f"${money(r.price.usd_per_hour)}/h: " if r.price.usd_per_hour
+                                        is not None else "no price: ") + r.price.why)
 
 
 def status(name: str, data: StatusResult) -> None:
@@ -112,6 +118,7 @@ def status(name: str, data: StatusResult) -> None:
         click.echo(f"kept: {k.name} ({k.id}, {k.address}) runs outside the node list since {k.when}: {k.why}; "
                    f"`gpuprov down {name}` removes it")
     slurm_lines(data)
+    cost_lines(data.cost)
     health_line(name)
     monitoring_line(name)
     table(
@@ -120,6 +127,20 @@ def status(name: str, data: StatusResult) -> None:
         [[r.id, r.kind, r.started, {True: "yes", False: "no", None: "running"}[r.ok], r.artifact_dir]
          for r in data.runs],
     )
+
+
+def cost_lines(cost: ClusterCost | None) -> None:
+    """Each node's launch time, price and cost so far, then the cluster's (or why none)."""
+    if cost is None:
+        return
+    if cost.nodes:
+        table("cost (list prices: an estimate, not a bill)", ["node", "launched", "kind", "$/h", "so far $", "source"],
+              [[r.node, r.launched or "-", r.kind, money(r.usd_per_hour), money(r.usd_so_far),
+                r.source or r.why or ""] for r in cost.nodes])
+    if cost.usd_per_hour is not None:
+        click.echo(f"cost: ${money(cost.usd_per_hour)}/h now, ${money(cost.usd_so_far)} so far")
+    else:
+        click.echo(f"cost: no price: {cost.why}")
 
 
 def slurm_lines(data: StatusResult) -> None:
@@ -201,11 +222,24 @@ def settings_table(recorded: dict[str, Setting] | None) -> None:
           [[k, v.value, v.from_] for k, v in recorded.items()] or [["(none)", "", ""]])
 
 
-def types_table(rows: list[dict[str, Any]], price_date: str) -> None:
-    """The types as a table; its `cuda` column: the CUDA lines each type's GPUs can use."""
+def money(value: float | None) -> str:
+    """US dollars for a table (gpuprov.pricing.prices.usd), ``-`` for none."""
+    from gpuprov.pricing import prices  # lazy: CLI start-up
+
+    return "-" if value is None else prices.usd(value)
+
+
+def types_table(rows: list[dict[str, Any]], region: str, spot: bool, table_date: str, notes: list[str]) -> None:
+    """The types as a table: facts, the price here with its source and date, why each is listed."""
+    sources = sorted({f"{r['price']['source']} as of {r['price']['as_of']}" for r in rows if r["price"]})
+    kind = "spot, cheapest zone" if spot else "on-demand"
+    title = (f"instance types, {kind} prices in {region} (USD; "
+             + ("; ".join(sources) if sources else f"bundled table of {table_date}") + "; not a quote)")
+    show_why = any(r["why"] for r in rows)
     table(
-        f"instance types (prices: on-demand us-east-1 estimate as of {price_date}, not a quote)",
-        ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "cuda", "vcpus", "efa", "nvswitch", "$/h"],
+        title,
+        ["type", "gpu", "gpus", "mem/gpu GiB", "arch", "cuda", "vcpus", "efa", "nvswitch", "$/h", "$/GPU-h"]
+        + (["zone"] if spot else []) + (["why"] if show_why else []),
         [
             [
                 r["instance_type"],
@@ -217,11 +251,19 @@ def types_table(rows: list[dict[str, Any]], price_date: str) -> None:
                 r["vcpus"] or "-",
                 r["efa_interfaces"] if r["efa"] else "no",
                 "yes" if r["nvswitch"] else "no",
-                f"{r['price_us_east_1']:.2f}" if r["price_us_east_1"] else "-",
+                money(r["price"]["usd_per_hour"] if r["price"] else None),
+                money(r["price_per_gpu_hour"]),
             ]
+            + ([(r["price"] or {}).get("zone") or "-"] if spot else [])
+            + (["; ".join(r["why"])] if show_why else [])
             for r in rows
         ],
     )
+    if any(r["price"] is None and r["provider"] == "aws" for r in rows):
+        click.echo(f"-: no {kind} price confirmed for {region} (the bundled table leaves out what its public "
+                   f"source does not list; `gpuprov types --refresh --region {region}` asks AWS)")
+    for note in notes:
+        click.echo(note)
 
 
 def stack_table(instance_type: str, data: dict[str, Any]) -> None:

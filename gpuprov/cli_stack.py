@@ -3,42 +3,93 @@ lock it would pin for one. Registered on the command group by gpuprov/cli.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from gpuprov import cli_output, defaults
 from gpuprov.cli_options import output_option
-from gpuprov.errors import BadInput
+from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.shared.console import Console
+
+
+def select_names(name: str) -> tuple[str, ...]:
+    """A closed list of choices from gpuprov.pricing.select (light: no AWS)."""
+    from gpuprov.pricing import select  # lazy: CLI start-up
+
+    return tuple(getattr(select, name))
 
 
 @click.command()
 @click.option("--gpu", metavar="MODEL", help="Only types with this GPU (A100, H100, ...).")
-@click.option("--region", help="aws: the region whose EC2 facts to show (and --refresh).")
-@click.option("--refresh", is_flag=True, help="aws: read EC2's current GPU types (DescribeInstanceTypes) into the cache.")
+@click.option("--gpus", type=int, metavar="N", help="Only types with at least N GPUs.")
+@click.option("--min-gpu-mem", type=int, metavar="GIB", help="Only types with at least GIB of memory per GPU.")
+@click.option("--max-price", type=float, metavar="USD", help="Only types that cost at most USD per instance-hour "
+              "here (on-demand; with --spot, spot).")
+@click.option("--spot", is_flag=True, help="Spot prices (EC2's spot price history, cheapest zone) instead of on-demand.")
+@click.option("--efa", is_flag=True, help="Only types with EFA.")
+@click.option("--nvswitch", is_flag=True, help="Only types whose GPUs sit on NVSwitch (all-to-all NVLink).")
+@click.option("--cuda", metavar="LINE", help="Only types whose GPUs this CUDA line drives (11.8, 12.9, 13.0).")
+@click.option("--sort", type=click.Choice(select_names("SORTS")), help="Order: price per GPU-hour (gpu-price, "
+              "the default), per instance-hour (price), most GPUs first (gpus).")
+@click.option("--for", "purpose", type=click.Choice(select_names("PURPOSES")), help="training: NVSwitch and EFA "
+              "first, then price per GPU-hour; inference: the cheapest type whose GPU memory fits --min-gpu-mem. "
+              "Each row says why it is there (docs/cost.md).")
+@click.option("--region", help="aws: whose prices (and EC2 facts) to show (default: AWS_DEFAULT_REGION, "
+              "AWS_REGION, else us-east-1).")
+@click.option("--refresh", is_flag=True, help="aws: read EC2's GPU types (DescribeInstanceTypes), their on-demand "
+              "prices (Price List API) and spot prices (spot price history) for --region into the cache.")
 @output_option
-def types(gpu: str | None, region: str | None, refresh: bool, output: str) -> int:
-    """List the instance types gpuprov knows (GPUs, arch, EFA, NVSwitch, price estimate).
+def types(gpu: str | None, gpus: int | None, min_gpu_mem: int | None, max_price: float | None, spot: bool,
+          efa: bool, nvswitch: bool, cuda: str | None, sort: str | None, purpose: str | None,
+          region: str | None, refresh: bool, output: str) -> int:
+    """List the instance types gpuprov knows: GPUs, arch, EFA, NVSwitch, and a dated price.
 
-    Facts come from EC2's DescribeInstanceTypes where cached (every aws `up`
-    caches its type; --refresh reads all GPU types), and from gpuprov's
-    bundled table for what that API lacks (NVSwitch, compute capability, price)."""
+    Prices: the live answers cached by --refresh (AWS Price List API, EC2 spot price
+    history, with the time fetched), else gpuprov's bundled table (on-demand, with its date
+    and each figure's public source). `-` is a price nobody confirmed: never a guess."""
     from gpuprov import catalog  # lazy: CLI start-up
+    from gpuprov.pricing import regions, select  # lazy: CLI start-up
 
+    region, _ = regions.chosen(region)
+    need = select.Need(gpu=gpu, gpus=gpus, min_gpu_mem=min_gpu_mem, max_price=max_price, spot=spot, efa=efa,
+                       nvswitch=nvswitch, cuda=cuda, purpose=purpose, sort=sort).check()
     if refresh:
-        from gpuprov.providers.aws import refresh_catalog  # lazy: CLI start-up
+        from gpuprov.pricing import live  # lazy: CLI start-up (boto3)
 
-        count, region = refresh_catalog(region)
-        Console().say(f"cached {count} GPU instance type(s) of {region} from EC2")
-    found = catalog.by_gpu(gpu, region=region)
-    if gpu and not found:
-        known = sorted({t.gpu_model for t in catalog.all_types(region) if t.gpu_model})
-        raise BadInput(f"no instance type with GPU '{gpu}'; known GPUs: {', '.join(known)}")
-    rows = [t.row() for t in found]
+        try:
+            for line in live.refresh(region):
+                Console().say(line)
+        except GpuprovError as exc:  # no credentials, no network: the cache and the table answer
+            Console().say(f"warning: not refreshed: {exc}; showing what is cached and the bundled table "
+                          f"({catalog.price_date()})")
+    known = catalog.all_types(region)
+    found, notes = select.offers(known, region, need)
+    if gpu and not any((t.gpu_model or "").lower() == gpu.lower() for t in known):
+        models = sorted({t.gpu_model for t in known if t.gpu_model})
+        raise BadInput(f"no instance type with GPU '{gpu}'; known GPUs: {', '.join(models)}")
+    if not found and max_price is not None:
+        over = select.cheapest_over(known, region, need)
+        cheapest = (f"; the cheapest that meets the rest is {over.itype.name} at "
+                    f"${over.price.usd_per_hour:.2f}/h ({over.price.words()})" if over and over.price else
+                    "; no type that meets the rest has a known price here")
+        raise BadInput(f"no instance type costs at most ${max_price:.2f}/h "
+                       f"{'spot' if spot else 'on-demand'} in {region}{cheapest}")
+    rows = [offer_row(o) for o in found]
     if output == "json":
         cli_output.emit_json(rows)
     else:
-        cli_output.types_table(rows, catalog.price_date())
+        cli_output.types_table(rows, region, spot, catalog.price_date(), notes)
     return 0
+
+
+def offer_row(offer: Any) -> dict[str, Any]:
+    """One `types` row (docs/json-output.md): the type's facts, its price here, why it is listed."""
+    row = offer.itype.row()
+    row["price"] = offer.price.public() if offer.price else None
+    row["price_per_gpu_hour"] = round(offer.per_gpu, 4) if offer.per_gpu is not None else None
+    row["why"] = list(offer.why)
+    return row
 
 
 def cuda_for_install(value: str | None, instance_type: str | None = None) -> str | None:

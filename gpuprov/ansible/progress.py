@@ -34,6 +34,25 @@ class HostState:
 # Fact gathering runs under any --tags selection: it is not a task of the play.
 FACT_ACTIONS = frozenset({"gather_facts", "setup", "ansible.builtin.gather_facts", "ansible.builtin.setup"})
 
+# What is kept of each task that ran on a node (gpuprov.manifest.collect reads it): the keys of
+# a result, and of its module arguments, that name what the task worked on; a loop's results
+# each the same way. Nothing else of a result is kept (contents, diffs, output).
+RESULT_KEYS = ("dest", "path", "name", "state")
+ARG_KEYS = ("dest", "path", "name", "pkg", "state", "selection", "deb")
+
+
+def kept_result(res: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: res[k] for k in RESULT_KEYS if isinstance(res.get(k), (str, list))}
+    args = (res.get("invocation") or {}).get("module_args") if isinstance(res.get("invocation"), dict) else None
+    if isinstance(args, dict):
+        out["invocation"] = {"module_args": {k: args[k] for k in ARG_KEYS if k in args}}
+    for flag in ("skipped", "failed"):
+        if res.get(flag):
+            out[flag] = True
+    if isinstance(res.get("results"), list):
+        out["results"] = [kept_result(r) for r in res["results"] if isinstance(r, dict)]
+    return out
+
 
 def _msg(res: dict[str, Any]) -> str:
     for key in ("msg", "stderr", "reason"):
@@ -71,6 +90,8 @@ class PlaybookProgress:
         self.console = console or Console(stderr=True)
         self.title = title
         self.hosts = {h: HostState(h) for h in hosts}
+        # Per node, each task that ran there ok: {"action", "res": kept_result(...)}.
+        self.results: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
         self.stats: dict[str, Any] | None = None
         self.live = None
         self.interactive = self.console.is_terminal
@@ -121,6 +142,9 @@ class PlaybookProgress:
             h.role, h.task = role, f"{role} : {task}" if role else task
         elif kind == "runner_on_ok":
             h.ok += 1
+            if data.get("task_action") not in FACT_ACTIONS:
+                self.results.setdefault(h.host, []).append(
+                    {"action": str(data.get("task_action") or ""), "res": kept_result(res)})
             if res.get("changed"):
                 h.changed += 1
                 if not self.interactive:

@@ -20,7 +20,7 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -96,6 +96,8 @@ class PlaybookResult:
     hosts: dict[str, dict[str, int]]
     errors: dict[str, str]
     artifact_dir: Path
+    # Per node, what each task that ran there ok worked on (gpuprov.ansible.progress.kept_result).
+    results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def new_run_dir(files: ClusterFiles, kind: str) -> Path:
@@ -238,6 +240,7 @@ def run_playbook(
         hosts=hosts_summary,
         errors=errors,
         artifact_dir=artifact_dir,
+        results=progress.results,
     )
 
 

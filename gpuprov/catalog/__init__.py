@@ -96,6 +96,8 @@ class InstanceType:
     infiniband: bool = False
     # The CPU architecture (EC2's ProcessorInfo.SupportedArchitectures): x86_64 or arm64.
     cpu_arch: str = "x86_64"
+    # Which entry of the bundled table's price_sources the prices come from.
+    price_source: str | None = None
 
     def price_per_hour(self, region: str | None) -> float | None:
         if region is None:
@@ -119,21 +121,37 @@ class InstanceType:
             "efa": self.efa,
             "efa_interfaces": self.efa_max_interfaces,
             "nvswitch": self.nvswitch,
-            "price_us_east_1": self.price.get("us-east-1"),
+            "price_us_east_1": self.price.get("us-east-1"),  # the bundled table's (kept for old readers)
             # The CUDA lines whose architecture range holds the GPUs' (every line without a GPU).
             "cuda_lines": cuda_lines.lines_for_arch(self.arch),
         }
 
 
 @lru_cache(maxsize=1)
+def _raw() -> dict[str, Any]:
+    return dict(json.loads(_DATA.read_text()))
+
+
+@lru_cache(maxsize=1)
 def _load() -> tuple[str, dict[str, InstanceType]]:
-    raw = json.loads(_DATA.read_text())
+    raw = _raw()
     types = {name: InstanceType(name=name, **facts) for name, facts in raw["types"].items()}
     return raw["price_date"], types
 
 
 def price_date() -> str:
+    """The date of the bundled table's prices (each figure's source: ``price_sources``)."""
     return _load()[0]
+
+
+def price_sources() -> dict[str, Any]:
+    """The bundled table's price sources: {key: {"date", "what", ...}}."""
+    return {k: v for k, v in _raw()["price_sources"].items() if not k.startswith("_")}
+
+
+def price_regions() -> list[str]:
+    """The regions the bundled table has prices for."""
+    return list(_raw()["price_regions"])
 
 
 def _merged(region: str | None = None) -> dict[str, InstanceType]:
@@ -267,6 +285,7 @@ def from_api(record: dict[str, Any], region: str) -> InstanceType:
         virtualization="metal" if record.get("BareMetal") else "vm",
         quota_code=quota_for(name)[0],
         price=price,
+        price_source=bundled.price_source if bundled else None,
         cpu_arch="x86_64" if "x86_64" in ((record.get("ProcessorInfo") or {}).get("SupportedArchitectures")
                                           or ["x86_64"]) else "arm64",
     )

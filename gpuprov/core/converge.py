@@ -12,6 +12,7 @@ from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir, parse_tags, write_extravars
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.health import node_bundle
+from gpuprov.manifest import steps as manifests
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterFiles, Provider
 from gpuprov.shared import scheduler
@@ -43,11 +44,12 @@ from gpuprov.state import ClusterRecord, NodeRecord, Store
 # -- provision --------------------------------------------------------------------------
 def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None,
-    scheduler_choice: scheduler.Scheduler | None = None,
+    scheduler_choice: scheduler.Scheduler | None = None, full: bool = False,
 ) -> ProvisionResult:
-    """site.yml on every node that answers. ``scheduler_choice``: give the cluster this
-    scheduler first (recorded before the run; with ``check`` nothing is recorded, and the run
-    plans the cluster as its record is)."""
+    """site.yml on every node that answers and whose manifest does not hold (``full``: on every
+    node, as `up` runs it). ``scheduler_choice``: give the cluster this scheduler first
+    (recorded before the run; with ``check`` nothing is recorded, and the run plans the cluster
+    as its record is)."""
     tag_list = parse_tags(tags)
     store = store or Store()
     cluster = load(store, name)
@@ -64,7 +66,7 @@ def provision(
         if scheduler_choice is not None and not check:
             cluster = scheduler.record(store, load(store, name), scheduler_choice)
         return run_site(store, cluster, provider, files, nodes, console=console, check=check,
-                        tags=tag_list, slurm_checked=True)
+                        tags=tag_list, slurm_checked=True, use_manifest=not full)
 
 
 def run_site(
@@ -78,6 +80,7 @@ def run_site(
     check: bool = False,
     tags: list[str] | None = None,
     slurm_checked: bool = False,
+    use_manifest: bool = False,
 ) -> ProvisionResult:
     """Run site.yml (every play, or only ``tags``) on ``nodes`` of ``cluster`` under its version
     lock: the inventory and the run's variables written, the run recorded with its artifacts, an
@@ -86,12 +89,16 @@ def run_site(
     (nothing changes, nothing is marked). `provision`, `up`, `patch --onto-image` and a pull
     bootstrap's push fallback all converge through here. A run that configures Slurm first
     refuses a node whose slurm.conf serves another cluster (unless ``slurm_checked``: the
-    caller did, before it recorded the choice)."""
+    caller did, before it recorded the choice).
+
+    Manifests (gpuprov.manifest): after a run that succeeds (not ``check``), each node it ran on
+    records what the plays manage there; with ``use_manifest`` (`provision` without --full) a
+    node whose manifest holds, for the same inputs and plays, gets no Ansible run."""
     if not slurm_checked and scheduler.would_configure(cluster, nodes, tags=tags):
         scheduler.refuse_foreign(cluster, files, nodes)
     lock = version_lock(store, cluster)
-    render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
-           monitoring_host(cluster.spec))
+    context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
+                     monitoring_host(cluster.spec))
     extravars = playbook_vars(cluster, lock) | scheduler.play_vars(cluster, files, nodes, console.say)
     if extravars.get("gpuprov_scheduler") == "slurm":
         # Slurm's HealthCheckProgram runs `gpuprov health`'s quick level on each node, held to
@@ -102,30 +109,43 @@ def run_site(
     # source). A vars.json an older gpuprov wrote is removed so nobody runs it by mistake.
     write_extravars(files.dir / "vars.yml", extravars)
     (files.dir / "vars.json").unlink(missing_ok=True)
+    scope, inputs = manifests.inputs_of(context, extravars, tags)
+    verdicts = manifests.verdicts(cluster, files, nodes, inputs, scope) if use_manifest else {}
+    to_run = manifests.to_run(nodes, verdicts, slurm=extravars.get("gpuprov_scheduler") == "slurm",
+                              say=console.say)
     kind = "provision-check" if check else "provision"
     run_dir = new_run_dir(files, kind)
     run_id = store.start_run(cluster.name, kind, str(run_dir))
     ok, summary = False, {}
     try:
-        outcome, artifacts = _site(cluster.name, files, nodes, run_dir, extravars, console=console,
-                                   check=check, tags=tags)
-        ok, summary = outcome.ok, serialise({"hosts": outcome.hosts, "errors": outcome.errors})
+        if not check:
+            manifests.forget(store, cluster.name, to_run)
+        outcome, artifacts = _site(cluster.name, files, to_run, run_dir, extravars, console=console,
+                                   check=check, tags=tags, partial=len(to_run) < len(nodes))
+        if not check and outcome.ok and to_run:
+            manifests.record_run(store, cluster.name, files, to_run, artifacts, inputs, scope, say=console.say)
+        outcome = manifests.merged(outcome, nodes, verdicts)
+        ok, summary = outcome.ok, serialise({"hosts": outcome.hosts, "errors": outcome.errors,
+                                             **({"manifest": outcome.manifest} if verdicts else {})})
     finally:
         store.finish_run(run_id, ok, summary)
     if not check and ok and not tags:
         store.set_cluster_state(cluster.name, "bootstrapped")
     elif not check and not ok:
         store.set_failed_step(cluster.name, "bootstrap")
-    console.say(f"  artifacts: {artifacts}")
+    console.say(f"  artifacts: {artifacts.artifact_dir if artifacts is not None else run_dir}")
     return outcome
 
 
 def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path,
           extravars: dict[str, Any], *, console: Console, check: bool,
-          tags: list[str] | None) -> tuple[ProvisionResult, Path]:
+          tags: list[str] | None, partial: bool = False) -> tuple[ProvisionResult, Any]:
     """site.yml on the nodes that answer SSH: each is checked once; an unreachable one is
     reported once and left out of the play (--limit), and the others are still served.
-    The result, and where the run's artifacts are."""
+    ``partial``: ``nodes`` are some of the inventory's (--limit them). The result, and the
+    playbook's result (None: no play ran, and the artifacts are ``run_dir``)."""
+    if not nodes:
+        return ProvisionResult(cluster=name, ok=True, hosts={}, errors={}), None
     reachable, down = check_reachable(files, nodes, console)
     errors = {host: f"unreachable: {why}" for host, why in down.items()}
     result = None
@@ -138,7 +158,7 @@ def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path
             title=f"{'check' if check else 'provision'} {name}",
             check=check,
             tags=tags or (),
-            limit=[n.name for n in reachable] if down else (),
+            limit=[n.name for n in reachable] if down or partial else (),
             extravars=extravars,
             secrets=play_secrets(),
             console=console.rich,
@@ -153,8 +173,7 @@ def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path
     hosts = {n.name: UNREACHED if n.name in down or n.name not in played else HostStats.of(played[n.name])
              for n in nodes}
     ok = not down and result is not None and result.ok
-    return (ProvisionResult(cluster=name, ok=ok, hosts=hosts, errors=errors),
-            result.artifact_dir if result is not None else run_dir)
+    return ProvisionResult(cluster=name, ok=ok, hosts=hosts, errors=errors), result
 
 
 # -- verify --------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuprov import catalog
 from gpuprov.providers import Plan, Provider
 from gpuprov.shared.console import Console
 
@@ -18,13 +17,7 @@ def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Prov
     elif plan.existing and not provider.adopts_existing:
         line += " (all exist already)"
     console.say(line)
-    if plan.price_per_node_hour is not None:
-        console.say(
-            f"  estimate: ${plan.price_per_node_hour:.2f}/node/hour, "
-            f"${plan.price_per_node_hour * total:.2f}/hour for the cluster "
-            f"(on-demand list price as of {catalog.price_date()}; an estimate, not a quote"
-            f"{'; spot prices differ' if spec.spot else ''})"
-        )
+    cost_line(plan, total, console)
     for note in plan.notes:
         console.say(f"  {note}")
     console.say(
@@ -33,3 +26,21 @@ def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Prov
         + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
         + f" [lock {lock['hash']}]"
     )
+
+
+def cost_line(plan: Plan, total: int, console: Console) -> None:
+    """What the cluster costs per hour and per day, with the price's kind, source and date; or
+    why there is no price (local and static clusters, a type with none known)."""
+    from gpuprov.pricing import cost, prices  # lazy: CLI start-up
+
+    why = cost.why_no_price(plan.spec.provider)
+    if why:
+        console.say(f"  cost: none shown: {why}")
+        return
+    price = plan.price
+    if price is None:
+        console.say("  cost: unknown (see the note below)")
+        return
+    hour = price.usd_per_hour * total
+    console.say(f"  cost: ${prices.usd(hour)}/hour, ${prices.usd(hour * 24)}/day for {total} node(s) at "
+                f"${prices.usd(price.usd_per_hour)}/node/hour ({price.words()}; list price: an estimate, not a quote)")

@@ -15,6 +15,8 @@ from gpuprov.shared import settings as cluster_settings
 from gpuprov.shared.cluster import cluster_lock, expectations, load, refresh
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import (
+    ClusterCost,
+    ClusterPrice,
     ClusterRow,
     KeptNode,
     NodeImage,
@@ -39,9 +41,12 @@ def list_clusters(
     `gpuprov down NAME` removes them.
     """
     store = store or Store()
+    from gpuprov.pricing import cost  # lazy: CLI start-up
+
     clusters = store.list_clusters()
     rows = [ClusterRow(name=c.name, provider=c.provider, nodes=len(c.nodes), created=c.created,
-                       state=c.state_text) for c in clusters]
+                       state=c.state_text, price=ClusterPrice(**cost.per_hour(c.provider, list(c.nodes))))
+            for c in clusters]
     for provider in providers.supporting("list_tagged_clusters"):
         mine = any(r.provider == provider.name for r in rows)
         regions = {region} if region else {
@@ -63,7 +68,8 @@ def _reconcile(provider: Provider, rows: list[ClusterRow],
             continue
         found = tagged.pop(row.name, None)
         if found is None or not found["nodes"]:
-            out.append(dataclasses.replace(row, nodes=0, state=f"{row.state} (missing at {provider.name})"))
+            out.append(dataclasses.replace(row, nodes=0, state=f"{row.state} (missing at {provider.name})",
+                                           price=ClusterPrice(usd_per_hour=None, why=f"no nodes at {provider.name}")))
         else:
             out.append(dataclasses.replace(row, nodes=found["nodes"]))
     return out + [
@@ -100,7 +106,15 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         kept=[KeptNode(name=k["name"], id=k["id"], address=k["address"], why=k["why"], when=k["when"])
               for k in cluster.spec.get("kept") or []],
         slurm=scheduler.slurm_status(cluster, files, nodes),
+        cost=_cost(cluster.provider, nodes),
     )
+
+
+def _cost(provider_name: str, nodes: list[Any]) -> ClusterCost:
+    """Each node's cost since launch (spot: its zone's price history, asked of the provider)."""
+    from gpuprov.pricing import cost  # lazy: CLI start-up
+
+    return ClusterCost.of(cost.so_far(provider_name, nodes))
 
 
 def _image_locks(provider_name: str, nodes: list[Any]) -> dict[str, str]:

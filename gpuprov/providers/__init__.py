@@ -76,6 +76,8 @@ class Plan:
     to_create: int = 0
     min_create: int = 0
     price_per_node_hour: float | None = None
+    # The node-hour's price with its kind, source and date (gpuprov.pricing.prices.Price).
+    price: Any = None
     notes: tuple[str, ...] = ()
     # What the provider prepared for launch (frozen, its own type; None when it needs nothing):
     # carried here, never cached on the provider, so two plans cannot leak into each other.

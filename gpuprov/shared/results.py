@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpuprov.shared.costs import ClusterCost, ClusterPrice
+from gpuprov.shared.manifest_result import ManifestCheck
+
 if TYPE_CHECKING:
     from gpuprov.state import NodeRecord, RunRecord
 
@@ -72,6 +75,7 @@ class ClusterRow:
     nodes: int
     created: str
     state: str
+    price: ClusterPrice | None = None  # the running nodes' price per hour now, or why none
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ class StatusResult:
     kept: list[KeptNode] = field(default_factory=list)
     # Each node's Slurm state and reason (clusters with `--scheduler slurm`; None otherwise).
     slurm: SlurmStatus | None = None
+    cost: ClusterCost | None = None  # each node's launch time, price and cost so far; the totals
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,7 @@ class ProvisionResult:
     ok: bool
     hosts: dict[str, HostStats]
     errors: dict[str, str]
+    manifest: dict[str, ManifestCheck] | None = field(default=None, metadata={OPTIONAL: True})
 
 
 @dataclass(frozen=True)

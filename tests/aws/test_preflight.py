@@ -98,7 +98,9 @@ def test_cost_estimate_is_shown_before_the_prompt_and_no_means_nothing(capsys, s
                             "--image", ami, "--ssh-cidr", CIDR)
     assert code == 1 and "aborted; nothing was created" in err
     assert asked == ["Launch 4 x p4d.24xlarge?"]
-    assert "estimate: $32.77/node/hour, $131.09/hour for the cluster (on-demand list price as of" in err
+    # p4d.24xlarge after AWS's June 2025 cut: 21.957642 x 4 = 87.83/hour (docs/cost.md).
+    assert ("cost: $87.83/hour, $2,107.93/day for 4 node(s) at $21.96/node/hour (on-demand in us-east-1, "
+            "bundled table as of 2026-08-26; list price: an estimate, not a quote)") in err
     assert shim.mutating() == []
 
 

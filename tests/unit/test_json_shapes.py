@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from gpuprov.shared import results
+from gpuprov.shared import costs, results
 from gpuprov.shared.results import SHAPES, serialise
 from tests.json_doc import DOC, _normal, _paths, documented
 
-SCALARS = {str: "string", int: "integer", bool: "boolean"}
+SCALARS = {str: "string", int: "integer", bool: "boolean", float: "number"}
 TYPE_GRAMMAR = re.compile(r"(optional )?((array|map) of )*(string|integer|number|boolean|object)( or null)?")
 
 
@@ -111,8 +111,11 @@ def _stack() -> dict[str, Any]:
 
 def _types() -> dict[str, Any]:
     from gpuprov import catalog
+    from gpuprov.cli_stack import offer_row
+    from gpuprov.pricing import select
 
-    return catalog.get("p4d.24xlarge").row()  # type: ignore[no-any-return]
+    found, _ = select.offers([catalog.get("p4d.24xlarge")], "us-east-1", select.Need(gpus=8))
+    return offer_row(found[0])
 
 
 def _image() -> dict[str, Any]:
@@ -215,7 +218,11 @@ def _built() -> dict[str, Any]:
             replaced=replaced, kept=[KeptNode(name="c-node-2", id="i-2", address="10.0.0.2", why="bootstrap failed: x",
                                               when="2025")],
             slurm=results.SlurmStatus(controller="n1", nodes={"n1": results.SlurmNode(state="idle", reason=""),
-                                                               "n2": results.SlurmNode(state="drained", reason="x")})),
+                                                               "n2": results.SlurmNode(state="drained", reason="x")}),
+            cost=costs.ClusterCost(nodes=[costs.NodeCost(
+                node="n1", launched="2025-01-01T00:00:00+00:00", kind="on-demand", usd_per_hour=21.96,
+                usd_so_far=43.92, source="on-demand in us-east-1, bundled table as of 2026-08-26", why=None)],
+                usd_per_hour=21.96, usd_so_far=43.92, why=None)),
         "settings": SettingsResult(cluster="c", settings=settings, changed=["apt_proxy"]),
         "health": health,
         "monitor": MonitorResult(cluster="c", ok=True, host="n1", prometheus="http://10.0.0.1:9090",

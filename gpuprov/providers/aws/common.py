@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gpuprov.errors import PartialLaunch
+from gpuprov.errors import GpuprovError, PartialLaunch
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers.aws import api
 from gpuprov.state import NodeRecord
@@ -51,6 +51,11 @@ class LaunchFailed(PartialLaunch):
 
     def __init__(self, message: str, leftover: list[NodeRecord] | None = None) -> None:
         super().__init__(message, leftover)
+
+
+class NoCapacity(GpuprovError):
+    """No zone of the region had capacity for the launch (each zone's reason in the message):
+    `up --max-price` goes on to the next-cheapest choice."""
 
 
 @contextmanager
@@ -116,6 +121,8 @@ def node_record(instance: dict[str, Any], cluster: str, region: str) -> NodeReco
             "private_ip": instance.get("PrivateIpAddress", ""),
             "spot": instance.get("InstanceLifecycle") == "spot",
             "image": instance.get("ImageId", ""),
+            # EC2's LaunchTime, for `status`'s cost so far (gpuprov.pricing.cost).
+            "launched": _iso(instance.get("LaunchTime")),
         },
     )
 
@@ -128,3 +135,10 @@ def region_of(known: list[NodeRecord], files: ClusterFiles) -> str | None:
         return str(json.loads((files.dir / "aws.json").read_text())["region"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def _iso(value: Any) -> str:
+    """A time as ISO 8601 (boto3 gives datetimes; state and tests may give text); "" for none."""
+    if value is None:
+        return ""
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)

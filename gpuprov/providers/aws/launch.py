@@ -20,6 +20,7 @@ from gpuprov.providers.aws.common import (
     NODE_USER,
     TAG,
     LaunchFailed,
+    NoCapacity,
     backoff,
     env_seconds,
     index_of,
@@ -161,7 +162,7 @@ def _run_with_failover(
                 report(f"launched {len(ids)} of {count} (--min-count {spec.min_count}): the cluster has "
                        f"{members + len(ids)} of its {spec.count} node(s); `gpuprov up` again adds the rest")
             return ids
-    raise GpuprovError(
+    raise NoCapacity(
         f"no capacity for {passes[-1] if len(passes) > 1 else count} x {prep.itype.name} in any zone "
         f"of {aws.region} ({'; '.join(tried)}); nothing was left running"
     )

@@ -16,6 +16,7 @@ from typing import Any
 from gpuprov import catalog, defaults, platforms
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.pricing import live, prices
 from gpuprov.providers import ClusterSpec, Plan
 from gpuprov.providers.aws import api, options, userdata
 from gpuprov.providers.aws.common import DEFAULT_DISK_GB, MAX_COUNT, NODE_USER, SSH_MIN_PREFIX, members
@@ -112,18 +113,38 @@ def check_type(spec: ClusterSpec) -> None:
 def make_plan(spec: ClusterSpec) -> Plan:
     """The Plan of ``spec`` (checked by the provider's check_spec), its AwsPlan in ``details``."""
     prep = prepare(spec)
-    price = prep.itype.price_per_hour(prep.aws.region)
     notes = list(prep.notes)
-    if price is None:
-        notes.append(f"no price estimate for {prep.itype.name} in {prep.aws.region} in gpuprov's table")
+    price = node_price(prep, notes)
     return Plan(
         spec=spec,
         existing=len(prep.existing),
         billable=True,
-        price_per_node_hour=price,
+        price_per_node_hour=price.usd_per_hour if price else None,
+        price=price,
         notes=tuple(notes),
         details=prep,
     )
+
+
+def node_price(prep: AwsPlan, notes: list[str]) -> Any:
+    """One node-hour's price (gpuprov.pricing.prices.Price) in the plan's zones: spot from EC2's
+    spot price history, read now (cached); on-demand from the cache of the Price List API, else
+    the bundled table. None, with a note saying why, where nothing is known."""
+    region, name = prep.aws.region, prep.itype.name
+    if not options.of(prep.spec).spot:
+        found = prices.on_demand(prep.itype, region)
+    else:
+        try:
+            prices.record_spot(region, live.fetch_spot(prep.aws, [name]))
+        except api.Unreachable:
+            raise
+        except Exception as exc:  # noqa: BLE001  (no ec2:DescribeSpotPriceHistory: no price, say so)
+            notes.append(f"warning: spot prices not read ({api.error_code(exc) or type(exc).__name__})")
+        zones = {z: p for z, p in prices.spot_by_zone(name, region).items() if z in prep.zones}
+        found = min(zones.values(), key=lambda p: p.usd_per_hour) if zones else None
+    if found is None:
+        notes.append(prices.why_none(prep.itype, region, spot_price=options.of(prep.spec).spot))
+    return found
 
 
 def prepare(spec: ClusterSpec) -> AwsPlan:

@@ -1,0 +1,8 @@
+"""What instances cost: prices with their date and source, selection by need and budget.
+
+Modules: ``regions`` (which AWS regions exist, read from botocore's data file without loading
+botocore), ``prices`` (a Price; the bundled table and the per-region cache of live answers),
+``select`` (`types` filters, sorts and the --for rules), ``live`` (the AWS Price List Query API
+and EC2's spot price history, through boto3: only this module talks to AWS), ``cost`` (what a
+cluster's nodes cost so far). Nothing here is imported by the CLI at start-up.
+"""

@@ -1,0 +1,49 @@
+"""The cost shapes of `list` (``ClusterPrice``) and `status` (``ClusterCost``): frozen
+dataclasses, serialised by gpuprov.shared.results like every result (docs/json-output.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ClusterPrice:
+    """What a cluster's running nodes cost per hour now (None: unknown, ``why`` says why)."""
+
+    usd_per_hour: float | None
+    why: str
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's launch time, price and cost since launch (list prices: an estimate)."""
+
+    node: str
+    launched: str | None
+    kind: str  # on-demand | spot
+    usd_per_hour: float | None
+    usd_so_far: float | None
+    source: str | None
+    why: str | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> NodeCost:
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class ClusterCost:
+    """`status`'s cost: each node's, then the cluster's totals (None: unknown, ``why`` says why)."""
+
+    nodes: list[NodeCost]
+    usd_per_hour: float | None
+    usd_so_far: float | None
+    why: str | None
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> ClusterCost:
+        return cls(nodes=[NodeCost.of(r) for r in data["nodes"]], usd_per_hour=data["usd_per_hour"],
+                   usd_so_far=data["usd_so_far"], why=data["why"])
