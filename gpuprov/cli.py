@@ -104,7 +104,7 @@ def up(
     from gpuprov.shared import cluster  # lazy: CLI start-up
 
     name_generated = name is None
-    cuda = cuda_for_install(cuda, instance_type)
+    cuda = cuda_for_install(cuda, instance_type, source)
     if name is not None:
         cluster.validate_name(name)
     name = name or cluster.generate_name()

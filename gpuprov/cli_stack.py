@@ -92,7 +92,7 @@ def offer_row(offer: Any) -> dict[str, Any]:
     return row
 
 
-def cuda_for_install(value: str | None, instance_type: str | None = None) -> str | None:
+def cuda_for_install(value: str | None, instance_type: str | None = None, source: str | None = None) -> str | None:
     """The CUDA line `up` was asked for (``--cuda``), refused (BadInput, one line, before
     anything is created) where it resolves (`gpuprov stack` shows its lock) but gpuprov does not
     install it yet. None: not asked. (`provision` and `patch` keep the line of the cluster's
@@ -104,7 +104,7 @@ def cuda_for_install(value: str | None, instance_type: str | None = None) -> str
     line = cuda_lines.spelled(value)
     if line not in cuda_lines.lines():
         return line  # the resolver refuses it with its rule (the GPUs' first CUDA, the lines there are)
-    later = cuda_lines.not_installed_yet(line, instance_type or "TYPE")
+    later = cuda_lines.not_installed_yet(line, instance_type or "TYPE", source)
     if later:
         raise BadInput(later)
     return line
@@ -114,7 +114,7 @@ def cuda_for_install(value: str | None, instance_type: str | None = None) -> str
 @click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
 @click.option("--cuda", default=defaults.DEFAULT_CUDA, show_default=True, metavar="LINE",
               help="CUDA line: 11.8, 12.9 or 13.0 (12 and 13, or 13.x, name the one line of that "
-              "major). Every line resolves here; up, provision and patch install 11.8 only.")
+              "major). Every line resolves here; up installs 11.8, and 13.0 with --source mirror.")
 @click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
               "the newest supported long-term branch for the type).")
 @click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES), help="Default: from the GPU.")

@@ -125,18 +125,24 @@ def own_archives(cuda: str) -> list[dict[str, str]]:
              "dir": subdir(a)} for a in line_archives(cuda, data())]
 
 
-def is_installable(cuda: str) -> bool:
-    """Whether `up`, `provision` and `patch` install line ``cuda`` (False for a line the data lacks)."""
-    return bool(lines().get(cuda, {}).get("installable"))
+def is_installable(cuda: str, source: str | None = None) -> bool:
+    """Whether `up` installs line ``cuda`` (from package source ``source``; None: from every
+    source). False for a line the data lacks."""
+    facts = lines().get(cuda, {})
+    return bool(facts.get("installable")) or (source is not None and source in facts.get("installable_sources", ()))
 
 
-def not_installed_yet(cuda: str, instance_type: str = "TYPE") -> str | None:
-    """One line when gpuprov resolves line ``cuda`` but does not install it, else None."""
-    if is_installable(cuda):
+def not_installed_yet(cuda: str, instance_type: str = "TYPE", source: str | None = None) -> str | None:
+    """One line when gpuprov resolves line ``cuda`` but does not install it (from ``source``),
+    else None."""
+    if is_installable(cuda, source):
         return None
+    only = list(lines().get(cuda, {}).get("installable_sources", ()))
+    where = (f"; it installs CUDA {cuda} with {' or '.join(f'--source {s}' for s in only)}" if only
+             else "")
     return (f"CUDA {cuda} resolves (`gpuprov stack --type {instance_type} --cuda {cuda}` shows its lock) but "
             f"gpuprov does not install it yet: up, provision and patch install CUDA "
-            f"{', '.join(installable())}")
+            f"{', '.join(installable())}{where}")
 
 
 def pieces(cuda: str, source: str, instance_type: str = "TYPE") -> dict[str, Any]:
@@ -174,7 +180,7 @@ def pieces(cuda: str, source: str, instance_type: str = "TYPE") -> dict[str, Any
     if archives:
         out["notes"].append(f"CUDA {own['version']} from the artifact mirror as NVIDIA's redist archives "
                             f"({', '.join(a['component'] for a in archives)}), each checked against its sha256")
-    later = not_installed_yet(cuda, instance_type)
+    later = not_installed_yet(cuda, instance_type, source)
     if later:
         out["notes"].append(later)
     if own.get("base_image_tags") and not own.get("base_images"):

@@ -142,7 +142,7 @@ class Lock:
             "fabricmanager": self.fabricmanager,
             "cuda": self.cuda,
             "cuda_release": self.cuda_version,
-            "cuda_installable": cuda_lines.is_installable(self.cuda),
+            "cuda_installable": cuda_lines.is_installable(self.cuda, self.source),
             "cudnn": self.cudnn,
             "nccl": self.nccl,
             "efa_installer": self.efa_installer,

@@ -10,13 +10,14 @@ from gpuprov import validate
 from gpuprov.defaults import KERNEL_MODULES, PACKAGE_SOURCES
 from gpuprov.errors import BadInput
 
-# The CUDA lines gpuprov resolves but does not install yet: those data/stack.toml does not mark
-# `installable` (a leaf does not read the data; tests/unit/test_cuda_lines.py holds the two
-# equal). The command line refuses them first, with its own words
+# The CUDA lines gpuprov resolves but does not install from every source: those data/stack.toml
+# does not mark `installable`, each with the sources it does install them from
+# (`installable_sources`; a leaf does not read the data: tests/unit/test_cuda_lines.py holds the
+# two equal). The command line refuses them first, with its own words
 # (gpuprov.cli_stack.cuda_for_install); this check keeps a caller that skips the command line
 # from installing a line the roles do not know. A release the data lacks goes on to the
 # resolver, which says which CUDA the GPUs need or which lines there are.
-NOT_INSTALLED_CUDA = ("12.9", "13.0")
+NOT_INSTALLED_CUDA: dict[str, tuple[str, ...]] = {"12.9": (), "13.0": ("mirror",)}
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,9 @@ class StackChoice:
             raise BadInput(f"unknown package source '{self.source}'; choose one of: {', '.join(PACKAGE_SOURCES)}")
         if self.kernel_module is not None and self.kernel_module not in KERNEL_MODULES:
             raise BadInput(f"unknown kernel module '{self.kernel_module}'; choose {' or '.join(KERNEL_MODULES)}")
-        if self.cuda in NOT_INSTALLED_CUDA:
+        if self.cuda in NOT_INSTALLED_CUDA and self.source not in NOT_INSTALLED_CUDA[self.cuda]:
             raise BadInput(f"--cuda {self.cuda}: gpuprov resolves this CUDA line but does not install it yet "
-                           f"(`gpuprov stack --type TYPE --cuda {self.cuda}` shows its lock)")
+                           f"from this package source (`gpuprov stack --type TYPE --cuda {self.cuda}` shows its lock)")
         return StackChoice(
             cuda=validate.cuda(self.cuda) if self.cuda else None,
             driver=validate.driver(self.driver) if self.driver else None,

@@ -181,6 +181,14 @@ def test_cuda_11_8_locks_keep_their_hash(key, expected) -> None:
 def test_the_leaf_list_of_lines_not_installed_is_the_data() -> None:
     assert cuda_lines.installable() == ["11.8"]
     assert list(NOT_INSTALLED_CUDA) == [n for n in cuda_lines.names() if not cuda_lines.is_installable(n)]
+    # ... each with the sources that do install it (the leaf's copy of the data's)
+    assert NOT_INSTALLED_CUDA == {n: tuple(cuda_lines.line(n).get("installable_sources", ()))
+                                  for n in NOT_INSTALLED_CUDA}
+    assert cuda_lines.is_installable("13.0", "mirror") and not cuda_lines.is_installable("13.0", "nvidia")
+    assert not cuda_lines.is_installable("12.9", "mirror")
+    assert cuda_lines.not_installed_yet("13.0", "g5.xlarge", "mirror") is None
+    assert cuda_lines.not_installed_yet("13.0", "g5.xlarge", "nvidia").endswith(
+        "install CUDA 11.8; it installs CUDA 13.0 with --source mirror")
     assert StackChoice(cuda="11.8").checked().cuda == "11.8"
     for line in ("12.9", "13.0"):
         with pytest.raises(BadInput, match=rf"--cuda {line}: gpuprov resolves this CUDA line but does not "
