@@ -4,13 +4,15 @@ What is real: the lock (driver R580, CUDA 13.0.2, cuDNN 9.17.1.4, NCCL 2.27.7), 
 Ansible path, and CUDA itself: NVIDIA's redist archives from the local artifact mirror (rebuilt
 from NVIDIA's wheels, each pinned by sha256), unpacked by the cuda and cudnn roles and proven
 by the probes (nvcc V13.0.88 compiles for sm_75 and sm_120, cuDNN 9 and NCCL load and report
-their versions). What is a FIXTURE: the driver R580 packages, from the signed fixture
-repository with NVIDIA's package names (tests/fixtures/patchrepo.py): no R580 package can be
-installed for real on this machine, and CUDA needs none to compile.
+their versions). The cluster's mirror (`--source mirror` needs one) is the signed FIXTURE
+repository with NVIDIA's package names (tests/fixtures/patchrepo.py), whose R580 driver is
+what the lock names; the driver play is not run: CUDA needs no driver to compile, and the
+driver plays are proven in test_docker_cluster.py and test_patch_e2e.py.
 
-One node, the plays `preflight,driver,cuda` only (the container stack and the rest run for
-CUDA 11.8 in test_docker_cluster.py; here they would add minutes and prove nothing of CUDA
-13): about four minutes on two cores.
+One node, the cuda play only (`--tags cuda`; the rest of the site runs for CUDA 11.8 in
+test_docker_cluster.py and would prove nothing of CUDA 13 here): about three minutes on two
+cores. `provision --check` and a second `provision` prove the archives' path changes nothing
+on a converged node, as the cuda role's `archives` molecule scenario does for the role alone.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def cluster(env, repo):
     try:
         proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--cuda", "13",
                        "--source", "mirror", "--mirror-url", repo.url, "--mirror-key-fingerprint", repo.fingerprint,
-                       "--tags", "preflight,driver,cuda", "--health", "off", "--no-baked", "-o", "json",
+                       "--tags", "cuda", "--health", "off", "--no-baked", "-o", "json",
                        env=env, timeout=1800)
         assert proc.returncode == 0, proc.stderr[-3000:]
         yield name, json.loads(proc.stdout), proc.stderr
@@ -96,9 +98,10 @@ def test_verify_passes_the_cuda_probes(cluster, env) -> None:
     assert "pins no base image for CUDA 13.0" in rows["base_images_present"]["detail"]
 
 
-def test_a_second_provision_of_the_cuda_play_changes_nothing(cluster, env) -> None:
+def test_check_and_a_second_provision_of_the_cuda_play_change_nothing(cluster, env) -> None:
     name, _, _ = cluster
-    proc = run_cli("provision", name, "--tags", "cuda", "-o", "json", env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    hosts = json.loads(proc.stdout)["hosts"]
-    assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == {f"{name}-node-1": (0, 0)}, hosts
+    for extra in (["--check"], []):
+        proc = run_cli("provision", name, "--tags", "cuda", *extra, "-o", "json", env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        hosts = json.loads(proc.stdout)["hosts"]
+        assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == {f"{name}-node-1": (0, 0)}, (extra, hosts)
