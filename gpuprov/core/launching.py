@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gpuprov.ansible.runner import parse_tags
 from gpuprov.core import counts, health_gate, min_count
-from gpuprov.core.plan_words import show_plan
+from gpuprov.core.plan_words import plan_cost, show_plan
 from gpuprov.core.up_steps import Run, check_health, launch, prepare, record, up_result, wait_ready
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, Plan, Provider
@@ -67,7 +67,7 @@ def up(request: UpRequest, *, console: Console, store: Store | None = None,
         run = _planned(request, spec, provider, store, console, health, tag_list, mode)
         provider.dry_run(run.plan, run.report)
         return UpResult(cluster=spec.name, provider=spec.provider, nodes=[], bootstrap=None, dry_run=True,
-                        image=run.image if run.plan.to_create else None)
+                        image=run.image if run.plan.to_create else None, cost=plan_cost(run.plan))
     with cluster_lock(spec.name):
         run = _planned(request, spec, provider, store, console, health, tag_list, mode)
         if run.plan.billable and run.plan.to_create and confirm is not None and not confirm(run.plan):

@@ -6,6 +6,7 @@ from typing import Any
 
 from gpuprov.providers import Plan, Provider
 from gpuprov.shared.console import Console
+from gpuprov.shared.costs import PlanCost
 
 
 def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Provider) -> None:
@@ -44,3 +45,20 @@ def cost_line(plan: Plan, total: int, console: Console) -> None:
     hour = price.usd_per_hour * total
     console.say(f"  cost: ${prices.usd(hour)}/hour, ${prices.usd(hour * 24)}/day for {total} node(s) at "
                 f"${prices.usd(price.usd_per_hour)}/node/hour ({price.words()}; list price: an estimate, not a quote)")
+
+
+def plan_cost(plan: Plan) -> PlanCost:
+    """The cost ``cost_line`` says, as data (`up --dry-run -o json`'s ``cost``)."""
+    from gpuprov.pricing import cost  # lazy: CLI start-up
+
+    total = plan.existing + plan.to_create
+    why = cost.why_no_price(plan.spec.provider)
+    price = None if why else plan.price
+    if price is None:
+        return PlanCost(nodes=total, usd_per_node_hour=None, usd_per_hour=None, usd_per_day=None, kind=None,
+                        region=None, zone=None, source=None, as_of=None,
+                        why=why or "no price known for this type in this region")
+    hour = round(price.usd_per_hour * total, 6)
+    return PlanCost(nodes=total, usd_per_node_hour=price.usd_per_hour, usd_per_hour=hour,
+                    usd_per_day=round(hour * 24, 6), kind=price.kind, region=price.region, zone=price.zone,
+                    source=price.source, as_of=price.as_of, why=None)

@@ -47,3 +47,21 @@ class ClusterCost:
     def of(cls, data: Mapping[str, Any]) -> ClusterCost:
         return cls(nodes=[NodeCost.of(r) for r in data["nodes"]], usd_per_hour=data["usd_per_hour"],
                    usd_so_far=data["usd_so_far"], why=data["why"])
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """What the planned cluster costs (`up --dry-run -o json`): its nodes at the node-hour's
+    list price, with the price's kind, region, zone, source and date; None values and ``why``
+    where there is no price (local and static clusters, a type with none known)."""
+
+    nodes: int
+    usd_per_node_hour: float | None
+    usd_per_hour: float | None
+    usd_per_day: float | None
+    kind: str | None
+    region: str | None
+    zone: str | None
+    source: str | None
+    as_of: str | None
+    why: str | None

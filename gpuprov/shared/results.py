@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuprov.shared.costs import ClusterCost, ClusterPrice
+from gpuprov.shared.costs import ClusterCost, ClusterPrice, PlanCost
 from gpuprov.shared.manifest_result import ManifestCheck
 
 if TYPE_CHECKING:
@@ -121,9 +121,8 @@ class StatusResult:
     settings: dict[str, Setting] | None
     nodes: list[NodeRow]
     runs: list[RunRow]
-    # The image each node booted from, and whether it was baked for the cluster's lock.
+    # Each node's boot image (baked for the lock or not); nodes replaced, by what, oldest first.
     images: list[NodeImage] = field(default_factory=list)
-    # Nodes that left the cluster and what took their place (spec.replaced), oldest first.
     replaced: list[Replacement] = field(default_factory=list)
     # Nodes `up --min-count K --keep-failed` left running outside the node list (spec.kept).
     kept: list[KeptNode] = field(default_factory=list)
@@ -183,9 +182,8 @@ class NodeImage:
 
     node: str
     image: str
-    # The lock hash the image was baked for; None when it is not a baked image.
+    # The lock hash the image was baked for, and whether it is the cluster's (None: not baked).
     baked_for: str | None
-    # baked_for equals the cluster's lock (None when the image is not a baked one).
     matches_lock: bool | None
 
 
@@ -259,12 +257,14 @@ class UpResult:
     nodes: list[NodeRow]
     bootstrap: Bootstrap | None
     dry_run: bool | None = field(default=None, metadata={OPTIONAL: True})
-    # The health checks run after the bootstrap (`--health`); left out when none ran.
+    # The health checks run after the bootstrap (`--health`), and the image new nodes booted
+    # from (providers with images: docker, aws); each left out when there is none.
     health: HealthResult | None = field(default=None, metadata={OPTIONAL: True})
-    # The image new nodes booted from (providers with images: docker, aws); else left out.
     image: ImageUsed | None = field(default=None, metadata={OPTIONAL: True})
-    # --min-count: the nodes this run set aside (failed bootstrap or health) and their replacements.
+    # --min-count: the nodes this run set aside (failed bootstrap or health) and their
+    # replacements; --dry-run: what the planned cluster costs (`status` has a cluster's cost).
     replaced: list[Replacement] | None = field(default=None, metadata={OPTIONAL: True})
+    cost: PlanCost | None = field(default=None, metadata={OPTIONAL: True})
 
 
 # -- verify ----------------------------------------------------------------------------------------

@@ -111,6 +111,13 @@ def test_plan_shows_the_spot_price_with_its_source(capsys, shim: Shim, ami: str)
     assert "cost: $0.00002/hour, $0.00048/day for 2 node(s) at $0.00001/node/hour (spot in us-east-1 us-east-1" in line
     assert "EC2 spot price history as of" in line
     assert shim.mutating() == []
+    # The same plan as data (`up --dry-run -o json`'s cost).
+    code, out, err = up(capsys, ami, "spotplan", "--spot", "--dry-run", "-o", "json", count=2)
+    assert code == 0, err
+    cost = json.loads(out)["cost"]
+    assert (cost["nodes"], cost["usd_per_node_hour"], cost["usd_per_hour"], cost["kind"]) == (2, 0.00001, 0.00002, "spot")
+    assert cost["source"] == "EC2 spot price history" and cost["as_of"] and cost["why"] is None
+    assert shim.mutating() == []
 
 
 def test_status_cost_over_a_nodes_lifetime(capsys, shim: Shim, ami: str) -> None:

@@ -133,8 +133,11 @@ def test_dry_run_creates_nothing(capsys, gpuprov_home: Path, tmp_path: Path) -> 
     code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts),
                             "--name", "plan-only", "--dry-run", "-o", "json")
     assert code == 0, err
-    assert json.loads(out) == {"cluster": "plan-only", "provider": "static", "nodes": [],
-                               "bootstrap": None, "dry_run": True}
+    data = json.loads(out)
+    cost = data.pop("cost")
+    assert data == {"cluster": "plan-only", "provider": "static", "nodes": [], "bootstrap": None, "dry_run": True}
+    # Existing hosts: no price, and why (the plan's cost line as data).
+    assert cost["nodes"] == 1 and cost["usd_per_hour"] is None and "knows no price" in cost["why"], cost
     assert "1 existing host(s)" in err
     assert Store().list_clusters() == []
     assert not (gpuprov_home / "clusters" / "plan-only").exists()

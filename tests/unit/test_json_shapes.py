@@ -206,7 +206,10 @@ def _built() -> dict[str, Any]:
                                                                     verify=VerifySummary(pass_=9, fail=0, skip=3))),
                        health=health, image=ImageUsed(ref="gpuprov/baked:abc-1", baked_for="abc",
                                                       reason="gpuprov/baked:abc-1 (baked for lock abc)"),
-                       replaced=replaced),
+                       replaced=replaced,
+                       cost=costs.PlanCost(nodes=4, usd_per_node_hour=21.96, usd_per_hour=87.84, usd_per_day=2108.16,
+                                           kind="on-demand", region="us-east-1", zone=None,
+                                           source="bundled table", as_of="2026-08-26", why=None)),
         "list": [ClusterRow(name="c", provider="aws", nodes=1, created="2025-01-01T00:00:00+00:00",
                             state="bootstrapped (verify failed)")],
         "status": StatusResult(
