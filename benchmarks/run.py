@@ -198,32 +198,34 @@ def main() -> None:
 DRIFTED_FILE = "/etc/apt/apt.conf.d/51gpuprov-unattended-upgrades"
 
 
+def _timed_runs(name: str, runs: int, env: dict[str, str], label: str, before=None) -> dict[str, object]:
+    """``runs`` timed `provision`s of cluster ``name`` (``before()`` first, each time): wall,
+    controller and node CPU, under ``label``."""
+    walls, cpus = [], []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        wall, controller, nodes = cpu_timed("provision", name, cluster=name, env=env)
+        walls.append(wall)
+        cpus.append((controller, nodes))
+    return {f"{label}_s": figure(walls), f"{label}_controller_cpu_s": figure([c for c, _ in cpus]),
+            f"{label}_node_cpu_s": figure([d for _, d in cpus])}
+
+
 def manifest_figures(name: str, n: int, runs: int, env: dict[str, str]) -> dict[str, object]:
     """The no-op `provision` with manifests on cluster ``name`` (its last `provision --full`
     wrote them), and from 2 nodes up one drifted node's `provision` (the file put back by it)."""
-    out: dict[str, object] = {}
-    walls, cpus = [], []
-    for _ in range(runs):
-        wall, controller, nodes = cpu_timed("provision", name, cluster=name, env=env)
-        walls.append(wall)
-        cpus.append((controller, nodes))
-    out[f"noop_manifest_{n}_s"] = figure(walls)
-    out[f"noop_manifest_{n}_controller_cpu_s"] = figure([c for c, _ in cpus])
-    out[f"noop_manifest_{n}_node_cpu_s"] = figure([d for _, d in cpus])
+    out = _timed_runs(name, runs, env, f"noop_manifest_{n}")
     if n < 2:
         return out
     first = f"{name}-node-1"
-    walls, cpus = [], []
-    for _ in range(runs):
+
+    def drift() -> None:
         container = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={first}"],
                                    capture_output=True, text=True, check=True).stdout.strip()
         subprocess.run(["docker", "exec", container, "sh", "-c", f"echo '// by hand' >> {DRIFTED_FILE}"], check=True)
-        wall, controller, nodes = cpu_timed("provision", name, cluster=name, env=env)
-        walls.append(wall)
-        cpus.append((controller, nodes))
-    out[f"drift1_of_{n}_s"] = figure(walls)
-    out[f"drift1_of_{n}_controller_cpu_s"] = figure([c for c, _ in cpus])
-    out[f"drift1_of_{n}_node_cpu_s"] = figure([d for _, d in cpus])
+
+    out.update(_timed_runs(name, runs, env, f"drift1_of_{n}", drift))
     return out
 
 

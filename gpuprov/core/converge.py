@@ -91,9 +91,10 @@ def run_site(
     refuses a node whose slurm.conf serves another cluster (unless ``slurm_checked``: the
     caller did, before it recorded the choice).
 
-    Manifests (gpuprov.manifest): after a run that succeeds (not ``check``), each node it ran on
-    records what the plays manage there; with ``use_manifest`` (`provision` without --full) a
-    node whose manifest holds, for the same inputs and plays, gets no Ansible run."""
+    Manifests (gpuprov.manifest): after a run of every play that succeeds (not ``check``), each
+    node it ran on records what the plays manage there; with ``use_manifest`` (`provision`
+    without --full or --tags) a node whose manifest holds, for the same inputs, gets no Ansible
+    run. A run of some plays (``tags``) reads and writes none, as before manifests."""
     if not slurm_checked and scheduler.would_configure(cluster, nodes, tags=tags):
         scheduler.refuse_foreign(cluster, files, nodes)
     lock = version_lock(store, cluster)
@@ -109,8 +110,10 @@ def run_site(
     # source). A vars.json an older gpuprov wrote is removed so nobody runs it by mistake.
     write_extravars(files.dir / "vars.yml", extravars)
     (files.dir / "vars.json").unlink(missing_ok=True)
+    # A run of some plays (--tags) reads no manifest and writes none: a manifest covers the site.
+    whole = not tags
     scope, inputs = manifests.inputs_of(context, extravars, tags)
-    verdicts = manifests.verdicts(cluster, files, nodes, inputs, scope) if use_manifest else {}
+    verdicts = manifests.verdicts(cluster, files, nodes, inputs, scope) if use_manifest and whole else {}
     to_run = manifests.to_run(nodes, verdicts, slurm=extravars.get("gpuprov_scheduler") == "slurm",
                               say=console.say)
     kind = "provision-check" if check else "provision"
@@ -118,11 +121,11 @@ def run_site(
     run_id = store.start_run(cluster.name, kind, str(run_dir))
     ok, summary = False, {}
     try:
-        if not check:
+        if not check and whole:
             manifests.forget(store, cluster.name, to_run)
         outcome, artifacts = _site(cluster.name, files, to_run, run_dir, extravars, console=console,
                                    check=check, tags=tags, partial=len(to_run) < len(nodes))
-        if not check and outcome.ok and to_run:
+        if not check and whole and outcome.ok and to_run:
             manifests.record_run(store, cluster.name, files, to_run, artifacts, inputs, scope, say=console.say)
         outcome = manifests.merged(outcome, nodes, verdicts)
         ok, summary = outcome.ok, serialise({"hosts": outcome.hosts, "errors": outcome.errors,

@@ -271,7 +271,9 @@ def inputs_drift(was: dict, now: dict) -> list[str]:
         words.append(f"kernel {was.get('kernel')} -> {now.get('kernel')}{note}")
     if was.get("os") != now.get("os"):
         words.append(f"OS {describe_os(was.get('os'))} -> {describe_os(now.get('os'))}")
-    if was.get("gpus") != now.get("gpus"):
+    # No nvidia-smi (None) and no GPU listed ([]) are the same census; a removed nvidia-smi is
+    # its package's drift.
+    if (was.get("gpus") or []) != (now.get("gpus") or []):
         words.append(f"GPUs: {len(was.get('gpus') or [])} -> {len(now.get('gpus') or [])} "
                      f"({'; '.join(now.get('gpus') or []) or 'none answer'})")
     elif was.get("dkms") != now.get("dkms") and was.get("kernel") == now.get("kernel"):

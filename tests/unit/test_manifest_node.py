@@ -240,4 +240,5 @@ def test_a_new_kernel_without_its_dkms_module_and_other_inputs_are_named() -> No
         "kernel 6.1.0-28-amd64 -> 6.1.0-31-amd64: DKMS module not built"]
     assert program.inputs_drift(was, built) == ["kernel 6.1.0-28-amd64 -> 6.1.0-31-amd64"]
     assert program.inputs_drift(was, {**was, "gpus": []}) == ["GPUs: 1 -> 0 (none answer)"]
+    assert program.inputs_drift({**was, "gpus": []}, {**was, "gpus": None}) == []  # nvidia-smi removed
     assert program.inputs_drift(was, {**was, "os": {"ID": "debian", "VERSION_ID": "13"}}) == ["OS debian 12 -> debian 13"]

@@ -94,3 +94,36 @@ def test_the_record_lives_in_the_clusters_state_and_a_missing_one_is_none(gpupro
     cluster = store.get_cluster("c")
     assert record.records(cluster) == {"c-node-1": REC}
     assert cluster.spec["options"] == {"settings": {}}  # the rest of the record is kept
+
+
+def test_the_play_runs_on_the_nodes_that_did_not_hold_and_slurm_takes_them_all() -> None:
+    from gpuprov.manifest import steps
+
+    nodes = [NODE, NodeRecord(name="c-node-2", id="n2", address="127.0.0.1", ssh_port=32769, user="gpuprov",
+                              state="running")]
+    held = record.Verdict("held", 40, (), False)
+    drifted = record.Verdict("drifted", 40, ("x: sha256 changed",), True)
+    said: list[str] = []
+    assert steps.to_run(nodes, {}, slurm=False, say=said.append) == nodes and said == []  # --full, up
+    assert steps.to_run(nodes, {"c-node-1": held, "c-node-2": drifted}, slurm=False, say=said.append) == nodes[1:]
+    assert said == ["  c-node-1: unchanged (manifest held, 40 items checked)",
+                    "  c-node-2: full run (drifted: x: sha256 changed)"]
+    assert steps.to_run(nodes, {"c-node-1": held, "c-node-2": drifted}, slurm=True, say=said.append) == nodes
+    assert steps.to_run(nodes, {"c-node-1": held, "c-node-2": held}, slurm=True, say=said.append) == []
+
+
+def test_a_held_node_is_in_the_result_with_nothing_run() -> None:
+    from gpuprov.manifest import steps
+    from gpuprov.shared.results import HostStats, ProvisionResult, serialise
+
+    ran = HostStats(ok=80, changed=3, failed=0, unreachable=0, tasks=80)
+    outcome = ProvisionResult(cluster="c", ok=True, hosts={"c-node-2": ran}, errors={})
+    nodes = [NODE, NodeRecord(name="c-node-2", id="n2", address="a", ssh_port=1, user="u", state="running")]
+    found = {"c-node-1": record.Verdict("held", 40, (), False),
+             "c-node-2": record.Verdict("drifted", 41, ("x: missing",), True)}
+    data = serialise(steps.merged(outcome, nodes, found))
+    assert data["hosts"] == {"c-node-1": serialise(steps.NOTHING_RAN), "c-node-2": serialise(ran)}
+    assert data["manifest"] == {
+        "c-node-1": {"state": "held", "action": "unchanged", "items": 40, "drift": []},
+        "c-node-2": {"state": "drifted", "action": "full run", "items": 41, "drift": ["x: missing"]}}
+    assert "manifest" not in serialise(steps.merged(outcome, nodes, {}))  # --full, up: as before
