@@ -6,6 +6,7 @@ proves. It is built the way a fleet grows: one node bootstrapped from scratch (t
 site: driver with DKMS, CUDA, cuDNN, containers, real packages), verified and baked into an
 image for its lock, then a second node added by `up --count 2`, booted from that image.
 (From scratch twice would only prove the same install twice, at twice the CPU on two cores.)
+The manifests and drift of issue 34 are proven here too (tests/e2e/drift.py says what and why).
 Here are the tests that need that whole stack or that image; what only needs a cluster
 whose plays run (host key refusal, secrets kept out of the state, a second command, a killed
 controller, a lost node) is in test_cluster_faults.py, on a cluster of its own that the
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.e2e.drift import DRIFT, GUARD, MANIFEST, PIN, WORDS, ansible_hosts, last_run, provision
 from tests.e2e.nodes import cleanup_labels, cluster_dir, labelled, node_sh
 
 pytestmark = pytest.mark.e2e
@@ -147,14 +149,82 @@ def test_verify_passes_or_skips_with_reason(cluster, env) -> None:
     assert passed[0] == passed[1], passed
 
 
+def test_a_converged_node_holds_its_manifest_root_only(cluster, env) -> None:
+    """Issue 34: each node, the one converged from scratch and the one from the baked image,
+    holds the manifest of its last whole-site run, root's alone; the state records its digest."""
+    name, data, _ = cluster
+    nodes = [n["name"] for n in data["nodes"]]
+    spec = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["spec"]
+    for node in nodes:
+        assert node_sh(node, f"stat -c '%a %U' {MANIFEST}").split() == ["600", "root"]
+        digest = node_sh(node, f"sha256sum {MANIFEST}").split()[0]
+        record = spec["manifests"][node]
+        assert (record["digest"], record["scope"]) == (digest, "site")
+        items = {(i["kind"], i["name"]) for i in json.loads(node_sh(node, f"cat {MANIFEST}"))["items"]}
+        assert {("path", PIN), ("path", GUARD), ("package", "nvidia-driver"), ("package", "nvidia-smi"),
+                ("service", "docker"), ("service", "nvidia-persistenced")} <= items
+    # The login user reads nothing of it.
+    assert "Permission denied" in node_sh(nodes[0], f"su -s /bin/sh gpuprov -c 'cat {MANIFEST}' 2>&1")
+
+
+def test_a_no_op_runs_no_ansible_where_the_manifest_holds(cluster, env) -> None:
+    name, cluster_data, _ = cluster
+    data, stderr = provision(name, env)
+    assert data["ok"] is True
+    for node in (n["name"] for n in cluster_data["nodes"]):
+        assert data["manifest"][node]["action"] == "unchanged" and data["manifest"][node]["drift"] == [], stderr
+        assert data["hosts"][node] == {"ok": 0, "changed": 0, "failed": 0, "unreachable": 0, "tasks": 0}
+        assert f"{node}: unchanged (manifest held, {data['manifest'][node]['items']} items checked)" in stderr
+    run = last_run(name, env)
+    assert (run["kind"], run["ok"]) == ("provision", True) and ansible_hosts(run) == set()
+
+
 def test_check_mode_on_converged_nodes_reports_nothing_to_change(cluster, env) -> None:
-    """Ansible's check mode over the whole site (`--full`: with their manifests held, the nodes
-    would run no play at all; that path is test_drift_e2e.py's)."""
+    """Ansible's check mode over the whole site: `--full` runs every node, manifests held or
+    not (without it the nodes would run no play at all: the test above)."""
     name, _, _ = cluster
     proc = run_cli("provision", name, "--check", "--full", "-o", "json", env=env)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
+    assert "manifest" not in result
     assert all(s["changed"] == 0 and s["failed"] == 0 and s["tasks"] > 50 for s in result["hosts"].values()), result
+
+
+def test_check_plans_each_drift_item_by_item_and_changes_nothing(cluster, env) -> None:
+    name, data, _ = cluster
+    first, second = (n["name"] for n in data["nodes"])
+    smi = node_sh(first, "dpkg-query -W -f '${Version}' nvidia-smi")
+    for command in DRIFT:
+        node_sh(first, command)
+    data, stderr = provision(name, env, "--check")
+    assert data["manifest"][first]["state"] == "drifted" and data["manifest"][first]["action"] == "full run"
+    assert sorted(data["manifest"][first]["drift"]) == sorted(w.format(smi) for w in WORDS)
+    assert data["manifest"][second]["action"] == "unchanged"
+    assert data["hosts"][second]["tasks"] == 0 < data["hosts"][first]["tasks"]
+    assert f"{first}: full run (drifted: " in stderr
+    # Nothing changed: the node is as the drift left it.
+    assert "# by hand" in node_sh(first, f"cat {PIN}")
+    assert "nvidia-driver" not in node_sh(first, "apt-mark showhold").split()
+    assert node_sh(first, "systemctl is-active docker").strip() == "inactive"
+
+
+def test_the_next_provision_fixes_the_drifted_node_alone(cluster, env) -> None:
+    name, data, _ = cluster
+    first, second = (n["name"] for n in data["nodes"])
+    data, _ = provision(name, env)
+    assert data["ok"] is True
+    assert data["manifest"][first]["action"] == "full run" and data["hosts"][first]["changed"] > 0
+    assert data["manifest"][second]["action"] == "unchanged" and data["hosts"][second]["tasks"] == 0
+    assert ansible_hosts(last_run(name, env)) == {first}
+    assert "# by hand" not in node_sh(first, f"cat {PIN}")
+    assert node_sh(first, f"test -f {GUARD} && echo yes").strip() == "yes"
+    assert {"nvidia-driver", "nvidia-smi"} <= set(node_sh(first, "apt-mark showhold").split())
+    assert node_sh(first, "systemctl is-active docker").strip() == "active"
+    assert node_sh(first, "systemctl is-enabled nvidia-persistenced").strip() == "enabled"
+    assert node_sh(first, "dpkg --audit; echo audited").strip() == "audited"
+    # And the repaired node holds again.
+    again, _ = provision(name, env)
+    assert {n: m["action"] for n, m in again["manifest"].items()} == {first: "unchanged", second: "unchanged"}
 
 
 def test_verify_catches_drift_and_a_plain_shell_repairs_only_it(cluster, env, tmp_path) -> None:
@@ -162,10 +232,13 @@ def test_verify_catches_drift_and_a_plain_shell_repairs_only_it(cluster, env, tm
     from a plain shell (a colleague's: no GPUPROV_* variable, a settings file that names other
     sources) converges the nodes against the sources the cluster was built with: it puts the
     guard back and changes nothing else (one change on node 1, none on node 2; a source taken
-    from that shell would change both nodes' configuration), and `verify` passes. (One re-run
-    for both proofs: a whole-site converge of two nodes is a minute and more on two cores.)"""
+    from that shell would change both nodes' configuration), and `verify` passes. Node 2's
+    manifest is gone meanwhile (issue 34): a node without one gets the whole site, which writes
+    it again, so node 2's run is that shell's proof too. (One re-run for the three proofs: a
+    whole-site converge of two nodes is a minute and more on two cores.)"""
     name, _, _ = cluster
     broken = f"{name}-node-1"
+    node_sh(f"{name}-node-2", f"rm {MANIFEST}")
     # Someone removes the guard that keeps unattended-upgrades off the GPU packages.
     cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=gpuprov.node={broken}"],
                          capture_output=True, text=True, check=True).stdout.strip()
@@ -190,6 +263,10 @@ def test_verify_catches_drift_and_a_plain_shell_repairs_only_it(cluster, env, tm
     result = json.loads(proc.stdout)
     assert result["ok"] is True
     assert {h: s["changed"] for h, s in result["hosts"].items()} == {broken: 1, f"{name}-node-2": 0}, result
+    assert result["manifest"][f"{name}-node-2"]["state"] == "manifest missing"
+    assert result["hosts"][f"{name}-node-2"]["tasks"] > 50  # the whole site, not a subset
+    assert node_sh(f"{name}-node-2", f"test -f {MANIFEST} && echo yes").strip() == "yes"  # written again
+    assert ansible_hosts(last_run(name, plain)) == {broken, f"{name}-node-2"}
     assert run_cli("verify", name, env=env).returncode == 0
     recorded = json.loads(run_cli("status", name, "-o", "json", env=plain, check=True).stdout)["settings"]
     assert recorded["artifact_mirror"]["value"] == env["GPUPROV_ARTIFACT_MIRROR"]

@@ -5,7 +5,7 @@ records and writes, and each kind of drift a check then names.
 Packages are read by the real dpkg-query from a dpkg status file in the tree (--admindir).
 Services: this machine runs no systemd, so ``systemctl`` is a FIXTURE stand-in on PATH that
 answers ``systemctl show`` from a JSON file of the test (the one part not real here; the
-end-to-end test, tests/e2e/test_drift_e2e.py, runs the real one on real nodes)."""
+end-to-end test, tests/e2e/test_docker_cluster.py with tests/e2e/drift.py, runs the real one on real nodes)."""
 
 from __future__ import annotations
 

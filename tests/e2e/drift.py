@@ -1,0 +1,66 @@
+"""Helpers of the drift tests in test_docker_cluster.py (issue 34): a converged node carries its
+manifest, a no-op `provision` runs no Ansible where it holds, and each kind of drift the plays
+repair is caught, planned by `--check` without a change, and fixed by the next `provision` on
+that node alone. They run on that file's cluster (one node from scratch, one from the baked
+image): a manifest is written by a run of the whole site, which that cluster has had; a
+cluster of their own converged from scratch cost the suite about 1000 s on two cores.
+
+Drift the plays repair on a container node, each caught and fixed: a managed file edited (the
+driver's apt pin), a file removed (the unattended-upgrades guard), a held package unheld, a
+held package removed, a service stopped (Docker), a service disabled (nvidia-persistenced). A
+changed sysctl and a missing DKMS module for a new kernel are the unit tests'
+(tests/unit/test_manifest_node.py): these plays set no sysctl on a node without EFA, and a
+container has no kernel of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+PIN = "/etc/apt/preferences.d/gpuprov-nvidia-driver.pref"
+GUARD = "/etc/apt/apt.conf.d/51gpuprov-unattended-upgrades"
+MANIFEST = "/var/lib/gpuprov/manifest.json"
+
+# What is done to a node by hand, and the words the check says of each (the removed package's
+# version filled in).
+DRIFT = (
+    f"echo '# by hand' >> {PIN}",
+    f"rm {GUARD}",
+    "apt-mark unhold nvidia-driver >/dev/null",
+    "apt-mark unhold nvidia-smi >/dev/null && dpkg -r --force-depends nvidia-smi >/dev/null 2>&1",
+    "systemctl stop docker.socket docker",
+    "systemctl disable nvidia-persistenced 2>/dev/null",
+)
+WORDS = (
+    f"{PIN}: sha256 changed",
+    f"{GUARD}: missing",
+    "package nvidia-driver: no longer held",
+    "package nvidia-smi: removed (was {})",
+    "docker: inactive (was active)",
+    "nvidia-persistenced: disabled (was enabled)",
+)
+
+
+def provision(name: str, env: dict[str, str], *flags: str) -> tuple[dict, str]:
+    proc = run_cli("provision", name, *flags, "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), proc.stderr
+
+
+def last_run(name: str, env: dict[str, str]) -> dict:
+    return json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"][0]
+
+
+def ansible_hosts(run: dict) -> set[str]:
+    """The hosts Ansible ran a task on in a run, from its recorded events (none: no play ran)."""
+    events = Path(run["artifact_dir"]) / "artifacts" / "ansible" / "job_events"
+    if not events.is_dir():
+        return set()
+    hosts = set()
+    for path in events.glob("*.json"):
+        event = json.loads(path.read_text())
+        if event.get("event") == "runner_on_ok" and (event.get("event_data") or {}).get("host"):
+            hosts.add(event["event_data"]["host"])
+    return hosts
