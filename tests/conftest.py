@@ -132,6 +132,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_recorded_node.py": 123,  # here
     "molecule:dcgm:default": 110,  # here (CI 185 while its converge ran the driver play too)
     "tests/e2e/test_health_e2e.py": 71,  # here
+    "tests/e2e/test_pull_aws_e2e.py": 60,  # here 52 alone (93 to 143 beside other suites)
     "tests/e2e/test_cuda13_e2e.py": 170,  # here 171 beside other runs (one node, the cuda play)
 }
 DEFAULT_SECONDS = {"tests/e2e/": 200, "molecule:": 120, "tests/roles/": 60, "tests/aws/": 40}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,7 +66,8 @@ def up(request: UpRequest, *, console: Console, store: Store | None = None,
     store = store or Store()
     if request.dry_run:
         run = _planned(request, spec, provider, store, console, health, tag_list, mode)
-        provider.dry_run(run.plan, run.report)
+        # A pull run's plan says so (Plan.pull): the provider's dry run asks about its channel too (aws: S3).
+        provider.dry_run(dataclasses.replace(run.plan, pull=True) if mode == "pull" else run.plan, run.report)
         return UpResult(cluster=spec.name, provider=spec.provider, nodes=[], bootstrap=None, dry_run=True,
                         image=run.image if run.plan.to_create else None, cost=plan_cost(run.plan))
     with cluster_lock(spec.name):
@@ -85,8 +87,8 @@ def _planned(request: UpRequest, spec: ClusterSpec, provider: Provider, store: S
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     show_plan(run.plan, run.lock, console, provider)
     if run.mode == "pull":
-        console.say("  bootstrap: pull (each new node fetches a bundle served from here, checks it, "
-                    "bootstraps and verifies itself)")
+        console.say("  bootstrap: pull (each new node fetches a bundle served from here, or through the "
+                    "provider's object store, checks it, bootstraps and verifies itself)")
     if run.image is not None and run.plan.to_create:
         console.say(f"  image: {run.image.reason}")
     return run

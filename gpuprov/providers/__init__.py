@@ -82,7 +82,8 @@ class Plan:
     # What the provider prepared for launch (frozen, its own type; None when it needs nothing):
     # carried here, never cached on the provider, so two plans cannot leak into each other.
     details: Any = None
-    # Pull mode (gpuprov.pull.Boot): what each new node gets to bootstrap itself at boot.
+    # Pull mode (gpuprov.pull.Boot): what each new node gets to bootstrap itself at boot; in a
+    # dry run, True where the nodes would pull (the provider's dry run checks its channel too).
     pull: Any = None
 
 
@@ -204,6 +205,13 @@ class Provider(ABC):
         launches ``plan.pull``'s boot configuration; for one without, gpuprov hands it over
         SSH once the hosts answer."""
         raise NotSupported(f"pull mode is not supported by the {self.name} provider")
+
+    def pull_channel(self, spec: ClusterSpec, report: Reporter) -> Any:
+        """Pull mode through the provider's own object store instead of this machine's HTTP
+        server (aws: the cluster's S3 bucket, gpuprov/providers/aws/s3.py's Channel): the
+        bundle published there, each node's presigned URLs, the reports listed and read.
+        gpuprov hands each node its configuration over SSH once it answers."""
+        raise NotSupported(f"pull mode through an object store is not supported by the {self.name} provider")
 
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
         """Remove just these nodes (what one `up` added); returns the ids that would not go."""

@@ -26,6 +26,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MODES = ("auto", "push", "pull")
 # `--bootstrap auto` pulls above this many nodes (and where the provider serves pull). Up to
@@ -36,6 +37,9 @@ MODES = ("auto", "push", "pull")
 # cluster close to it is not pushed at a controller already at its limit.
 PULL_ABOVE = 32
 UNIT = "gpuprov-pull.service"
+# Through an object store, a node writes a report batch at most this often (each one an object:
+# a PUT request, and one more key for the controller's listing).
+OBJECT_REPORT_S = 5
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,9 @@ class Boot:
     key: bytes  # the session key the node tokens are derived from; kept in memory only
     profile: str = ""  # the bundle's node profile for the nodes a launch boots (one type)
     deadline_s: int = 3600
+    # Through an object store (the provider's pull_channel, e.g. aws/s3.py's Channel): each
+    # node's presigned GET of the bundle and POST policy for its report prefix replace the URLs.
+    channel: Any = None
 
     def token(self, node: str) -> str:
         return node_token(self.key, node)
@@ -55,9 +62,15 @@ class Boot:
     def node_config(self, node: str, profile: str) -> dict[str, object]:
         """The node's boot configuration (/etc/gpuprov/pull.json, 0600 root): with its token
         (who it is), the secret it signs its reports with (report_secret)."""
-        return {"bundle_url": self.bundle_url, "report_url": self.report_url, "sha256": self.sha256,
-                "node": node, "token": self.token(node), "report_secret": report_secret(self.key, node),
-                "profile": profile, "deadline_s": self.deadline_s}
+        config = {"bundle_url": self.bundle_url, "report_url": self.report_url, "sha256": self.sha256,
+                  "node": node, "token": self.token(node), "report_secret": report_secret(self.key, node),
+                  "profile": profile, "deadline_s": self.deadline_s}
+        if self.channel is not None:  # no bearer token: the presigned URLs are the node's only access
+            config = {k: v for k, v in config.items() if k != "token"}
+            # Valid for the agent's whole time budget, and its last reports after it.
+            config |= {**self.channel.node_urls(node, self.sha256, self.deadline_s + 600),
+                       "report_every_s": OBJECT_REPORT_S}
+        return config
 
 
     def archive(self, node: str, profile: str | None = None) -> bytes:

@@ -1,5 +1,6 @@
-"""`up --bootstrap pull` on the controller: build and serve the bundle, hand each new node its
-boot configuration, then follow the nodes' reports to the same result a push run gives.
+"""`up --bootstrap pull` on the controller: build and serve the bundle (or publish it in the
+provider's object store: aws's S3 bucket), hand each new node its boot configuration, then
+follow the nodes' reports to the same result a push run gives.
 
 The server runs from before the launch (a node fetches its bundle as soon as it boots) until
 every node it launched has reported its outcome, or has been silent past its deadline.
@@ -25,6 +26,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.pull import Boot, choose
 from gpuprov.pull.bundle import Bundle, build
+from gpuprov.pull.objects import ObjectReports
 from gpuprov.pull.server import PullServer
 from gpuprov.shared.cluster import load, phase_at_least, version_lock
 from gpuprov.shared.console import Console
@@ -44,18 +46,21 @@ _CONNECTION_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh
 def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: bool) -> str:
     """How this `up`'s new nodes bootstrap (`--bootstrap`); where pull cannot run, one line and
     exit 2 before anything is created."""
-    mode = choose(requested, spec.count or 0, provider.supports("pull_address"))
+    if requested == "auto" and not bootstrap:
+        return "push"  # nothing bootstraps: auto has no mode to refuse
+    channel = provider.supports("pull_channel")
+    mode = choose(requested, spec.count or 0, channel or provider.supports("pull_address"))
     if mode != "pull":
         return mode
     if not bootstrap:
         raise BadInput("--bootstrap pull says how nodes bootstrap; it cannot go with --no-bootstrap")
-    if not provider.supports("pull_address"):
+    if not (channel or provider.supports("pull_address")):
         raise BadInput(f"--bootstrap pull is not built for the {provider.name} provider yet; "
                        "use --bootstrap push")
     if play_secrets():
         raise BadInput("--bootstrap pull does not carry GPUPROV_REGISTRY_PASSWORD to the nodes "
                        "(the bundle holds no secret); use --bootstrap push")
-    if not provider.pull_at_boot:
+    if not (provider.pull_at_boot or channel):
         provider.pull_address(spec, [])  # hosts that could not reach this machine: refused now
     return mode
 
@@ -65,7 +70,7 @@ class Session:
     """A pull bootstrap under way: its bundle, the server, the nodes' boot configuration."""
 
     bundle: Bundle
-    server: PullServer
+    server: Any  # PullServer, or ObjectReports through a provider's object store
     boot: Boot
     report: PullReport | None = None
 
@@ -105,7 +110,10 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
               push: Callable[..., ProvisionResult]) -> ProvisionResult:
     """The pull bootstrap of the nodes this `up` launched (they pulled at boot); any other node
     that needs one (a cluster resumed after a failed run) is pushed (``push``: the caller's
-    site.yml run, gpuprov.core.converge's), and says so."""
+    site.yml run, gpuprov.core.converge's), and says so. Through a provider's object store
+    (aws), every node given pulls: each is handed its configuration over SSH."""
+    if run.provider.supports("pull_channel"):  # aws: through the cluster's bucket (each round anew)
+        return _through_channel(run, cluster, nodes)
     if run.pull is None:  # hosts that exist (static): served now, handed their boot files over SSH
         return _existing_hosts(run, cluster, nodes)
     session: Session = run.pull
@@ -136,6 +144,29 @@ def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord]) -> Provisio
         result, session.report = follow(run.store, run.name, session.server, bundle, nodes,
                                         new_run_dir(run.files, "bootstrap-pull"), console=run.console,
                                         tags=run.tags)
+    return result
+
+
+def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResult:
+    """Pull through the provider's object store (aws: the cluster's S3 bucket): the bundle
+    published once under its sha256, each node handed over SSH (pinned host key) its presigned
+    GET and its report POST policy, the reports listed and read from the store."""
+    lock = version_lock(run.store, load(run.store, run.name))
+    bundle, profiles = bundle_for(run.provider, run.spec, lock, playbook_vars(cluster, lock), run.tags, nodes)
+    channel = run.provider.pull_channel(run.spec, run.console.say)
+    new = channel.publish(bundle.data, bundle.sha256)
+    run.console.say(f"  pull: bundle {bundle.sha256[:16]} ({bundle.size / 1e6:.1f} MB, ansible-core "
+                    f"{bundle.manifest['ansible_core']}) {'uploaded to' if new else 'already in'} "
+                    f"{channel.bucket} for {len(nodes)} node(s)")
+    key = secrets.token_bytes(32)
+    boot = Boot(bundle_url="", report_url="", sha256=bundle.sha256, key=key, channel=channel)
+    reports = ObjectReports(channel, key, [n.name for n in nodes])
+    run.pull = Session(bundle=bundle, server=reports, boot=boot)
+    ssh.each_node(nodes, lambda n: _hand_over(n, run.files, boot, profiles[n.name]))
+    run.console.say(f"  pull agent handed over SSH to {len(nodes)} node(s)")
+    result, run.pull.report = follow(run.store, run.name, reports, bundle, nodes,
+                                     new_run_dir(run.files, "bootstrap-pull"), console=run.console, tags=run.tags)
+    channel.remove_reports([n.name for n in nodes])  # recorded in the run's directory now
     return result
 
 
@@ -182,7 +213,7 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
     return bundle, chosen
 
 
-def follow(store: Store, name: str, server: PullServer, bundle: Bundle, nodes: list[NodeRecord],
+def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: Bundle, nodes: list[NodeRecord],
            run_dir: Path, *, console: Console, tags: list[str]) -> tuple[ProvisionResult, PullReport]:
     """Wait for the nodes' reports, showing them as push progress; record the bootstrap and the
     nodes' own probe runs as a bootstrap run and a verify run."""
@@ -254,7 +285,7 @@ def _unproven(stats: HostStats, got: Mapping[str, Any], expected: set[str]) -> s
     return None
 
 
-def _watch(server: PullServer, names: list[str], outcome: dict[str, dict[str, Any]], progress: Any,
+def _watch(server: PullServer | ObjectReports, names: list[str], outcome: dict[str, dict[str, Any]], progress: Any,
            run_dir: Path) -> None:
     start = time.monotonic()
     read = dict.fromkeys(names, 0)

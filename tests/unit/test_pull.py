@@ -5,6 +5,7 @@ refused), and the choice of mode. The whole flow on real nodes is tests/e2e/test
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -236,9 +237,14 @@ def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys,
     monkeypatch.delenv("GPUPROV_REGISTRY_PASSWORD")
     spec = ClusterSpec(name="np", provider="aws", instance_type="p4d.24xlarge", count=64,
                        options=options_for("aws", {}))
-    with pytest.raises(BadInput, match="--bootstrap pull is not built for the aws provider yet"):
-        mode_for("pull", get("aws"), spec, True)
-    assert mode_for("auto", get("aws"), spec, True) == "push"  # auto never picks what is not there
+    # AWS pulls through the cluster's S3 bucket (gpuprov/providers/aws/s3.py): asked, and by auto
+    # above PULL_ABOVE nodes, as elsewhere; up to it auto pushes.
+    assert mode_for("pull", get("aws"), spec, True) == "pull"
+    assert mode_for("auto", get("aws"), spec, True) == "pull"
+    assert mode_for("auto", get("aws"), dataclasses.replace(spec, count=PULL_ABOVE), True) == "push"
+    with pytest.raises(BadInput, match="cannot go with --no-bootstrap"):
+        mode_for("pull", get("aws"), spec, False)
+    assert mode_for("auto", get("aws"), spec, False) == "push"  # `up --count 64 --no-bootstrap`: nothing to pull
     # Static hosts reached through this machine's loopback (a port forward) could never reach
     # its bundle server: refused before anything is recorded.
     hosts = tmp_path / "hosts.yml"

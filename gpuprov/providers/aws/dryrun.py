@@ -6,7 +6,7 @@ from typing import Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import Reporter
-from gpuprov.providers.aws import api
+from gpuprov.providers.aws import api, s3
 from gpuprov.providers.aws.common import tag_specs
 from gpuprov.providers.aws.launch import run_params
 from gpuprov.providers.aws.preflight import AwsPlan
@@ -17,8 +17,9 @@ _DUMMY = {"instance": "i-0000000000000000f", "sg": "sg-0000000000000000f", "eip"
 _DUMMY_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBvUWBaXnRzrFJ6sIa2Dk2yRo4eMUzFybrsZ8GMKkHs0 dry-run"
 
 
-def dry_run(prep: AwsPlan, report: Reporter) -> None:
-    """Ask EC2 (DryRun=True) whether every mutating call up and down make is allowed.
+def dry_run(prep: AwsPlan, report: Reporter, pull: bool = False) -> None:
+    """Ask EC2 (DryRun=True) whether every mutating call up and down make is allowed; with
+    ``pull``, ask about the S3 calls of pull mode's channel too (s3.dry_run).
 
     Tags are given at creation (TagSpecifications), so there is no standalone
     CreateTags to ask about: the policy allows CreateTags only within a create call."""
@@ -65,8 +66,11 @@ def dry_run(prep: AwsPlan, report: Reporter) -> None:
         else:
             report(f"dry run: ec2:{what} REFUSED ({reason})")
             refused.append(what)
+    refused = [f"ec2:{what}" for what in refused]
+    if pull:
+        refused += s3.dry_run(prep.aws, spec.name, report)
     if refused:
         raise GpuprovError(
-            "AWS refuses " + ", ".join(f"ec2:{w}" for w in refused)
+            "AWS refuses " + ", ".join(refused)
             + " for these credentials; see docs/aws-iam-policy.json for what gpuprov needs"
         )

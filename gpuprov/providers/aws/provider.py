@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
-from gpuprov.providers.aws import api, dryrun, images, launch, preflight, ready, teardown
+from gpuprov.providers.aws import api, dryrun, images, launch, preflight, ready, s3, teardown
 from gpuprov.providers.aws.common import members, node_record, region_of
-from gpuprov.providers.aws.options import AwsOptions
+from gpuprov.providers.aws.options import AwsOptions, of
 from gpuprov.state import NodeRecord
 
 
@@ -36,7 +36,7 @@ class AwsProvider(Provider):
         return preflight.make_plan(self.check_spec(spec))
 
     def dry_run(self, plan: Plan, report: Reporter) -> None:
-        dryrun.dry_run(self._details(plan), report)
+        dryrun.dry_run(self._details(plan), report, pull=plan.pull is not None)
 
     def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
         return launch.launch_cluster(self._details(plan), plan.to_create, plan.min_create or plan.to_create,
@@ -64,6 +64,10 @@ class AwsProvider(Provider):
 
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
         return teardown.destroy(name, region_of(known, files), report, [n.id for n in known])
+
+    def pull_channel(self, spec: ClusterSpec, report: Reporter) -> s3.Channel:
+        """Pull mode's channel: the cluster's private S3 bucket (s3.py)."""
+        return s3.open_channel(spec.name, of(spec).region, report)
 
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
         return teardown.terminate_nodes(nodes, files, report)

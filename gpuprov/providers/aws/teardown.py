@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, Orphans, Reporter
-from gpuprov.providers.aws import api
+from gpuprov.providers.aws import api, s3
 from gpuprov.providers.aws.common import (
     LIVE_STATES,
     TAG,
@@ -142,11 +142,12 @@ def tagged_resources(aws: api.Aws, name: str) -> list[str]:
         *(f"placement group {g['GroupName']}" for g in ec2.describe_placement_groups(Filters=tag)["PlacementGroups"]),
         *(f"security group {g['GroupId']}" for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]),
         *(f"key pair {k['KeyName']}" for k in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]),
+        *(f"S3 bucket {b}" for b in s3.tagged_buckets(aws, name)),
     ]
 
 
 def delete_cluster_resources(aws: api.Aws, name: str, report: Reporter) -> None:
-    """Elastic IPs, placement groups, security groups and key pairs tagged with the cluster."""
+    """Elastic IPs, placement groups, security groups, key pairs and S3 buckets tagged with the cluster."""
     from botocore.exceptions import ClientError
 
     ec2 = aws.ec2
@@ -172,3 +173,4 @@ def delete_cluster_resources(aws: api.Aws, name: str, report: Reporter) -> None:
     for key in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]:
         ec2.delete_key_pair(KeyName=key["KeyName"])
         report(f"key pair {key['KeyName']} deleted")
+    s3.delete_buckets(aws, name, report)  # pull mode's channel (s3.py)

@@ -15,6 +15,11 @@ gpuprov-pull.service. Python's standard library only: it runs before anything is
 5. Send every event, then the probe results and the outcome, to the controller (each batch
    numbered, resent until acknowledged), then remove the token and the unpacked bundle. A
    reboot does not run it again (the unit's condition is the configuration file).
+
+Through an object store (``"channel": "s3"``, `up --provider aws`): the bundle comes from a
+presigned GET, and each batch is written as an object of its own under this node's prefix
+through the presigned POST the configuration carries (put_object); the controller lists and
+reads them. The store's answer is the acknowledgement.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ MAX_BUNDLE = 1 << 30
 FORMAT = 1
 MAX_BATCH = 500  # events in one report batch, and characters in one string: what the
 MAX_TEXT = 4096  # controller takes (gpuprov/pull/server.py)
+HEARTBEAT_S = 60.0  # through an object store, an empty batch at most this often (the node lives)
 
 
 class Reporter:
@@ -59,6 +65,7 @@ class Reporter:
         except (OSError, ValueError):
             self.seq = 0
         self.refused = ""  # why the controller refused this node's report (it stops sending)
+        self.last_sent = 0.0
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -71,7 +78,7 @@ class Reporter:
             out.write(json.dumps({"event": event, "event_data": {"host": self.config["node"], **data}}) + "\n")
 
     def _loop(self) -> None:
-        while not self.stop.wait(2.0):
+        while not self.stop.wait(float(self.config.get("report_every_s", 2.0))):
             self.send()
 
     def send(self) -> bool:
@@ -79,10 +86,21 @@ class Reporter:
             if self.refused:
                 return True  # nothing more to say: the controller has failed this node
             lines = self.events.read_text(encoding="utf-8").splitlines() if self.events.exists() else []
+            if self.config.get("channel") == "s3" and self.acked >= len(lines) \
+                    and time.monotonic() - self.last_sent < HEARTBEAT_S:
+                return True  # an object store: an empty batch only now and then, to say it lives
             batch = [json.loads(line) for line in lines[self.acked:self.acked + MAX_BATCH]]
             body = json.dumps({"from": self.acked, "events": batch}).encode()
             self.seq += 1
             self.seq_file.write_text(str(self.seq))
+            if self.config.get("channel") == "s3":
+                try:
+                    put_object(self.config, body, self.seq)
+                except (OSError, ValueError):
+                    return False
+                self.last_sent = time.monotonic()
+                self.acked += len(batch)
+                return self.acked >= len(lines)
             try:
                 answer = json.loads(post(self.config, self.config["report_url"], body, self.seq))
             except urllib.error.HTTPError as exc:
@@ -116,7 +134,26 @@ def signature(secret: str, seq: int, body: bytes) -> str:
     return hmac.new(secret.encode(), str(seq).encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
+def put_object(config: dict, body: bytes, seq: int) -> None:
+    """One batch as an object of its own under this node's prefix, through its presigned POST
+    (the store checks the policy: this prefix only). Its name carries the sequence number and
+    the batch's signature; writing it again writes the same object."""
+    sig = signature(config["report_secret"], seq, body)
+    fields = {**config["report_fields"], "key": f"{config['report_prefix']}{seq:08d}-{sig}.json"}
+    boundary = "gpuprov-" + hashlib.sha256(body).hexdigest()[:32]
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="batch.json"\r\n'
+                 f'Content-Type: application/json\r\n\r\n'.encode() + body + f"\r\n--{boundary}--\r\n".encode())
+    req = urllib.request.Request(config["report_url"], data=b"".join(parts), method="POST",
+                                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    with urllib.request.urlopen(req, timeout=30) as answer:
+        answer.read()
+
+
 def request(config: dict, url: str, body: bytes | None = None) -> urllib.request.Request:
+    if config.get("channel") == "s3":  # a presigned URL: its query string is the whole authorisation
+        return urllib.request.Request(url, method="GET")
     headers = {"Authorization": f"Bearer {config['token']}", "X-Gpuprov-Node": config["node"]}
     if body is not None:
         headers["Content-Type"] = "application/json"
