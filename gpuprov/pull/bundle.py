@@ -33,7 +33,7 @@ import json
 import re
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from typing import Any
 from gpuprov import __version__, paths
 from gpuprov.ansible.runner import extravars_yaml
 from gpuprov.errors import GpuprovError
+from gpuprov.manifest import record, remote
 
 FORMAT = 1
 PYTHON_MIN = (3, 11)
@@ -61,6 +62,10 @@ class Bundle:
     data: bytes
     sha256: str
     manifest: dict[str, Any]
+    # Per node profile, the inputs digest of what it converges from (gpuprov.manifest.record:
+    # the plays, the run's variables, the scope, the host and group variables), as push computes
+    # it from its inventory: a pulled node's manifest is recorded with it.
+    inputs: dict[str, str] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -104,7 +109,11 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
                          f"collections/ansible_collections/{namespace}/{collection}")
     entries.append(("plugins/callback/gpuprov_pull.py", (NODE_DIR / "gpuprov_pull.py").read_bytes(), 0o644))
     data = _archive(entries)
-    return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), manifest=manifest)
+    scope, me = record.scope_of(tags), remote.identity()
+    # As push's inventory gives a node its variables: the group's over the host's.
+    inputs = {kind: record.inputs_digest(extravars, {**profile.get("hostvars", {}), **group_vars}, scope, me)
+              for kind, profile in profiles.items()}
+    return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), manifest=manifest, inputs=inputs)
 
 
 _TEMPLATE_MARKERS = ("{{", "{%", "{#")

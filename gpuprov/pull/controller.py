@@ -23,6 +23,7 @@ from gpuprov.ansible import inventory
 from gpuprov.ansible.progress import PlaybookProgress
 from gpuprov.ansible.runner import new_run_dir
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.manifest import record, remote
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.pull import Boot, choose
 from gpuprov.pull.bundle import Bundle, build
@@ -39,8 +40,6 @@ from gpuprov.state import NodeRecord, Store
 # while Ansible runs: a task that runs longer still writes nothing, so the margin is wide).
 FIRST_WORD_S = 900
 SILENCE_S = 1200
-_CONNECTION_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
-                    "ansible_ssh_common_args")
 
 
 def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: bool) -> str:
@@ -65,6 +64,13 @@ def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: b
     return mode
 
 
+def play_vars(cluster: Any, lock: Mapping[str, Any]) -> dict[str, Any]:
+    """The bundle's play variables: push's for a cluster without Slurm (gpuprov.converge's,
+    with gpuprov.shared.scheduler's ``none``: pull never configures Slurm, refused at launch),
+    so that a pulled node's inputs digest is the one the next push `provision` computes."""
+    return playbook_vars(cluster, dict(lock)) | {"gpuprov_scheduler": "none"}
+
+
 @dataclass
 class Session:
     """A pull bootstrap under way: its bundle, the server, the nodes' boot configuration."""
@@ -82,7 +88,7 @@ def serving(run: Any) -> Iterator[None]:
     if run.mode != "pull" or not run.provider.pull_at_boot:
         yield  # push; or hosts that exist already (static): served when they are reached
         return
-    extravars = playbook_vars(load(run.store, run.name), run.lock)
+    extravars = play_vars(load(run.store, run.name), run.lock)
     proto = NodeRecord(name="", id="", address="", ssh_port=0, user="", state="",
                        instance_type=run.spec.instance_type or "")
     bundle, profiles = bundle_for(run.provider, run.spec, run.lock, extravars, run.tags, [proto])
@@ -121,7 +127,8 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
     pulled = [n for n in nodes if n.name in added]
     others = [n for n in nodes if n.name not in added]
     result, session.report = follow(run.store, run.name, session.server, session.bundle, pulled,
-                                    new_run_dir(run.files, "bootstrap-pull"), console=run.console, tags=run.tags)
+                                    new_run_dir(run.files, "bootstrap-pull"), console=run.console, tags=run.tags,
+                                    profiles=dict.fromkeys((n.name for n in pulled), session.boot.profile))
     if not others:
         return result
     run.console.say(f"  push: {', '.join(n.name for n in others)} (not launched by this run)")
@@ -136,14 +143,14 @@ def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord]) -> Provisio
     showed, served, and each host is handed the agent, its unit and its configuration over
     SSH (pinned host key); the agent starts there and the run goes on as at boot."""
     lock = version_lock(run.store, load(run.store, run.name))  # as the hosts' buses relocked it
-    bundle, profiles = bundle_for(run.provider, run.spec, lock, playbook_vars(cluster, lock), run.tags, nodes)
+    bundle, profiles = bundle_for(run.provider, run.spec, lock, play_vars(cluster, lock), run.tags, nodes)
     with _served(run, bundle, nodes, "", f"{len(nodes)} host(s)") as session:
         ssh.each_node(nodes, lambda n: _hand_over(n, run.files, session.boot, profiles[n.name]))
         for node in nodes:
             run.console.say(f"  {node.name}: pull agent started over SSH")
         result, session.report = follow(run.store, run.name, session.server, bundle, nodes,
                                         new_run_dir(run.files, "bootstrap-pull"), console=run.console,
-                                        tags=run.tags)
+                                        tags=run.tags, profiles=profiles)
     return result
 
 
@@ -152,7 +159,7 @@ def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord]) -> Provisi
     published once under its sha256, each node handed over SSH (pinned host key) its presigned
     GET and its report POST policy, the reports listed and read from the store."""
     lock = version_lock(run.store, load(run.store, run.name))
-    bundle, profiles = bundle_for(run.provider, run.spec, lock, playbook_vars(cluster, lock), run.tags, nodes)
+    bundle, profiles = bundle_for(run.provider, run.spec, lock, play_vars(cluster, lock), run.tags, nodes)
     channel = run.provider.pull_channel(run.spec, run.console.say)
     new = channel.publish(bundle.data, bundle.sha256)
     run.console.say(f"  pull: bundle {bundle.sha256[:16]} ({bundle.size / 1e6:.1f} MB, ansible-core "
@@ -165,7 +172,8 @@ def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord]) -> Provisi
     ssh.each_node(nodes, lambda n: _hand_over(n, run.files, boot, profiles[n.name]))
     run.console.say(f"  pull agent handed over SSH to {len(nodes)} node(s)")
     result, run.pull.report = follow(run.store, run.name, reports, bundle, nodes,
-                                     new_run_dir(run.files, "bootstrap-pull"), console=run.console, tags=run.tags)
+                                     new_run_dir(run.files, "bootstrap-pull"), console=run.console, tags=run.tags,
+                                     profiles=profiles)
     channel.remove_reports([n.name for n in nodes])  # recorded in the run's directory now
     return result
 
@@ -203,22 +211,28 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
             "expected_gpus": expect.get("gpus"), "expected_nvswitch": bool(expect.get("nvswitch")),
             "expected_efa": bool(expect.get("efa")),
         })
-        profile = {"hostvars": {k: v for k, v in hostvars.items() if k not in _CONNECTION_VARS}, "expect": expect}
+        profile = {"hostvars": {k: v for k, v in hostvars.items() if k not in record.CONNECTION_VARS},
+                   "expect": expect}
         key = hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:12]
         profiles[key], chosen[node.name] = profile, key
     group_vars = inventory.group_vars({"cluster": spec.name, "provider": spec.provider, "known_hosts": ""})
     bundle = build(lock=lock, extravars=extravars, group=inventory.GROUP,
-                   group_vars={k: v for k, v in group_vars.items() if k not in _CONNECTION_VARS},
+                   group_vars={k: v for k, v in group_vars.items() if k not in record.CONNECTION_VARS},
                    profiles=profiles, tags=tags)
     return bundle, chosen
 
 
 def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: Bundle, nodes: list[NodeRecord],
-           run_dir: Path, *, console: Console, tags: list[str]) -> tuple[ProvisionResult, PullReport]:
+           run_dir: Path, *, console: Console, tags: list[str],
+           profiles: Mapping[str, str] | None = None) -> tuple[ProvisionResult, PullReport]:
     """Wait for the nodes' reports, showing them as push progress; record the bootstrap and the
-    nodes' own probe runs as a bootstrap run and a verify run."""
+    nodes' own probe runs as a bootstrap run and a verify run, and (a run of every play that
+    succeeded) each node's manifest as push records it. ``profiles``: each node's profile in
+    the bundle (whose inputs digest its manifest is recorded with)."""
     names = [n.name for n in nodes]
     server.add_nodes(names)
+    if not tags:  # as push: until the run succeeds, the nodes it converges hold no record
+        record.write(store, name, dict.fromkeys(names))
     (run_dir / "manifest.json").write_text(json.dumps(bundle.manifest, indent=1) + "\n")
     run_id = store.start_run(name, "bootstrap-pull", str(run_dir))
     outcome: dict[str, dict[str, Any]] = {n: {} for n in names}
@@ -246,11 +260,30 @@ def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: 
         store.finish_run(run_id, ok, serialise({"hosts": {n: outcome[n].get("stats") for n in names},
                                                 "errors": {n: outcome[n].get("why") for n in names}}))
     if ok and not tags:
+        _record_manifests(store, name, nodes, outcome, bundle, profiles or {}, console)
         store.set_cluster_state(name, "bootstrapped")
     elif not ok:
         store.set_failed_step(name, "bootstrap")
     verify = _record_probes(store, name, names, outcome, run_dir, console) if ok else None
     return result, PullReport(bundle_sha256=bundle.sha256, bundle_bytes=bundle.size, verify=verify)
+
+
+def _record_manifests(store: Store, name: str, nodes: list[NodeRecord], outcome: Mapping[str, Mapping[str, Any]],
+                      bundle: Bundle, profiles: Mapping[str, str], console: Console) -> None:
+    """Each node's manifest, written by its agent after the plays and reported with its
+    outcome, recorded as push records one (gpuprov.manifest.steps.record_run): with the inputs
+    digest of the node's profile in the bundle. A node without one keeps no record (its next
+    `provision` runs it)."""
+    scope, me, changes = record.scope_of(None), remote.identity(), {}
+    for node in nodes:
+        answer = outcome[node.name].get("manifest") or {}
+        inputs = bundle.inputs.get(profiles.get(node.name, ""))
+        if isinstance(answer.get("digest"), str) and inputs:
+            changes[node.name] = record.new_record(node, answer, inputs, scope, me)
+        else:
+            why = answer.get("error") or ("none reported" if inputs else "no inputs digest for its profile")
+            console.say(f"  {node.name}: manifest not written ({why}); its next provision runs it")
+    record.write(store, name, changes)
 
 
 def expected_probes(probes_dir: Path | None = None) -> set[str]:
@@ -332,6 +365,8 @@ def _one(node: str, event: dict[str, Any], got: dict[str, Any], progress: Any) -
         got["probes"] = [r for r in data.get("rows") or () if isinstance(r, dict)]
     elif kind == "done":
         got["rc"] = data.get("rc")
+        if isinstance(data.get("manifest"), dict):  # checked by gpuprov.pull.reports
+            got["manifest"] = data["manifest"]
         progress.hosts[node].done, progress.hosts[node].task = True, "done"
     elif kind.startswith("runner_on_"):
         progress.handle(event)

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuprov.pull import report_secret, report_signature
-from gpuprov.pull.server import MAX_EVENTS, MAX_REPORT, BadReport, check_report
+from gpuprov.pull.reports import MAX_EVENTS, MAX_REPORT, BadReport, check_report
 
 POLL_S = 5.0  # the reports are listed at most this often (each listing is one request per 1000 objects)
 READERS = 16  # new batches read at once

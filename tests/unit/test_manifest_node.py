@@ -20,17 +20,10 @@ from pathlib import Path
 import pytest
 
 from gpuprov.manifest import remote
+from tests.unit.node_programs import write_status
 
 NODE = Path(remote.__file__).resolve().parent / "node.py"
 ME = {"gpuprov": "0.1.0", "program": "p" * 64}
-STATUS = """Package: {name}
-Status: {want} ok installed
-Maintainer: FIXTURE
-Architecture: amd64
-Version: {version}
-Description: FIXTURE package
-
-"""
 FIXTURE_SYSTEMCTL = """#!/usr/bin/env python3
 # FIXTURE: `systemctl show --property=... -- UNIT...` answered from $ROOT/fixture-units.json
 import json, os, sys
@@ -64,11 +57,6 @@ def tree(tmp_path: Path) -> Path:
     (bin_dir / "systemctl").write_text(FIXTURE_SYSTEMCTL)
     (bin_dir / "systemctl").chmod(0o755)
     return root
-
-
-def write_status(root: Path, packages: dict[str, tuple[str, str]]) -> None:
-    (root / "var/lib/dpkg/status").write_text("".join(
-        STATUS.format(name=n, want=w, version=v) for n, (w, v) in packages.items()))
 
 
 ITEMS = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import io
 import json
 import re
@@ -23,6 +22,7 @@ from packaging.requirements import Requirement
 from gpuprov.pull import PULL_ABOVE, Boot, choose, node_token, report_secret, report_signature
 from gpuprov.pull import bundle as bundle_mod
 from gpuprov.pull.server import PullServer
+from tests.unit.node_programs import load_agent
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,9 @@ def test_the_bundle_carries_the_site_the_packages_and_nothing_compiled(built) ->
     for needed in ("manifest.json", "site/playbooks/site.yml", "site/playbooks/vars/lock.yml",
                    "site/roles/nvidia_driver/tasks/main.yml", "site/vars.yml", "site/nodes.json",
                    "lib/ansible/cli/playbook.py", "lib/testinfra/__init__.py", "lib/gpuprov/probes/collect.py",
-                   "lib/gpuprov/probes/pytest.ini", "plugins/callback/gpuprov_pull.py"):
+                   "lib/gpuprov/probes/pytest.ini", "plugins/callback/gpuprov_pull.py",
+                   # the node's manifest: the program push runs over SSH, and what the callback reads with
+                   "lib/gpuprov/manifest/node.py", "lib/gpuprov/manifest/collect.py"):
         assert needed in names, needed
     assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".so")) or "/molecule/" in n]
     assert all(m.uid == 0 and m.gid == 0 and m.mtime == 0 and (m.isfile() or m.isdir()) for m in members.values())
@@ -154,11 +156,7 @@ def test_a_report_is_kept_once_resent_from_where_it_stopped_and_always_as_its_no
 
 # -- the node agent ------------------------------------------------------------------------------
 def _agent():
-    spec = importlib.util.spec_from_file_location("gpuprov_pull_agent", bundle_mod.NODE_DIR / "agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_agent("gpuprov_pull_agent")
 
 
 def test_the_agent_refuses_a_bundle_of_another_sha256_and_unpacks_nothing(tmp_path: Path, monkeypatch) -> None:

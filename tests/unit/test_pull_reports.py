@@ -10,7 +10,6 @@ report is bad, that ran no task, or lacks probes is failed with its reason; the 
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import io
 import json
 import socket
@@ -22,19 +21,16 @@ import pytest
 from rich.console import Console as RichConsole
 
 from gpuprov.pull import Boot, node_token, report_secret, report_signature
-from gpuprov.pull import bundle as bundle_mod
-from gpuprov.pull.server import MAX_BATCH, MAX_REPORT, MAX_TEXT, PullServer
+from gpuprov.pull.reports import MAX_BATCH, MAX_REPORT, MAX_TEXT
+from gpuprov.pull.server import PullServer
+from tests.unit.node_programs import load_agent
 
 KEY = b"r" * 32
 SHA = "ab" * 32
 
 
 def _agent():
-    spec = importlib.util.spec_from_file_location("gpuprov_pull_agent_reports", bundle_mod.NODE_DIR / "agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_agent("gpuprov_pull_agent_reports")
 
 
 def _post(server: PullServer, node: str, body: bytes, seq: int, *, secret: str | None = None,
@@ -113,6 +109,12 @@ BAD = {
     "not UTF-8": b"\xff\xfe{}",
     "a message too long": _batch(0, _ev("agent_failed", msg="m" * (MAX_TEXT + 1))),
     "too many events": _batch(0, *[TASK] * (MAX_BATCH + 1)),
+    # The manifest the agent reports with its outcome: a sha256 and a count, or why none.
+    "manifest digest not hex": _batch(0, _ev("done", rc=0, manifest={"digest": "z" * 64, "items": 3})),
+    "manifest items negative": _batch(0, _ev("done", rc=0, manifest={"digest": "a" * 64, "items": -1})),
+    "manifest with its items": _batch(0, _ev("done", rc=0, manifest={"digest": "a" * 64, "items": 1,
+                                                                    "list": ["/etc/x"]})),
+    "manifest error too long": _batch(0, _ev("done", rc=0, manifest={"error": "e" * (MAX_TEXT + 1)})),
 }
 
 
@@ -144,7 +146,8 @@ def test_a_real_probe_row_and_every_event_the_agent_sends_are_taken() -> None:
         _ev("probes", host="x", rows=[{**ROW, "host": "local"}, {**ROW, "status": "fail"},
                                       {**ROW, "status": "skip"}]),
         _ev("refused", host="x", msg="bundle sha256 ..."),
-        _ev("done", host="x", rc=0, converge_s=12.5, probes_s=3),
+        _ev("done", host="x", rc=0, converge_s=12.5, probes_s=3, manifest={"digest": "0f" * 32, "items": 103}),
+        _ev("done", host="x", rc=0, manifest={"error": "the manifest program failed: ..."}),
     ]
     with PullServer("127.0.0.1", KEY, b"B", SHA, ["n1"]) as server:
         assert _post(server, "n1", _batch(0, *events), 1) == (200, {"have": len(events)})

@@ -10,7 +10,10 @@ gpuprov-pull.service. Python's standard library only: it runs before anything is
 2. Unpack it, check its format and this Python, and write a one-host inventory for this node
    (its profile's host variables, a local connection).
 3. Run the bundle's site.yml with the bundle's ansible-core; the bundle's callback writes each
-   task's start and outcome to the event file.
+   task's start and outcome to the event file. After a run of every play (no tags) that
+   succeeded, write the node's manifest (write_manifest: the bundle's manifest program, as
+   push runs it over SSH, on the items the callback kept of the run's own results) and
+   report its digest and item count with the outcome; the controller records them.
 4. Run the bundle's probes on this machine (pytest + testinfra's local connection).
 5. Send every event, then the probe results and the outcome, to the controller (each batch
    numbered, resent until acknowledged), then remove the token and the unpacked bundle. A
@@ -42,7 +45,7 @@ STATE = Path("/var/lib/gpuprov/pull")
 MAX_BUNDLE = 1 << 30
 FORMAT = 1
 MAX_BATCH = 500  # events in one report batch, and characters in one string: what the
-MAX_TEXT = 4096  # controller takes (gpuprov/pull/server.py)
+MAX_TEXT = 4096  # controller takes (gpuprov/pull/reports.py)
 HEARTBEAT_S = 60.0  # through an object store, an empty batch at most this often (the node lives)
 
 
@@ -235,7 +238,9 @@ def inventory(root: Path, config: dict) -> Path:
     return path
 
 
-def environment(root: Path, events: Path, config: dict) -> dict[str, str]:
+def environment(root: Path, events: Path, config: dict, items: Path | None = None) -> dict[str, str]:
+    """The plays' environment; ``items``: where the callback keeps the run's items (a run of
+    every play: the manifest's), else none is kept."""
     return {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
@@ -251,7 +256,36 @@ def environment(root: Path, events: Path, config: dict) -> dict[str, str]:
         "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_GATHERING": "smart",
         "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
         "GPUPROV_PULL_EVENTS": str(events), "GPUPROV_PULL_NODE": config["node"],
+        **({"GPUPROV_PULL_ITEMS": str(items)} if items is not None else {}),
     }
+
+
+MANIFEST_SCOPE = "site"  # a run of every play (gpuprov.manifest.record.SITE)
+
+
+def write_manifest(root: Path, manifest: dict, items: Path, node_root: str | None = None) -> dict:
+    """The node's manifest written by the bundle's manifest program (gpuprov/manifest/node.py,
+    run as push runs it: ``python3 -I -S``, the request on stdin) from the items the callback
+    kept: {"digest", "items"}, or {"error"} (the controller records none: the node's next
+    `provision` runs it). ``node_root``: the program's --root (a test's tree)."""
+    program = root / "lib" / "gpuprov" / "manifest" / "node.py"
+    try:
+        lines = [json.loads(line) for line in items.read_text(encoding="utf-8").splitlines() if line.strip()] \
+            if items.exists() else []
+        if any(i.get("kind") == "overflow" for i in lines):
+            return {"error": next(i["name"] for i in lines if i.get("kind") == "overflow")}
+        request = {"items": lines, "scope": MANIFEST_SCOPE, "gpuprov": manifest["gpuprov"],
+                   "program": hashlib.sha256(program.read_bytes()).hexdigest()}
+        cmd = [sys.executable, "-I", "-S", str(program), *(["--root", node_root] if node_root else []), "snapshot"]
+        proc = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True, timeout=300,
+                              check=False)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            return {"error": clip(f"the manifest program failed: {tail}")}
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {"digest": str(answer["digest"]), "items": int(answer["items"])}
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, subprocess.TimeoutExpired) as exc:
+        return {"error": clip(f"the manifest was not written: {type(exc).__name__}: {exc}")}
 
 
 def converge(root: Path, manifest: dict, env: dict[str, str], log: Path) -> int:
@@ -301,13 +335,16 @@ def main(config_path: str) -> int:
         manifest = unpack(data, root)
         del data
         inventory(root, config)
-        env = environment(root, events, config)
+        # A run of some plays (--tags) writes no manifest (as push): a manifest covers the site.
+        items = None if manifest.get("tags") else root / "items.jsonl"
+        env = environment(root, events, config, items)
         began = time.monotonic()
         rc = converge(root, manifest, env, log)
         timing = {"converge_s": round(time.monotonic() - began, 1)}
         if rc != 0:
             outcome = {"rc": rc, **timing}
             return 1
+        written = write_manifest(root, manifest, items) if items is not None else None
         began = time.monotonic()
         rows = probes(root, env, log)
         timing["probes_s"] = round(time.monotonic() - began, 1)
@@ -317,7 +354,7 @@ def main(config_path: str) -> int:
             outcome = {"rc": 4, **timing}
             return 1
         reporter.add("probes", rows=rows)
-        outcome = {"rc": 0, **timing}
+        outcome = {"rc": 0, **timing, **({"manifest": written} if written is not None else {})}
         return 0
     except Exception as exc:  # noqa: BLE001 (whatever it is, the controller is told why)
         reporter.add("agent_failed", msg=f"{type(exc).__name__}: {exc}")
