@@ -39,7 +39,7 @@ def _no_images(lock: dict) -> str | None:
 
 def _site_image(lock: dict) -> str:
     """The site image of a lock, keyed by what goes into it (its CUDA images and pip
-    requirements), so that a driver move keeps it; playbooks/vars/lock.yml names it the same."""
+    requirements), so that a driver move keeps it; roles/gpuprov_lock/vars/main.yml names it the same."""
     content = ",".join(lock.get("base_images") or []) + "|" + ",".join(lock.get("site_pip_requirements") or [])
     return f"gpuprov/base:cuda{lock['cuda']}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 

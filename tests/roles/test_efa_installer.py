@@ -72,7 +72,7 @@ def node(env):
 def efa_role(url: str, digest: str) -> list[dict]:
     return [{"role": "rdma", "vars": {
         "rdma_fabric": "efa", "rdma_efa_installer_version": VERSION,
-        # What the lock says the installer brings (playbooks/vars/lock.yml maps it).
+        # What the lock says the installer brings (roles/gpuprov_lock/vars/main.yml maps it).
         "rdma_aws_ofi_nccl_version": stack.data()["efa"]["aws_ofi_nccl"],
         "rdma_efa_installer_url": url, "rdma_efa_installer_sha256": digest}}]
 

@@ -1,5 +1,5 @@
 """Every version in one place: the lock (gpuprov/data/stack.toml, resolved by gpuprov.stack) is
-the source, playbooks/vars/lock.yml is the one mapping to the roles' variables, and no role,
+the source, roles/gpuprov_lock/vars/main.yml is the one mapping to the roles' variables, and no role,
 play or scenario names a version of its own."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gpuprov import stack
 from gpuprov.shared.settings import complete_lock
 
 ROOT = Path(__file__).resolve().parents[2]
-MAPPING = ROOT / "playbooks" / "vars" / "lock.yml"
+MAPPING = ROOT / "roles" / "gpuprov_lock" / "vars" / "main.yml"
 
 
 def _mapping() -> dict:
@@ -35,12 +35,22 @@ def _role_defaults() -> dict[str, tuple[str, object]]:
     return out
 
 
+def test_no_role_depends_on_the_mapping() -> None:
+    """A role used alone takes its own defaults: the mapping is the plays' choice, never a
+    dependency that would carry it, at role-vars precedence, into a playbook of one's own."""
+    for path in sorted(ROOT.glob("roles/*/meta/main.yml")):
+        deps = (yaml.safe_load(path.read_text()) or {}).get("dependencies") or []
+        names = [d.get("role", d.get("name")) if isinstance(d, dict) else d for d in deps]
+        assert "gpuprov_lock" not in names, path
+    assert not (ROOT / "roles" / "gpuprov_lock" / "tasks").exists()  # variables only
+
+
 def test_the_mapping_sets_only_variables_the_roles_have() -> None:
     defaults = _role_defaults()
     public = [name for name in _mapping() if not name.startswith("__")]
     assert public
     unknown = [name for name in public if name not in defaults]
-    assert not unknown, f"playbooks/vars/lock.yml sets variables no role has: {unknown}"
+    assert not unknown, f"roles/gpuprov_lock/vars/main.yml sets variables no role has: {unknown}"
 
 
 def test_every_play_loads_the_mapping_and_runs_gpuprov_base_first() -> None:
@@ -52,7 +62,10 @@ def test_every_play_loads_the_mapping_and_runs_gpuprov_base_first() -> None:
             roles = [r["role"] if isinstance(r, dict) else r for r in play.get("roles", [])]
             assert roles and roles[0] == "gpuprov_base", f"{path.name}: {play['name']} runs {roles}"
             if play.get("vars", {}).get("gpuprov_base_lock_required"):
-                assert play.get("vars_files") == ["vars/lock.yml"], f"{path.name}: {play['name']}"
+                # The mapping is the role's vars, read once per play (not vars_files, read
+                # again for every task and host).
+                assert roles[1] == "gpuprov_lock", f"{path.name}: {play['name']} runs {roles}"
+            assert "vars_files" not in play, f"{path.name}: {play['name']}"
             # A play only composes: no task of its own (spot.yml asks the node's metadata
             # service whether it is a spot instance before it picks its role).
             if path.name != "spot.yml":
@@ -64,7 +77,7 @@ def _rendered(lock: dict, extra: dict | None = None) -> dict:
     controller, no node: the mapping is templated exactly as the plays template it)."""
     public = [name for name in _mapping() if not name.startswith("__")]
     play = [{"name": "render", "hosts": "localhost", "gather_facts": False,
-             "vars_files": [str(MAPPING)],
+             "roles": ["gpuprov_lock"],
              "tasks": [{"name": "render", "ansible.builtin.debug": {
                  "msg": {name: f"{{{{ {name} }}}}" for name in public}}}]}]
     work = ROOT / ".ruff_cache"  # a writable, ignored place inside the checkout
@@ -78,6 +91,7 @@ def _rendered(lock: dict, extra: dict | None = None) -> dict:
              str(book), "-e", json.dumps(variables)],
             capture_output=True, text=True, check=False, timeout=120,
             env={**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1",
+                 "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
                  "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"})
     finally:
         book.unlink(missing_ok=True)
@@ -216,7 +230,7 @@ def test_the_mapping_names_only_functions_that_exist() -> None:
     """Each `gpuprov.x.y` the mapping's comments point a reader at is a real module attribute."""
     import importlib
 
-    text = (ROOT / "playbooks" / "vars" / "lock.yml").read_text()
+    text = MAPPING.read_text()
     names = re.findall(r"\bgpuprov(?:\.[a-z_]+)+", text)
     assert names, "the mapping names no function"
     for dotted in names:

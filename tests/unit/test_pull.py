@@ -53,7 +53,7 @@ def test_the_bundle_is_content_addressed_and_byte_for_byte_repeatable(built) -> 
 def test_the_bundle_carries_the_site_the_packages_and_nothing_compiled(built) -> None:
     members = _members(built.data)
     names = set(members)
-    for needed in ("manifest.json", "site/playbooks/site.yml", "site/playbooks/vars/lock.yml",
+    for needed in ("manifest.json", "site/playbooks/site.yml", "site/roles/gpuprov_lock/vars/main.yml",
                    "site/roles/nvidia_driver/tasks/main.yml", "site/vars.yml", "site/nodes.json",
                    "lib/ansible/cli/playbook.py", "lib/testinfra/__init__.py", "lib/gpuprov/probes/collect.py",
                    "lib/gpuprov/probes/pytest.ini", "plugins/callback/gpuprov_pull.py",

@@ -139,7 +139,7 @@ def _smuggled_vars(tmp_path: Path, marker: Path) -> dict[str, Any]:
 
 
 # The play: each value written to a file as it arrived; one taken through a play variable and a
-# set_fact, as playbooks/vars/lock.yml and the roles take them. A secret's file is read as the
+# set_fact, as roles/gpuprov_lock/vars/main.yml and the roles take them. A secret's file is read as the
 # plays read one (lookup('file', var)).
 PLAY = """\
 - hosts: all
