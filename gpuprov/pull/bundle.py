@@ -5,7 +5,7 @@ Layout (a gzip'd tar, byte-for-byte the same for the same inputs: sorted entries
 owners and modes, no gzip name or time, so its sha256 names its content)::
 
     manifest.json            format, gpuprov and ansible-core versions, the lock's hash, tags
-    site/playbooks/ ...      the playbooks site.yml imports (vars/lock.yml with them)
+    site/playbooks/ ...      the playbooks site.yml imports
     site/roles/ ...          the roles (their molecule scenarios left out)
     site/vars.yml            the play variables (`-e @vars.yml`, as push passes them: every
                              string tagged !unsafe, data and never a template)
