@@ -104,7 +104,13 @@ def up(
     from gpuprov.shared import cluster  # lazy: CLI start-up
 
     name_generated = name is None
-    cuda = cuda_for_install(cuda, instance_type, source)
+    flags = {"region": region, "image": image, "no_baked": no_baked, "os": os_name, "ssh_cidr": ssh_cidr,
+             "allow_wide_ssh_cidr": allow_wide_ssh_cidr, "spot": spot, "disk_gb": disk_gb,
+             "capacity_reservation": capacity_reservation, "hosts_file": hosts_file}
+    # The provider's own flags first (a flag of another provider, --os on local nodes, is refused
+    # naming it), then what the stack line asks of them.
+    options_for(provider, flags)
+    cuda = cuda_for_install(cuda, instance_type, source, os=os_name, bootstrap=not (no_bootstrap or dry_run))
     if name is not None:
         cluster.validate_name(name)
     name = name or cluster.generate_name()
@@ -112,11 +118,7 @@ def up(
     def request_for(instance_type: str | None, region: str | None) -> Any:
         # The provider's own flags: its options type says which it takes (a flag of another
         # provider is refused, naming it); every other check is core's and the provider's.
-        options = options_for(provider, {
-            "region": region, "image": image, "no_baked": no_baked, "os": os_name, "ssh_cidr": ssh_cidr,
-            "allow_wide_ssh_cidr": allow_wide_ssh_cidr, "spot": spot, "disk_gb": disk_gb,
-            "capacity_reservation": capacity_reservation, "hosts_file": hosts_file,
-        })
+        options = options_for(provider, {**flags, "region": region})
         spec = ClusterSpec(
             name=name, provider=provider, instance_type=instance_type, count=count,
             options=options, min_count=min_count, retries=retries, keep_failed=keep_failed,

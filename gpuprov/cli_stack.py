@@ -92,12 +92,25 @@ def offer_row(offer: Any) -> dict[str, Any]:
     return row
 
 
-def cuda_for_install(value: str | None, instance_type: str | None = None, source: str | None = None) -> str | None:
+def cuda_for_install(value: str | None, instance_type: str | None = None, source: str | None = None,
+                     os: str | None = None, bootstrap: bool = False) -> str | None:
     """The CUDA line `up` was asked for (``--cuda``), refused (BadInput, one line, before
     anything is created) where it resolves (`gpuprov stack` shows its lock) but gpuprov does not
-    install it yet. None: not asked. (`provision` and `patch` keep the line of the cluster's
-    lock: they take no --cuda.)"""
+    install it yet. None: not asked. Without --cuda, an ``os`` whose default line gpuprov does
+    not install yet (Debian 13's own 12.4) is refused the same way when ``bootstrap`` would
+    install it (`--no-bootstrap` and `--dry-run` go on). (`provision` and `patch` keep the line
+    of the cluster's lock: they take no --cuda.)"""
     if value is None:
+        if not bootstrap or os in (None, defaults.DEFAULT_OS) or os not in defaults.LOCK_OS:
+            return None
+        from gpuprov import cuda_lines, os_lines  # lazy: CLI start-up
+
+        own = os_lines.default_cuda(os, source or defaults.DEFAULT_SOURCE)
+        if not cuda_lines.is_installable(own, source or defaults.DEFAULT_SOURCE):
+            raise BadInput(f"--os {os}: its CUDA line {own} resolves (`gpuprov stack --type {instance_type or 'TYPE'} "
+                           f"--os {os} --source {source or defaults.DEFAULT_SOURCE}` shows its lock) but gpuprov "
+                           "does not install it yet; launch without bootstrapping (--no-bootstrap) or plan "
+                           "(--dry-run)")
         return None
     from gpuprov import cuda_lines  # lazy: CLI start-up
 
@@ -112,31 +125,39 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
 
 @click.command()
 @click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
-@click.option("--cuda", default=defaults.DEFAULT_CUDA, show_default=True, metavar="LINE",
-              help="CUDA line: 11.8, 12.9 or 13.0 (12 and 13, or 13.x, name the one line of that "
-              "major). Every line resolves here; up installs 11.8, and 13.0 with --source mirror.")
+@click.option("--cuda", metavar="LINE",
+              help="CUDA line: 11.8 (the default), 12.9 or 13.0 (12 and 13, or 13.x, name the one line of "
+              "that major); 12.4 with --os debian13 --source distro (Debian 13's own, its default there). "
+              "Every line resolves here; up installs 11.8, and 13.0 with --source mirror.")
 @click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
               "the newest supported long-term branch for the type).")
 @click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES), help="Default: from the GPU.")
 @click.option("--source", type=click.Choice(defaults.PACKAGE_SOURCES), default=defaults.DEFAULT_SOURCE,
               show_default=True, help="Package source the nodes install from.")
+@click.option("--os", "os_name", type=click.Choice(defaults.LOCK_OS), default=defaults.DEFAULT_OS, show_default=True,
+              help="Whose packages the lock names: Debian 12's, or Debian 13's (trixie: --source distro only, "
+              "claimed, not proven here).")
 @output_option
-def stack(instance_type: str, cuda: str, driver: str | None, kernel_module: str | None, source: str,
-          output: str) -> int:
+def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_module: str | None, source: str,
+          os_name: str, output: str) -> int:
     """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA.
 
     Also which operating systems the roles are proven on here (Debian 12) and which they only
-    claim (Ubuntu)."""
+    claim (Debian 13, Ubuntu)."""
     from gpuprov import platforms  # lazy: CLI start-up
     from gpuprov import stack as stack_mod  # lazy: CLI start-up
 
-    lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module)
+    lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
+                             os=os_name)
     cli_output.eol_warning(lock.as_dict())
     data = lock.public()
     if output == "json":
         cli_output.emit_json(data)
     else:
         # The table has no platform row of its own: the platforms come last, as a note.
-        cli_output.stack_table(instance_type, {**data, "notes": [*data["notes"], f"platform: {platforms.summary()}",
+        mine = platforms.get(lock.os)
+        said = f"os: {mine.title}, {'proven here' if mine.proven else 'claimed, not proven here'}"
+        cli_output.stack_table(instance_type, {**data, "notes": [*data["notes"], said,
+                                                              f"platform: {platforms.summary()}",
                                                               platforms.slurm_summary()]})
     return 0

@@ -1,4 +1,5 @@
-"""CUDA lines: the CUDA releases a lock can carry (11.8, the default; 12.9; 13.0), each with the
+"""CUDA lines: the CUDA releases a lock can carry (11.8, the default; 12.9; 13.0; and 12.4, Debian
+13's own toolkit, with --os debian13 --source distro only: gpuprov.os_lines), each with the
 facts of ``data/stack.toml`` ([cuda."X.Y"]): its minimum driver, the GPU architectures it
 drives, cuDNN and NCCL built for it, and whether gpuprov installs it yet. ``gpuprov.stack``
 resolves a lock of any line with these rules; `up`, `provision` and `patch` install only the
@@ -42,9 +43,16 @@ def listing() -> str:
     return ", ".join(names())
 
 
-def spelled(value: str) -> str:
+def os_only(cuda: str) -> list[str]:
+    """The operating systems line ``cuda`` is packaged for alone ([] for a line of every OS:
+    NVIDIA's repository and the mirror); Debian 13's own CUDA 12.4 is one (gpuprov.os_lines)."""
+    return list(lines().get(cuda, {}).get("os", ()))
+
+
+def spelled(value: str, os: str | None = None) -> str:
     """The line a `--cuda` value names: ``X.Y`` as given, ``X`` or ``X.x`` the one line of
-    major X. Anything else is refused (one line)."""
+    major X (where a major has a line of every OS and one of ``os`` alone, the latter on that
+    OS, else the former). Anything else is refused (one line)."""
     match = SPELLING.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise BadInput(f"--cuda {value!r}: expected a CUDA line like 11.8, 12.9 or 13 (lines: {listing()})")
@@ -52,6 +60,9 @@ def spelled(value: str) -> str:
     if minor is not None and minor not in ("x", "X"):
         return value
     of_major = [n for n in names() if n.split(".")[0] == str(int(major))]
+    if len(of_major) > 1:
+        own = [n for n in of_major if os in os_only(n)]
+        of_major = own or [n for n in of_major if not os_only(n)]
     if len(of_major) != 1:
         raise BadInput(f"gpuprov's stack data has no CUDA {int(major)}.x line (available: {listing()})")
     return of_major[0]
@@ -97,8 +108,9 @@ def arch_reason(cuda: str, arch: str) -> str | None:
 
 
 def lines_for_arch(arch: str | None) -> list[str]:
-    """The lines whose architecture range holds ``arch`` (every line for no GPU)."""
-    return [n for n in names() if arch is None or arch_reason(n, arch) is None]
+    """The lines of every OS whose architecture range holds ``arch`` (every such line for no
+    GPU); a line one OS packages alone (Debian 13's 12.4) is that OS's, not a type's."""
+    return [n for n in names() if not os_only(n) and (arch is None or arch_reason(n, arch) is None)]
 
 
 def way_forward(arch: str, cuda: str) -> str:
@@ -140,7 +152,9 @@ def not_installed_yet(cuda: str, instance_type: str = "TYPE", source: str | None
     only = list(lines().get(cuda, {}).get("installable_sources", ()))
     where = (f"; it installs CUDA {cuda} with {' or '.join(f'--source {s}' for s in only)}" if only
              else "")
-    return (f"CUDA {cuda} resolves (`gpuprov stack --type {instance_type} --cuda {cuda}` shows its lock) but "
+    own = os_only(cuda)
+    flags = f" --os {own[0]} --source {next(iter(lines()[cuda].get('sources') or {'distro': 0}))}" if own else ""
+    return (f"CUDA {cuda} resolves (`gpuprov stack --type {instance_type} --cuda {cuda}{flags}` shows its lock) but "
             f"gpuprov does not install it yet: up, provision and patch install CUDA "
             f"{', '.join(installable())}{where}")
 

@@ -18,9 +18,14 @@ LOCAL_SOURCE = "distro"
 # The kernel module flavours of NVIDIA's driver (`--kernel-module`; gpuprov.drivers).
 KERNEL_MODULES = ("open", "proprietary")
 
+# The operating systems a version lock names (`stack --os`; the lock's `os`, its package facts:
+# gpuprov.os_lines). A lock without one is Debian 12's.
+LOCK_OS = ("debian12", "debian13")
+DEFAULT_OS = "debian12"
+
 # The operating systems an aws node can launch with (`up --os`; their images:
 # gpuprov.providers.aws.preflight.IMAGE_SOURCES, their facts: gpuprov.platforms).
-AWS_OS = ("debian12", "ubuntu22.04")
+AWS_OS = ("debian12", "debian13", "ubuntu22.04")
 DEFAULT_AWS_OS = "debian12"
 
 # `up --scheduler`: what runs the cluster's jobs (none: `gpuprov exec` and SSH only).

@@ -39,6 +39,9 @@ PLATFORMS: tuple[Platform, ...] = (
     # slurm: the slurm-wlm upstream version in each release's own archive (Debian 12: 22.05.8,
     # installed and run here; the Ubuntu ones as their archives list them).
     Platform("debian12", "Debian", "12", "bookworm", proven=True, slurm="22.05.8"),
+    # Debian 13: its archive's packages are lock data (gpuprov.os_lines; slurm-wlm 24.11.5-4+deb13u1,
+    # checked on the test machine's package cache 2026-11-26); claimed until a node run proves it.
+    Platform("debian13", "Debian", "13", "trixie", proven=False, slurm="24.11.5"),
     Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False, slurm="19.05.5"),
     Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False, slurm="21.08.5"),
     Platform("ubuntu24.04", "Ubuntu", "24.04", "noble", proven=False, slurm="23.11.4"),

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
 
-from gpuprov import catalog, cuda_lines, defaults, platforms
+from gpuprov import catalog, cuda_lines, defaults, drivers, os_lines, platforms
 from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stack.X is the API)
     _LIFECYCLE_FIELDS,
     CUDA_MIN_DRIVER,
@@ -28,7 +28,6 @@ from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stac
     _v,
     data,
     default_branch,
-    eol_warning,
     lifecycle,
     past_eol,
     pinned_branches,
@@ -118,6 +117,9 @@ class Lock:
     # "archives"): the toolkit's and NCCL's, each {"component", "archive", "sha256", "dir"}
     # (cuDNN's is cudnn_archive). Empty for a line installed from packages.
     cuda_archives: tuple[dict[str, str], ...] = ()
+    # The operating system whose packages the lock names (gpuprov.os_lines): debian12 (the
+    # default, and every lock stored before there was an OS) is left out of the hash.
+    os: str = os_lines.DEFAULT_OS
 
     @property
     def flavour(self) -> str:
@@ -152,6 +154,7 @@ class Lock:
             "driver_eol": life.get("eol") or self.driver_eol or None,
             "kernel_module": self.flavour,
             "source": self.source,
+            "os": self.os,
             "hash": self.short_hash(),
             # Not part of the lock (nor its hash): the OS it is proven on here, and those only claimed.
             "platforms": platforms.listing(),
@@ -159,7 +162,8 @@ class Lock:
 
     def short_hash(self) -> str:
         body = {k: v for k, v in asdict(self).items()
-                if k != "notes" and not (k in (*_LIFECYCLE_FIELDS, *_ADDED_FIELDS) and not v)}
+                if k != "notes" and not (k in (*_LIFECYCLE_FIELDS, *_ADDED_FIELDS) and not v)
+                and not (k == "os" and not os_lines.in_hash(v))}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -169,26 +173,28 @@ def default_source(provider: str) -> str:
     return defaults.LOCAL_SOURCE if provider == "docker" else defaults.DEFAULT_SOURCE
 
 
-def resolve(instance_type: str | None, cuda: str = DEFAULT_CUDA, driver: str | None = None,
+def resolve(instance_type: str | None, cuda: str | None = None, driver: str | None = None,
             source: str = defaults.DEFAULT_SOURCE, kernel_module: str | None = None,
-            on: date | None = None) -> Lock:
+            on: date | None = None, os: str | None = None) -> Lock:
     """The lock for ``instance_type`` (None: hosts of unknown type, no GPU rules apply)."""
     itype = catalog.get(instance_type) if instance_type else catalog.get("docker-node")
     return resolve_types([itype], cuda=cuda, driver=driver, source=source,
-                         label=instance_type or "unknown", kernel_module=kernel_module, on=on)
+                         label=instance_type or "unknown", kernel_module=kernel_module, on=on, os=os)
 
 
-def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, driver: str | None = None,
+def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, driver: str | None = None,
                   source: str = defaults.DEFAULT_SOURCE, label: str | None = None,
-                  kernel_module: str | None = None, on: date | None = None) -> Lock:
+                  kernel_module: str | None = None, on: date | None = None, os: str | None = None) -> Lock:
     """One lock for every host of a cluster, each described by ``types`` (declared or read
     off its PCI bus): the driver serves every GPU model, CUDA every architecture, fabric
     manager comes with any NVSwitch host and the EFA installer with any EFA host (the plays
     install each only on the hosts that have the hardware). ``on``: the date lifecycle
-    rules are judged on (default: today)."""
+    rules are judged on (default: today); ``os``: whose packages (None: Debian 12's)."""
     facts = data()
     if source not in SOURCES:
         raise BadInput(f"unknown package source '{source}'; choose one of: {', '.join(SOURCES)}")
+    os = os_lines.checked(os)
+    src = os_lines.source(os, source)  # refused here where the OS has no lock of the source
     kinds = list({t.name: t for t in types}.values()) or [catalog.get("docker-node")]
     names = ", ".join(t.name for t in kinds)
     label = label or names
@@ -212,7 +218,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
                            f"it knows {', '.join(sorted(GPU_MIN_DRIVER))}")
 
     # 1. CUDA against every GPU architecture: the first CUDA for it, then the line's range.
-    cuda = cuda_lines.spelled(cuda)
+    cuda = cuda_lines.spelled(cuda or os_lines.default_cuda(os, source), os)  # None: the OS's default
     for itype in kinds:
         if itype.arch is None:
             continue
@@ -230,13 +236,15 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
             raise BadInput(f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}, "
                            f"{cuda_lines.family(itype.arch)}) on {itype.name}: {why}"
                            f"{cuda_lines.way_forward(itype.arch, cuda)}")
-    refused = cuda_lines.source_refusal(cuda, source)
+    refused = (os_lines.cuda_refusal(cuda, os, source, cuda_lines.line(cuda))
+               or cuda_lines.source_refusal(cuda, source))
     if refused:
         raise BadInput(refused)
 
     # 2. Driver: requested branch or exact version, else the default branch (computed).
     branches: dict[str, str] = facts["driver"]["branches"]
-    requested = driver or default_branch(gpus, cuda, source, on)
+    own_branches = src.get("branches") if os_lines.in_hash(os) else None
+    requested = driver or (max(own_branches, key=int) if own_branches else default_branch(gpus, cuda, source, on))
     branch = requested.split(".")[0]
     exact = requested if "." in requested else branches.get(branch)
     if exact is None:
@@ -264,15 +272,12 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
     if branch not in branches:
         raise BadInput(f"gpuprov pins no release of driver branch {branch} "
                        f"(pinned: {', '.join(sorted(branches, key=int))})")
-    src = facts["sources"][source]
     allowed = src.get("branches")
     if allowed and branch not in allowed:
-        raise BadInput(
-            f"package source '{source}' carries driver branch {', '.join(allowed)} only, "
-            f"not {branch}; use --source nvidia or mirror"
-        )
+        raise BadInput(os_lines.branch_refusal(os, source, allowed, branch))
 
-    # 3. Kernel module flavour, from the GPUs' architecture.
+    # 3. Kernel module flavour, from the GPUs' architecture (no GPU: the OS's default, if any).
+    kernel_module = kernel_module or (None if archs else src.get("default_kernel_module"))
     module = _kernel_module(kernel_module, archs, gpus, branch, src, source)
     earlier = src.get("earlier_releases", {}).get(branch, [])
     if "." in requested and requested != branches[branch] and requested not in earlier:
@@ -309,13 +314,8 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
     if src.get("pinning_package") and pin_from and int(branch) >= int(pin_from):
         # NVIDIA's own version lock (installed before the driver): this exact release.
         packages["pinning"] = src["pinning_package"].format(branch=branch, version=exact)
-    if source == "distro":
-        notes.append("Debian's archive keeps only its newest 535 release: the lock fails loudly "
-                     "if that moves, instead of drifting")
-        notes.append(f"distro source: {src.get('support', 'the distribution')} applies to these "
-                     "packages, not NVIDIA's branch lifecycle")
-        notes.append(f"distro source: Debian's archive has no NCCL; NCCL {facts['nccl']['version']} "
-                     "is installed with --source nvidia or mirror")
+    notes.extend(os_lines.source_notes(os, source, src, facts["nccl"]["version"]))
+    packages.update(os_lines.nccl_packages(src))
     dcgm = facts["dcgm"]
     dcgm_src = dcgm["sources"][source]
     if not dcgm_src["package"]:
@@ -344,7 +344,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
         aws_ofi_nccl=facts["efa"].get("aws_ofi_nccl") if efa else None,
         gdrcopy=facts.get("gdrcopy", {}).get("version", ""),
         gdrcopy_sha256=facts.get("gdrcopy", {}).get("sha256", ""),
-        microcode=dict(facts.get("microcode", {})),
+        microcode=dict((src if os_lines.in_hash(os) else facts).get("microcode", {})),
         container_toolkit=facts["container_toolkit"]["version"],
         base_images=tuple(facts["cuda"][cuda].get("base_images", ())),
         site_pip_requirements=tuple(facts["cuda"][cuda].get("site_pip_requirements", ())),
@@ -358,7 +358,16 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str = DEFAULT_CUDA, d
         nccl_tests=pieces["nccl_tests"],
         nccl_tests_sha256=pieces["nccl_tests_sha256"],
         cuda_archives=tuple(pieces["cuda_archives"]),
+        os=os,
     )
+
+
+def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | None:
+    """One line when ``lock``'s driver branch is past its end of life (gpuprov.drivers.eol_warning;
+    for a distro lock of another OS than Debian 12, that OS's support: gpuprov.os_lines)."""
+    if not lock:
+        return None
+    return os_lines.eol_warning(lock, on) or drivers.eol_warning(lock, on)
 
 
 def kinds_of(lock: dict[str, Any]) -> list[catalog.InstanceType]:

@@ -77,7 +77,7 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
     with it); microcode pins from the current stack data; everything else as it was."""
     # The kernel module flavour moves only when asked (--kernel-module); else it stays what the
     # cluster runs (a lock from before flavours installed the proprietary one).
-    fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock["cuda"],
+    fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock["cuda"], os=lock.get("os"),
                                 driver=req.driver or lock["driver_branch"], source=lock["source"],
                                 label=lock.get("instance_type") or "unknown",
                                 kernel_module=req.kernel_module or lock.get("kernel_module")

@@ -10,7 +10,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuprov import images, stack
+from gpuprov import defaults, images, stack
 from gpuprov.core import counts, health_gate
 from gpuprov.core.converge import run_site
 from gpuprov.errors import BadInput, PartialLaunch
@@ -289,7 +289,8 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
     kinds = (provider or get_provider(spec.provider)).host_types(spec, nodes)
     return stack.resolve_types(
         kinds or [],
-        cuda=asked.get("cuda", stack.DEFAULT_CUDA),
+        cuda=asked.get("cuda"),  # None: the OS's default line (11.8; Debian 13's own 12.4)
+        os=spec.os if spec.os in defaults.LOCK_OS else None,
         driver=asked.get("driver"),
         source=source,
         kernel_module=asked.get("kernel_module"),

@@ -75,6 +75,10 @@ def _cuda_line(value: str) -> str:
     line = cuda_lines.spelled(value)
     if line not in cuda_lines.lines():
         raise BadInput(f"--cuda {value}: gpuprov knows CUDA lines {cuda_lines.listing()}")
+    if cuda_lines.os_only(line):
+        raise BadInput(f"--cuda {value}: CUDA {line} is {', '.join(cuda_lines.os_only(line))}'s own line "
+                       f"(`gpuprov stack --os {cuda_lines.os_only(line)[0]} --source distro`), not a type's; types "
+                       f"lists the lines of every OS: {', '.join(cuda_lines.lines_for_arch(None))}")
     return line
 
 

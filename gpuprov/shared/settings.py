@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from gpuprov import stack, validate
+from gpuprov import os_lines, stack, validate
 from gpuprov.errors import BadInput
 from gpuprov.state import ClusterRecord
 
@@ -32,6 +33,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
                                "NVIDIA container toolkit apt repository"),
     "container_toolkit_repo_fpr": ("GPUPROV_CONTAINER_TOOLKIT_REPO_FPR",
                                    "that repository's signing key fingerprint"),
+    "pull_bucket": ("GPUPROV_PULL_BUCKET",
+                    "existing S3 bucket pull mode on AWS uses (prefix gpuprov/CLUSTER/) instead of making one"),
 }
 
 
@@ -66,7 +69,31 @@ def check(key: str, value: Any, where: str) -> str:
             validate.image_name(image, f"{where}: {key}")
             validate.digest(digest, f"{where}: {key} {image}")
         return json.dumps(data, sort_keys=True)
+    if key == "pull_bucket":
+        return _bucket_name(value, f"{where}: {key}")
     return validate.mirror_url(value, f"{where}: {key}")
+
+
+# S3's naming rules for general purpose buckets ("Bucket naming rules", Amazon S3 User Guide).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def _bucket_name(value: str, where: str) -> str:
+    """An existing S3 bucket's name, by S3's rules; never one of the pattern of the buckets
+    gpuprov makes per cluster (`down` of a cluster deletes a bucket of its pattern)."""
+    why = ("3 to 63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
+           if not _BUCKET.fullmatch(value) else
+           "no two adjacent periods" if ".." in value else
+           "not formatted as an IP address" if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", value) else
+           f"no reserved prefix ({', '.join(_BUCKET_PREFIXES)})" if value.startswith(_BUCKET_PREFIXES) else
+           f"no reserved suffix ({', '.join(_BUCKET_SUFFIXES)})" if value.endswith(_BUCKET_SUFFIXES) else
+           "not of the pattern of the buckets gpuprov makes for a cluster (gpuprov-NAME-RANDOM)"
+           if re.fullmatch(r"gpuprov-.+-[a-z0-9]{10}", value) else "")
+    if why:
+        raise BadInput(f"{where} {value!r} is not an S3 bucket name: {why}")
+    return value
 
 
 def _file() -> tuple[dict[str, str], Path]:
@@ -127,12 +154,13 @@ def complete_lock(lock: dict[str, Any]) -> dict[str, Any]:
     """A stored lock with every field today's plays read: a lock stored by an older gpuprov
     lacks the fields added since (container toolkit, base images, ...); they are taken from
     the same request resolved against today's stack data, and what the lock has always wins
-    (the plays map it to the roles' variables: playbooks/vars/lock.yml). A lock that has every
-    field is used as it is (not resolved again: one resolution per command)."""
-    if LOCK_FIELDS <= lock.keys():
-        return dict(lock)
+    (the plays map it to the roles' variables: roles/gpuprov_lock/vars/main.yml). A lock that has every
+    field is used as it is (not resolved again: one resolution per command). A lock stored
+    before locks had an OS is Debian 12's (its hash leaves ``os`` out when it is debian12)."""
+    if LOCK_FIELDS <= lock.keys() | {"os"}:
+        return {"os": os_lines.DEFAULT_OS, **lock}
     try:
-        fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock.get("cuda", stack.DEFAULT_CUDA),
+        fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock.get("cuda", stack.DEFAULT_CUDA), os=lock.get("os"),
                                     driver=lock.get("driver_branch"), source=lock.get("source", stack.DEFAULT_SOURCE))
         current = fresh.as_dict()
     except BadInput:

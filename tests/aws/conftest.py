@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from gpuprov.providers.aws import api
 from tests.aws import moto_shim
+from tests.aws.s3_front import Front
 
 REGION = "us-east-1"
 
@@ -117,3 +119,33 @@ def dump(data: object) -> str:
 
 
 ROOT_POLICY = Path(__file__).resolve().parents[2] / "docs" / "aws-iam-policy.json"
+
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An Aws whose ssm and ec2 clients are real botocore clients with a Stubber each."""
+    import boto3
+    from botocore.stub import Stubber
+
+    for var in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+                                    region_name=REGION)
+    aws = api.Aws(region=REGION, session=session)
+    stubs = {name: Stubber(aws.client(name)) for name in ("ssm", "ec2")}
+    for stub in stubs.values():
+        stub.activate()
+    yield aws, stubs
+    for stub in stubs.values():
+        stub.assert_no_pending_responses()
+        stub.deactivate()
+
+
+@pytest.fixture
+def front(shim: moto_shim.Shim, moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Front]:
+    """moto's S3 behind the signature-checking front (tests/aws/s3_front.py, a FIXTURE), reached
+    the standard way (AWS_ENDPOINT_URL_S3)."""
+    s3front = Front(moto_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3front.url)
+    yield s3front
+    s3front.close()

@@ -47,6 +47,10 @@ class Front:
         # FIXTURE fault: the next this-many presigned GETs of a bundle answer with one byte
         # changed (an object swapped in the bucket, or a proxy on the way, would do as much).
         self.tamper_bundles = 0
+        # FIXTURE fault: the controller's own (header-signed) requests on these sub-resources
+        # (query keys: "policy", "publicAccessBlock", "encryption", "location", "list-type")
+        # are refused AccessDenied, as for credentials whose IAM policy lacks their action.
+        self.deny: set[str] = set()
         self.bundle_gets = 0
         self.httpd = ThreadingHTTPServer((host, 0), _handler(self))
         self.httpd.daemon_threads = True
@@ -185,7 +189,9 @@ def _handler(front: Front) -> type[BaseHTTPRequestHandler]:
             if "X-Amz-Signature=" in self.path:
                 why = check_query(self.command, self.path, headers)
             elif self.headers.get("Authorization"):
-                why = None  # the controller's own calls, signed in the header
+                # the controller's own calls, signed in the header
+                asked = set(dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True)))
+                why = f"AccessDenied: {sorted(asked & front.deny)} (FIXTURE)" if asked & front.deny else None
             elif self.command == "POST" and "multipart/form-data" in (self.headers.get("Content-Type") or ""):
                 fields, data = parse_form(headers, body)
                 why = check_post(urlsplit(self.path).path.strip("/").split("/")[0], fields, data)

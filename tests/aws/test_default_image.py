@@ -18,21 +18,12 @@ import pytest
 from gpuprov import catalog, cli_options
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec
-from gpuprov.providers.aws import api, preflight
+from gpuprov.providers.aws import preflight
 from gpuprov.providers.aws.options import AwsOptions
 from tests.aws.conftest import REGION
 from tests.aws.helpers import CIDR, assert_refused, invoke
+from tests.aws.images import ARM_AMI, DEBIAN, DEBIAN_ARM, OTHER_X86_AMI, UBUNTU, ami_image, asked, fallback
 from tests.aws.moto_shim import Shim
-
-DEBIAN = "/aws/service/debian/release/12/latest/amd64"
-DEBIAN_ARM = "/aws/service/debian/release/12/latest/arm64"
-UBUNTU = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-OTHER_X86_AMI = "ami-12c6146b"  # another x86_64 image moto bundles
-ARM_AMI = "ami-0e9271c829888680e"  # the arm64 image moto bundles
-
-
-def _asked(shim: Shim, action: str = "GetParameter") -> list[str]:
-    return [c.params.get("Name", "") for c in shim.calls if c.service == "ssm" and c.action == action]
 
 
 def _dry(capsys, name: str, *extra: str) -> tuple[int, str, str]:
@@ -46,7 +37,7 @@ def test_the_default_is_debian_12_from_its_public_parameter(capsys, shim: Shim, 
     shim.ssm_parameters[UBUNTU] = OTHER_X86_AMI
     code, _, err = _dry(capsys, "deb")
     assert code == 0, err
-    assert _asked(shim) == [DEBIAN]
+    assert asked(shim) == [DEBIAN]
     assert (f"image {ami}: Debian 12 (bookworm), the default (proven here), from SSM {DEBIAN}; "
             "root volume 200 GiB gp3, encrypted") in err
     (run,) = [c for c in shim.calls if c.action == "RunInstances" and c.dry_run]
@@ -58,7 +49,7 @@ def test_os_ubuntu_reads_canonicals_parameter_and_says_it_is_not_proven(capsys, 
     shim.ssm_parameters[UBUNTU] = ami
     code, _, err = _dry(capsys, "jammy", "--os", "ubuntu22.04")
     assert code == 0, err
-    assert _asked(shim) == [UBUNTU]
+    assert asked(shim) == [UBUNTU]
     assert (f"image {ami}: Ubuntu 22.04 (jammy), --os ubuntu22.04 (not proven here: gpuprov's suite "
             f"runs Debian 12), from SSM {UBUNTU}") in err
 
@@ -68,7 +59,7 @@ def test_image_wins_over_os_and_no_parameter_is_read(capsys, shim: Shim, ami: st
     shim.ssm_parameters[UBUNTU] = OTHER_X86_AMI
     code, _, err = _dry(capsys, "given", "--image", ami, "--os", "ubuntu22.04")
     assert code == 0, err
-    assert _asked(shim) == []
+    assert asked(shim) == []
     assert f"image {ami}: --image (wins over --os ubuntu22.04), Windows_Server-2016" in err
 
 
@@ -77,7 +68,7 @@ def test_missing_parameter_falls_back_to_debians_images_and_says_what_failed(cap
     code, out, err = _dry(capsys, "none")
     assert_refused(code, out, err, f"no Debian 12 (bookworm) amd64 image found in {REGION}: SSM parameter "
                    f"{DEBIAN} unreadable (ParameterNotFound) and no image of owner 136693071363 named "
-                   "debian-12-amd64-*; pass --image ami-... (or another --os: ubuntu22.04)", shim)
+                   "debian-12-amd64-*; pass --image ami-... (or another --os: debian13, ubuntu22.04)", shim)
     # (the first DescribeImages by owner is the look-up of an image baked for the lock: none)
     baked, listed = [c.params for c in shim.calls if c.action == "DescribeImages" and "Owner.1" in c.params]
     assert baked["Owner.1"] == "self" and baked["Filter.1.Name"] == "tag-key"
@@ -115,7 +106,7 @@ def test_the_os_is_recorded_and_a_growing_cluster_keeps_its_image(capsys, shim: 
     assert code == 0, err
     assert f"image {ami}: the image the 1 existing member(s) run" in err
     assert [c.params["ImageId"] for c in shim.run_calls()] == [ami]
-    assert _asked(shim) == []
+    assert asked(shim) == []
 
 
 # -- --os on the command line ---------------------------------------------------------------------
@@ -138,7 +129,7 @@ def _options() -> list[Any]:
 
 def test_unknown_os_is_one_line_exit_2(capsys, shim: Shim) -> None:
     code, out, err = _dry(capsys, "bados", "--os", "centos7")
-    assert_refused(code, out, err, "'centos7' is not one of 'debian12', 'ubuntu22.04'", shim)
+    assert_refused(code, out, err, "'centos7' is not one of 'debian12', 'debian13', 'ubuntu22.04'", shim)
     assert shim.calls == []
 
 
@@ -156,52 +147,17 @@ def test_check_spec_fills_the_default_only_without_an_image() -> None:
     assert preflight.check_spec(spec).options.os == "debian12"
     given = spec.with_options(image="ami-0123456789abcdef0")
     assert preflight.check_spec(given).options.os is None
-    with pytest.raises(BadInput, match=r"--os centos7: gpuprov has images for debian12, ubuntu22\.04"):
+    with pytest.raises(BadInput, match=r"--os centos7: gpuprov has images for debian12, debian13, ubuntu22\.04"):
         preflight.check_spec(spec.with_options(os="centos7"))
 
 
 # -- the publisher's newest image, and the architecture, through the Stubber ------------------------
-@pytest.fixture
-def stubbed(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """An Aws whose ssm and ec2 clients are real botocore clients with a Stubber each."""
-    import boto3
-    from botocore.stub import Stubber
-
-    for var in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                    region_name=REGION)
-    aws = api.Aws(region=REGION, session=session)
-    stubs = {name: Stubber(aws.client(name)) for name in ("ssm", "ec2")}
-    for stub in stubs.values():
-        stub.activate()
-    yield aws, stubs
-    for stub in stubs.values():
-        stub.assert_no_pending_responses()
-        stub.deactivate()
-
-
-def _image(image_id: str, name: str, created: str, arch: str = "x86_64") -> dict[str, Any]:
-    return {"ImageId": image_id, "Name": name, "CreationDate": created, "Architecture": arch,
-            "RootDeviceName": "/dev/xvda", "State": "available"}
-
-
-def _fallback(stubs: dict[str, Any], parameter: str, owner: str, pattern: str, arch: str,
-              images: list[dict[str, Any]]) -> None:
-    stubs["ssm"].add_client_error("get_parameter", "AccessDeniedException", "not allowed",
-                                  expected_params={"Name": parameter})
-    stubs["ec2"].add_response("describe_images", {"Images": images}, expected_params={
-        "Owners": [owner],
-        "Filters": [{"Name": "name", "Values": [pattern]}, {"Name": "architecture", "Values": [arch]},
-                    {"Name": "state", "Values": ["available"]}]})
-
-
 def test_unreadable_parameter_takes_the_publishers_newest_image(stubbed) -> None:
     aws, stubs = stubbed
-    _fallback(stubs, DEBIAN, "136693071363", "debian-12-amd64-*", "x86_64", [
-        _image("ami-0000000000000000a", "debian-12-amd64-20250101-1000", "2025-01-01T10:00:00.000Z"),
-        _image("ami-0000000000000000c", "debian-12-amd64-20250301-1200", "2025-03-01T12:00:00.000Z"),
-        _image("ami-0000000000000000b", "debian-12-amd64-20250201-1100", "2025-02-01T11:00:00.000Z"),
+    fallback(stubs, DEBIAN, "136693071363", "debian-12-amd64-*", "x86_64", [
+        ami_image("ami-0000000000000000a", "debian-12-amd64-20250101-1000", "2025-01-01T10:00:00.000Z"),
+        ami_image("ami-0000000000000000c", "debian-12-amd64-20250301-1200", "2025-03-01T12:00:00.000Z"),
+        ami_image("ami-0000000000000000b", "debian-12-amd64-20250201-1100", "2025-02-01T11:00:00.000Z"),
     ])
     notes: list[str] = []
     spec = preflight.check_spec(ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1, options=AwsOptions()))
@@ -214,8 +170,8 @@ def test_unreadable_parameter_takes_the_publishers_newest_image(stubbed) -> None
 
 def test_ubuntu_fallback_asks_canonical(stubbed) -> None:
     aws, stubs = stubbed
-    _fallback(stubs, UBUNTU, "099720109477", "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-amd64-server-*",
-              "x86_64", [_image("ami-0000000000000000d", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-"
+    fallback(stubs, UBUNTU, "099720109477", "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-amd64-server-*",
+              "x86_64", [ami_image("ami-0000000000000000d", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-"
                                 "server-20250301", "2025-03-01T00:00:00.000Z")])
     spec = ClusterSpec(name="c", provider="aws", instance_type="g5.xlarge", count=1,
                        options=AwsOptions(os="ubuntu22.04"))
@@ -231,7 +187,7 @@ def test_an_arm64_type_asks_only_for_arm64_images(stubbed) -> None:
     stubs["ssm"].add_response("get_parameter", {"Parameter": {"Name": DEBIAN_ARM, "Value": "ami-0000000000000000e"}},
                               expected_params={"Name": DEBIAN_ARM})
     stubs["ec2"].add_response("describe_images", {"Images": [
-        _image("ami-0000000000000000e", "debian-12-arm64-20250301-1200", "2025-03-01T00:00:00.000Z", "arm64")]},
+        ami_image("ami-0000000000000000e", "debian-12-arm64-20250301-1200", "2025-03-01T00:00:00.000Z", "arm64")]},
         expected_params={"ImageIds": ["ami-0000000000000000e"]})
     spec = preflight.check_spec(ClusterSpec(name="c", provider="aws", instance_type="g5g.xlarge", count=1, options=AwsOptions()))
     image = preflight.find_image(aws, spec, arm, [], [])
@@ -242,7 +198,7 @@ def test_an_arm64_type_asks_only_for_arm64_images(stubbed) -> None:
     stubs["ssm"].add_response("get_parameter", {"Parameter": {"Name": DEBIAN_ARM, "Value": "ami-0000000000000000f"}},
                               expected_params={"Name": DEBIAN_ARM})
     stubs["ec2"].add_response("describe_images", {"Images": [
-        _image("ami-0000000000000000f", "debian-12-amd64-20250301-1200", "2025-03-01T00:00:00.000Z")]},
+        ami_image("ami-0000000000000000f", "debian-12-amd64-20250301-1200", "2025-03-01T00:00:00.000Z")]},
         expected_params={"ImageIds": ["ami-0000000000000000f"]})
     stubs["ec2"].add_response("describe_images", {"Images": []}, expected_params={
         "Owners": ["136693071363"],

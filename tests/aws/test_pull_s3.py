@@ -13,7 +13,6 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,11 @@ import pytest
 
 from gpuprov.pull import Boot, report_secret, report_signature
 from gpuprov.pull.objects import ObjectReports
-from tests.aws import moto_shim
 from tests.aws.conftest import REGION, ROOT_POLICY
 from tests.aws.s3_front import Front
+from tests.unit.node_programs import load_agent
 
 AGENT = Path(__file__).resolve().parents[2] / "gpuprov" / "pull" / "node" / "agent.py"
-
-
-@pytest.fixture
-def front(shim: moto_shim.Shim, moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Front]:
-    """moto's S3 behind the signature-checking front, reached the standard way."""
-    s3front = Front(moto_server)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3front.url)
-    yield s3front
-    s3front.close()
 
 
 def _s3() -> Any:
@@ -44,13 +34,7 @@ def _s3() -> Any:
 
 
 def _agent() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpuprov_pull_agent_under_test", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_agent("gpuprov_pull_agent_under_test")
 
 
 def _channel(name: str = "pl", said: list[str] | None = None) -> Any:

@@ -10,37 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuprov import stack
-from gpuprov.cli import main
 from gpuprov.state import Store
-
-
-def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
-
-
-def _one_line_exit_2(code: int, out: str, err: str, needle: str) -> None:
-    assert code == 2, (code, out, err)
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("gpuprov: ") and needle in lines[0], lines[0]
-
-
-def _hosts(tmp_path: Path) -> str:
-    hosts = tmp_path / "hosts.yml"
-    hosts.write_text("hosts:\n  - name: gpu01\n    address: 192.0.2.1\n    user: ubuntu\n")
-    return str(hosts)
-
-
-def _state(home: Path) -> list[tuple[str, str, str, str, str]]:
-    """Every cluster as the store holds it, runs included, and the files under the home."""
-    store = Store()
-    return [(c.name, json.dumps(c.spec, sort_keys=True), json.dumps(c.lock, sort_keys=True), c.state,
-             json.dumps([r.id for r in store.runs(c.name)])) for c in store.list_clusters()] + [
-        ("file", str(p.relative_to(home)), "", "", "") for p in sorted(home.rglob("*")) if p.is_file()]
+from tests.cli.stack_lines import hosts_file, invoke, one_line_exit_2, state_of
 
 
 @pytest.mark.parametrize("asked", ["12.9", "12", "13", "13.x", "13.0"])
@@ -59,11 +30,11 @@ def test_stack_shows_the_new_lines_for_b200(capsys, gpuprov_home: Path, asked: s
 
 def test_stack_refusals_name_what_works(capsys, gpuprov_home: Path) -> None:
     code, out, err = invoke(capsys, "stack", "--type", "p6-b200.48xlarge")
-    _one_line_exit_2(code, out, err, "use --cuda 13.0 or --cuda 12.9")
+    one_line_exit_2(code, out, err, "use --cuda 13.0 or --cuda 12.9")
     code, out, err = invoke(capsys, "stack", "--type", "p3.2xlarge", "--cuda", "13")
-    _one_line_exit_2(code, out, err, "V100 (sm_70, Volta) on p3.2xlarge: CUDA 13.0 supports sm_75 and newer")
+    one_line_exit_2(code, out, err, "V100 (sm_70, Volta) on p3.2xlarge: CUDA 13.0 supports sm_75 and newer")
     code, out, err = invoke(capsys, "stack", "--type", "p5.48xlarge", "--cuda", "12.9", "--driver", "570")
-    _one_line_exit_2(code, out, err, "CUDA 12.9 needs driver >= 575.57.08")
+    one_line_exit_2(code, out, err, "CUDA 12.9 needs driver >= 575.57.08")
 
 
 def test_stack_default_line_is_unchanged(capsys, gpuprov_home: Path) -> None:
@@ -87,19 +58,19 @@ def test_types_marks_the_cuda_lines(capsys, gpuprov_home: Path) -> None:
 @pytest.mark.parametrize("asked", ["12.9", "13", "13.x"])
 def test_up_refuses_a_line_not_installed_yet(capsys, gpuprov_home: Path, tmp_path: Path, asked: str) -> None:
     line = "12.9" if asked == "12.9" else "13.0"
-    before = _state(gpuprov_home)
-    for args in (["up", "--provider", "static", "--hosts", _hosts(tmp_path), "--name", "c13", "--cuda", asked],
+    before = state_of(gpuprov_home)
+    for args in (["up", "--provider", "static", "--hosts", hosts_file(tmp_path), "--name", "c13", "--cuda", asked],
                  ["up", "--type", "p6-b200.48xlarge", "--count", "1", "--name", "b200", "--cuda", asked, "--yes"],
                  ["up", "--provider", "docker", "--count", "1", "--cuda", asked]):
         code, out, err = invoke(capsys, *args)
-        _one_line_exit_2(code, out, err, f"CUDA {line} resolves (`gpuprov stack --type ")
+        one_line_exit_2(code, out, err, f"CUDA {line} resolves (`gpuprov stack --type ")
         assert "does not install it yet: up, provision and patch install CUDA 11.8" in err
-        assert _state(gpuprov_home) == before
+        assert state_of(gpuprov_home) == before
 
 
 def test_up_still_takes_the_installed_line_in_any_spelling(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
     # The refusal is for lines not installed: `--cuda 11` is 11.8 and goes on to the plan.
-    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", _hosts(tmp_path), "--name", "c11",
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", hosts_file(tmp_path), "--name", "c11",
                             "--cuda", "11", "--dry-run")
     assert code == 0, err
     assert "CUDA 11.8" in out + err and Store().list_clusters() == []

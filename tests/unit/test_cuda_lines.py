@@ -91,7 +91,7 @@ def test_v100_resolves_under_11_8_and_12_9() -> None:
         ("g5.xlarge", {"cuda": "12.9", "source": "mirror"}, r"package source 'mirror'.*carries no nvcc; use --source nvidia, or --cuda 13 with --source mirror"),
         ("g5.xlarge", {"cuda": "13", "source": "distro"}, r"package source 'distro'.*CUDA 13 needs driver R580"),
         # Lines the data lacks, and spellings it refuses.
-        ("g5.xlarge", {"cuda": "12.8"}, r"has no CUDA 12\.8 \(available: 11\.8, 12\.9, 13\.0\)"),
+        ("g5.xlarge", {"cuda": "12.8"}, r"has no CUDA 12\.8 \(available: 11\.8, 12\.4, 12\.9, 13\.0\)"),
         ("g5.xlarge", {"cuda": "14"}, r"has no CUDA 14\.x line"),
         ("g5.xlarge", {"cuda": "13.5"}, r"has no CUDA 13\.5"),
         ("g5.xlarge", {"cuda": "13;rm"}, r"--cuda '13;rm': expected a CUDA line"),
@@ -111,7 +111,7 @@ def test_the_arch_rule_still_speaks_before_the_data_for_old_cuda() -> None:
 
 def test_every_line_names_its_facts_and_a_line_invents_no_digest() -> None:
     lines = cuda_lines.lines()
-    assert cuda_lines.names() == ["11.8", "12.9", "13.0"]
+    assert cuda_lines.names() == ["11.8", "12.4", "12.9", "13.0"]
     for name, facts in lines.items():
         assert re.fullmatch(r"\d+\.\d+\.\d+", facts["version"]) and facts["version"].startswith(name + ".")
         assert re.fullmatch(r"\d{3}\.\d+(\.\d+)?", facts["min_driver"])

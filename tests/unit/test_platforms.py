@@ -55,6 +55,7 @@ def test_aws_doc_platforms_paragraph() -> None:
     assert "proven here on Debian 12 (bookworm) only" in paragraph
     assert "`--os ubuntu22.04`" in paragraph and "not proven here" in paragraph
     assert "/aws/service/debian/release/12/latest/amd64" in paragraph
+    assert "/aws/service/debian/release/13/latest/amd64" in paragraph and "`--os debian13`" in paragraph
 
 
 def test_readme_platforms_section() -> None:
@@ -62,6 +63,7 @@ def test_readme_platforms_section() -> None:
     words = " ".join(section.split())
     assert "proven here on Debian 12 (bookworm) only" in words
     assert "`--os ubuntu22.04`" in words and "not proven here" in words
+    assert "Debian 13 (trixie) is claimed, not proven" in words
 
 
 def test_stack_shows_the_platforms(capsys) -> None:
@@ -75,10 +77,10 @@ def test_stack_shows_the_platforms(capsys) -> None:
     assert rows[0] == {"os": "debian12", "name": "Debian 12 (bookworm)", "proven": True,
                        "how": platforms.PROVEN_BY, "slurm": "22.05.8"}
     assert {r["os"]: r["proven"] for r in rows[1:]} == {
-        "ubuntu20.04": False, "ubuntu22.04": False, "ubuntu24.04": False}
+        "debian13": False, "ubuntu20.04": False, "ubuntu22.04": False, "ubuntu24.04": False}
 
     with pytest.raises(SystemExit):
         main(["stack", "--type", "g5.xlarge"])
     out, _ = capsys.readouterr()
-    assert "proven here: Debian 12 (bookworm); claimed, not proven here: Ubuntu 20.04" in " ".join(out.split())
-    assert "the OS's own slurm-wlm): Debian 12 22.05.8, Ubuntu 20.04 19.05.5" in " ".join(out.split())
+    assert "proven here: Debian 12 (bookworm); claimed, not proven here: Debian 13 (trixie), Ubuntu 20.04" in " ".join(out.split())
+    assert "the OS's own slurm-wlm): Debian 12 22.05.8, Debian 13 24.11.5, Ubuntu 20.04 19.05.5" in " ".join(out.split())

@@ -27,8 +27,9 @@ Modules, by phase: ``preflight`` (checks and plan: a frozen AwsPlan carried in
 ``Plan.details``), ``dryrun``, ``resources`` (key pair, security group, placement
 group), ``launch`` (zone failover, rollback), ``ready`` (addresses, host keys, SSH),
 ``teardown`` (terminate, find by tag), ``refresh`` (the catalog), ``s3`` (pull mode's channel:
-the cluster's bucket), ``provider`` (the class that routes to them), ``common`` (tags and what
-they share), ``options`` (its `up` flags).
+the cluster's bucket), ``s3_named`` (or its prefix in a bucket the pull_bucket setting names),
+``provider`` (the class that routes to them), ``common`` (tags and what they share),
+``options`` (its `up` flags).
 This file only exports, each name loaded on first use.
 """
 

@@ -18,6 +18,9 @@ from gpuprov.state import NodeRecord
 TAG = "gpuprov:cluster"
 BATCH_TAG = "gpuprov:batch"
 FIRST_TAG = "gpuprov:first-index"
+# On the instances of a cluster whose settings name a pull_bucket: where `down` finds the
+# cluster's objects when its state is lost (s3_named.py).
+PULL_BUCKET_TAG = "gpuprov:pull-bucket"
 NODE_USER = "gpuprov"
 DEFAULT_DISK_GB = 200
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
@@ -131,10 +134,32 @@ def region_of(known: list[NodeRecord], files: ClusterFiles) -> str | None:
     for node in known:
         if node.extra.get("region"):
             return str(node.extra["region"])
+    region = read_record(files).get("region")
+    return str(region) if region else None
+
+
+def read_record(files: ClusterFiles) -> dict[str, Any]:
+    """The cluster's ``aws.json``: its region; the named buckets it pulled through."""
     try:
-        return str(json.loads((files.dir / "aws.json").read_text())["region"])
-    except (OSError, ValueError, KeyError):
-        return None
+        found = json.loads((files.dir / "aws.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def update_record(files: ClusterFiles, *, region: str | None = None, pull_bucket: str | None = None) -> None:
+    """``aws.json`` with the region set, or a named bucket added to ``pull_buckets`` (every one
+    the cluster ever pulled through: `down` deletes its prefix in each)."""
+    if not files.dir.is_dir():
+        return
+    record = read_record(files)
+    if region:
+        record["region"] = region
+    if pull_bucket:
+        record["pull_buckets"] = sorted({*record.get("pull_buckets", []), pull_bucket})
+    tmp = files.dir / "aws.json.tmp"
+    tmp.write_text(json.dumps(record, sort_keys=True))
+    tmp.replace(files.dir / "aws.json")
 
 
 def _iso(value: Any) -> str:

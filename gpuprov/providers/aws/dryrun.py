@@ -6,7 +6,7 @@ from typing import Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import Reporter
-from gpuprov.providers.aws import api, s3
+from gpuprov.providers.aws import api, s3, s3_named
 from gpuprov.providers.aws.common import tag_specs
 from gpuprov.providers.aws.launch import run_params
 from gpuprov.providers.aws.preflight import AwsPlan
@@ -67,10 +67,13 @@ def dry_run(prep: AwsPlan, report: Reporter, pull: bool = False) -> None:
             report(f"dry run: ec2:{what} REFUSED ({reason})")
             refused.append(what)
     refused = [f"ec2:{what}" for what in refused]
+    bucket = s3_named.named(spec.settings) if pull else None  # pull_bucket: a prefix there, no bucket made
     if pull:
-        refused += s3.dry_run(prep.aws, spec.name, report)
+        refused += (s3_named.dry_run(prep.aws, spec.name, bucket, report) if bucket
+                    else s3.dry_run(prep.aws, spec.name, report))
     if refused:
+        named = f" and {s3_named.POLICY_DOC}" if bucket and any(r.startswith("s3:") for r in refused) else ""
         raise GpuprovError(
             "AWS refuses " + ", ".join(refused)
-            + " for these credentials; see docs/aws-iam-policy.json for what gpuprov needs"
+            + f" for these credentials; see docs/aws-iam-policy.json{named} for what gpuprov needs"
         )

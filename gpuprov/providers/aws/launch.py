@@ -3,7 +3,6 @@ failure after instances exist (or Ctrl-C) the rollback of what this run launched
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import Any
@@ -12,12 +11,13 @@ from gpuprov import ssh
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Reporter
-from gpuprov.providers.aws import api, options, userdata
+from gpuprov.providers.aws import api, options, s3_named, userdata
 from gpuprov.providers.aws.common import (
     BATCH_TAG,
     DEFAULT_DISK_GB,
     FIRST_TAG,
     NODE_USER,
+    PULL_BUCKET_TAG,
     TAG,
     LaunchFailed,
     NoCapacity,
@@ -28,6 +28,7 @@ from gpuprov.providers.aws.common import (
     no_interrupt,
     node_record,
     tag_specs,
+    update_record,
 )
 from gpuprov.providers.aws.preflight import AwsPlan
 from gpuprov.providers.aws.resources import (
@@ -51,7 +52,7 @@ def launch_cluster(prep: AwsPlan, to_create: int, least: int, files: ClusterFile
     then ``to_create`` instances in one zone (at least ``least`` where every zone runs short:
     `--min-count`); undone on any failure."""
     spec, aws = prep.spec, prep.aws
-    (files.dir / "aws.json").write_text(json.dumps({"region": aws.region}))
+    update_record(files, region=aws.region)
     existing = prep.existing
     if to_create <= 0:
         report(f"all {len(existing)} instance(s) exist (found by tag {TAG}={spec.name})")
@@ -225,6 +226,13 @@ def network_interfaces(itype: InstanceType, subnet: str, sg: str) -> list[dict[s
     ]
 
 
+def _pull_bucket_tag(spec: ClusterSpec) -> dict[str, str]:
+    """The bucket the cluster's settings name for pull mode (pull_bucket), as a tag: how `down`
+    finds the cluster's objects there when its state is lost (s3_named.py)."""
+    bucket = s3_named.named(spec.settings)
+    return {PULL_BUCKET_TAG: bucket} if bucket else {}
+
+
 def run_params(
     prep: AwsPlan,
     spec: ClusterSpec,
@@ -259,7 +267,8 @@ def run_params(
         "TagSpecifications": tag_specs(
             spec.name, "instance", "volume", "network-interface",
             *(("spot-instances-request",) if options.of(spec).spot else ()),
-            extra={BATCH_TAG: batch, FIRST_TAG: str(first), "Name": f"gpuprov-{spec.name}"},
+            extra={BATCH_TAG: batch, FIRST_TAG: str(first), "Name": f"gpuprov-{spec.name}",
+                   **_pull_bucket_tag(spec)},
         ),
     }
     if options.of(spec).spot:

@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprov import catalog, defaults, platforms
+from gpuprov import catalog, defaults, os_lines, platforms
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pricing import live, prices
@@ -31,6 +31,11 @@ from gpuprov.providers.aws.common import DEFAULT_DISK_GB, MAX_COUNT, NODE_USER, 
 #   search of public repositories, 2026-11: Terraform aws_ssm_parameter data sources and Go
 #   SSM lookups of "/aws/service/debian/release/12/latest/amd64" and ".../arm64").
 #   Login user: admin.
+#   Debian 13 (trixie) the same way: /aws/service/debian/release/13/latest/{amd64,arm64}, images of
+#   the same account named debian-13-<arch>-<date>-<build> (https://wiki.debian.org/Cloud/AmazonEC2Image/Trixie;
+#   checked against public code that reads the same parameter and name pattern, a search of public
+#   repositories 2026-11: AWS CDK and Terraform stacks, Go SSM look-ups of
+#   "/aws/service/debian/release/13/latest/amd64" and ".../arm64", Terraform filters "debian-13-amd64-*").
 # - Canonical: /aws/service/canonical/ubuntu/server/22.04/stable/current/<arch>/hvm/ebs-gp2/ami-id,
 #   owner 099720109477. Login user: ubuntu.
 # gpuprov logs in as neither: the user-data (templates/cloud-init.yaml.j2) makes its own user
@@ -40,12 +45,15 @@ DEFAULT_OS = defaults.DEFAULT_AWS_OS
 DEBIAN_OWNER = "136693071363"
 DEBIAN12_SSM = "/aws/service/debian/release/12/latest/{arch}"
 DEBIAN12_NAME = "debian-12-{arch}-*"
+DEBIAN13_SSM = "/aws/service/debian/release/13/latest/{arch}"
+DEBIAN13_NAME = "debian-13-{arch}-*"
 CANONICAL_OWNER = "099720109477"
 UBUNTU_SSM = "/aws/service/canonical/ubuntu/server/22.04/stable/current/{arch}/hvm/ebs-gp2/ami-id"
 UBUNTU_NAME = "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-{arch}-server-*"
 # --os -> (SSM parameter, owner, name pattern)
 IMAGE_SOURCES: dict[str, tuple[str, str, str]] = {
     "debian12": (DEBIAN12_SSM, DEBIAN_OWNER, DEBIAN12_NAME),
+    "debian13": (DEBIAN13_SSM, DEBIAN_OWNER, DEBIAN13_NAME),
     "ubuntu22.04": (UBUNTU_SSM, CANONICAL_OWNER, UBUNTU_NAME),
 }
 OS_CHOICES = defaults.AWS_OS
@@ -83,6 +91,10 @@ def check_spec(spec: ClusterSpec) -> ClusterSpec:
     opts = options.of(spec)
     if opts.os is not None and opts.os not in IMAGE_SOURCES:
         raise BadInput(f"--os {opts.os}: gpuprov has images for {', '.join(OS_CHOICES)}")
+    if opts.os in os_lines.names():
+        # An OS the lock data knows: refused here (one line, nothing created) where it has no lock
+        # of the package source (Debian 13: NVIDIA's repository names not read yet).
+        os_lines.source(opts.os, spec.stack.source or defaults.DEFAULT_SOURCE)
     if opts.capacity_reservation and not opts.capacity_reservation.startswith("cr-"):
         raise BadInput(f"--capacity-reservation {opts.capacity_reservation}: "
                        "expected an id like cr-0123456789abcdef0")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuprov import paths
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
-from gpuprov.providers.aws import api, dryrun, images, launch, preflight, ready, s3, teardown
-from gpuprov.providers.aws.common import members, node_record, region_of
+from gpuprov.providers.aws import api, dryrun, images, launch, preflight, ready, s3, s3_named, teardown
+from gpuprov.providers.aws.common import members, node_record, read_record, region_of, update_record
 from gpuprov.providers.aws.options import AwsOptions, of
 from gpuprov.state import NodeRecord
 
@@ -63,11 +64,17 @@ class AwsProvider(Provider):
         return nodes
 
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
-        return teardown.destroy(name, region_of(known, files), report, [n.id for n in known])
+        return teardown.destroy(name, region_of(known, files), report, [n.id for n in known],
+                                buckets=read_record(files).get("pull_buckets", []))
 
     def pull_channel(self, spec: ClusterSpec, report: Reporter) -> s3.Channel:
-        """Pull mode's channel: the cluster's private S3 bucket (s3.py)."""
-        return s3.open_channel(spec.name, of(spec).region, report)
+        """Pull mode's channel: the cluster's private S3 bucket (s3.py), or its prefix in the
+        bucket its settings name (pull_bucket: s3_named.py), recorded first for `down`."""
+        bucket = s3_named.named(spec.settings)
+        if bucket is None:
+            return s3.open_channel(spec.name, of(spec).region, report)
+        update_record(ClusterFiles(paths.cluster_dir(spec.name, create=False)), pull_bucket=bucket)
+        return s3_named.open_channel(spec.name, bucket, of(spec).region, report)
 
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
         return teardown.terminate_nodes(nodes, files, report)

@@ -149,16 +149,12 @@ class Channel:
     def publish(self, data: bytes, sha256: str) -> bool:
         """The bundle in the bucket under its sha256; False when it was there already (the same
         bytes: S3 checked them against their sha256 when they were put)."""
-        from botocore.exceptions import ClientError
-
         s3, key = client(self.aws), self.bundle_key(sha256)
-        try:
-            head = s3.head_object(Bucket=self.bucket, Key=key)
-            if head.get("ContentLength") == len(data):
-                return False
-        except ClientError as exc:
-            if api.error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                raise
+        # Listed, not HEAD: where s3:ListBucket is granted for gpuprov/ only (a bucket named by
+        # the pull_bucket setting: s3_named.py), S3 answers a HEAD of a missing key 403, not 404.
+        found = s3.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+        if any(o["Key"] == key and o["Size"] == len(data) for o in found):
+            return False
         if hashlib.sha256(data).hexdigest() != sha256:
             raise GpuprovError("the bundle's bytes are not those of its sha256; not uploaded")
         s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/gzip",
@@ -224,7 +220,7 @@ BUCKET_ACTIONS = ("s3:CreateBucket", "s3:DeleteBucket", "s3:GetBucketTagging", "
                   "s3:PutBucketPublicAccessBlock", "s3:PutEncryptionConfiguration", "s3:PutLifecycleConfiguration",
                   "s3:PutBucketPolicy", "s3:ListBucket")
 OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")
-_DENIED = ("AccessDenied", "AllAccessDisabled", "UnauthorizedOperation")
+DENIED = ("AccessDenied", "AllAccessDisabled", "UnauthorizedOperation")
 
 
 def dry_run(aws: api.Aws, cluster: str, report: Reporter) -> list[str]:
@@ -233,19 +229,29 @@ def dry_run(aws: api.Aws, cluster: str, report: Reporter) -> list[str]:
     the others through IAM's policy simulator on the caller's own principal, where the
     credentials may call it (iam:SimulatePrincipalPolicy, not in the minimal policy); where
     not, each is said to be not checked."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import ClientError
 
     refused = []
     try:
         client(aws).list_buckets(Prefix=f"gpuprov-{cluster}-", MaxBuckets=1)
         report("dry run: s3:ListAllMyBuckets allowed")
     except ClientError as exc:
-        if api.error_code(exc) not in _DENIED:
+        if api.error_code(exc) not in DENIED:
             raise
         report(f"dry run: s3:ListAllMyBuckets REFUSED ({api.error_code(exc)})")
         refused.append("s3:ListAllMyBuckets")
     bucket = f"arn:aws:s3:::gpuprov-{cluster}-{'0' * _SUFFIX}"
     asks = ((BUCKET_ACTIONS, bucket), (OBJECT_ACTIONS, f"{bucket}/{ROOT}{cluster}/bundle/x.tar.gz"))
+    return refused + simulate(aws, asks, report)
+
+
+def simulate(aws: api.Aws, asks: tuple[tuple[tuple[str, ...], str], ...], report: Reporter) -> list[str]:
+    """Each (actions, resource ARN) asked of IAM's policy simulator on the caller's own
+    principal; the refused actions. Where the simulator cannot be asked, each is said to be
+    not checked (and none counts as refused)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    refused = []
     try:
         principal = caller_principal(aws)
         from botocore.config import Config

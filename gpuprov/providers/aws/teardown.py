@@ -7,9 +7,10 @@ from typing import Any
 
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, Orphans, Reporter
-from gpuprov.providers.aws import api, s3
+from gpuprov.providers.aws import api, s3, s3_named
 from gpuprov.providers.aws.common import (
     LIVE_STATES,
+    PULL_BUCKET_TAG,
     TAG,
     backoff,
     env_seconds,
@@ -23,11 +24,16 @@ from gpuprov.providers.aws.resources import delete_placement_group
 from gpuprov.state import NodeRecord
 
 
-def destroy(name: str, region: str | None, report: Reporter, ids: list[str] | None = None) -> int:
-    """Terminate every instance tagged with the cluster, wait, then delete its other resources."""
+def destroy(name: str, region: str | None, report: Reporter, ids: list[str] | None = None,
+            buckets: list[str] | tuple[str, ...] = ()) -> int:
+    """Terminate every instance tagged with the cluster, wait, then delete its other resources;
+    in each named pull bucket (``buckets``, and those its instances' tags name), the cluster's
+    objects alone."""
     aws = api.connect(region)
     with no_interrupt():
-        found = {i["InstanceId"] for i in members(aws, name)}
+        live = members(aws, name)
+        found = {i["InstanceId"] for i in live}
+        named = {*buckets, *(tags_of(i)[PULL_BUCKET_TAG] for i in live if tags_of(i).get(PULL_BUCKET_TAG))}
         found |= {i for i in ids or [] if i.startswith("i-")}
         if found:
             report(f"terminating {len(found)} instance(s): {', '.join(sorted(found))}")
@@ -37,6 +43,7 @@ def destroy(name: str, region: str | None, report: Reporter, ids: list[str] | No
                     f"could not terminate {', '.join(leftover)}; state is kept, run `gpuprov down {name}` again"
                 )
         delete_cluster_resources(aws, name, report)
+        s3_named.delete_prefixes(aws, name, named, report)
     return len(found)
 
 

@@ -1,0 +1,155 @@
+"""The lock's OS (`os`): Debian 12 locks exactly as before (fields and hash), Debian 13 (trixie)
+resolved from its own archive's packages (gpuprov/data/stack.toml [os.debian13]), and each request
+an OS cannot serve refused with one line naming what works."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from gpuprov import cuda_lines, drivers, os_lines, platforms, stack
+from gpuprov.errors import BadInput
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "lock_hashes_debian12.json").read_text())
+ON = date.fromisoformat(GOLDEN["on"])
+
+
+def _request(key: str) -> dict:
+    itype, cuda, source, driver, module = key.split("|")
+    return {"instance_type": itype, "cuda": cuda, "source": source,
+            "driver": None if driver == "-" else driver, "kernel_module": None if module == "-" else module}
+
+
+# -- Debian 12: every lock shape keeps its hash ----------------------------------------------------
+def test_every_debian12_lock_shape_keeps_its_hash() -> None:
+    hashes = GOLDEN["hashes"]
+    assert len(hashes) > 250  # types x lines x sources x branches x flavours that resolve
+    moved = {}
+    for key, expected in hashes.items():
+        req = _request(key)
+        for os in (None, "debian12"):
+            lock = stack.resolve(**req, on=ON, os=os)
+            assert lock.os == "debian12"
+            if lock.short_hash() != expected:
+                moved[(key, os)] = lock.short_hash()
+    assert not moved, moved
+
+
+def test_a_stored_lock_without_os_is_debian12_and_keeps_its_hash() -> None:
+    lock = stack.resolve("p4d.24xlarge", on=ON)
+    stored = lock.as_dict()
+    del stored["os"]  # as a lock stored before there was an OS
+    back = stack.from_dict(stored)
+    assert back.os == "debian12" and back.short_hash() == stored["hash"] == lock.short_hash()
+    assert lock.public()["os"] == "debian12"
+
+
+# -- Debian 13: trixie's own packages ---------------------------------------------------------------
+def test_debian13_distro_lock_names_trixies_packages() -> None:
+    lock = stack.resolve("g5.xlarge", source="distro", os="debian13", on=ON)
+    assert (lock.os, lock.driver_branch, lock.driver, lock.kernel_module) == ("debian13", "550", "550.163.01", "open")
+    assert (lock.cuda, lock.cuda_version, lock.nccl, lock.cudnn) == ("12.4", "12.4.131", "2.22.3", "9.10.2.21")
+    assert lock.packages["driver"] == ["nvidia-driver", "nvidia-open-kernel-dkms", "nvidia-smi"]
+    assert lock.packages["driver_version"] == "550.163.01-*"
+    assert (lock.packages["cuda"], lock.packages["cuda_version"]) == ("nvidia-cuda-toolkit", "12.4.131~12.4.1-*")
+    assert (lock.packages["nccl"], lock.packages["nccl_version"]) == (["libnccl2"], "2.22.3-1-1")
+    assert lock.fabricmanager is None and lock.microcode == {} and lock.dcgm is None
+    notes = " ".join(lock.notes)
+    assert "NVIDIA's own debian13 repository gives R580 on trixie" in notes
+    assert "cuDNN: the artifact mirror's" in notes and "downloader package" in notes
+    assert "Debian 13 security support (trixie-security) applies" in notes
+    assert "Debian's archive has no NCCL" not in notes and "535" not in notes
+    assert "does not install it yet" in notes  # CUDA 12.4 is resolved, not installed by `up` yet
+    # os is part of the hash; a round trip keeps the lock and the hash
+    assert stack.from_dict(lock.as_dict()) == lock
+    assert lock.short_hash() not in set(GOLDEN["hashes"].values())
+    assert lock.short_hash() != dataclasses.replace(lock, os="debian12").short_hash()
+
+
+@pytest.mark.parametrize(("itype", "module", "dkms"), [
+    ("docker-node", "open", "nvidia-open-kernel-dkms"),  # no GPU declared: the OS's default
+    ("g4dn.xlarge", "open", "nvidia-open-kernel-dkms"),  # Turing: open
+    ("p3.2xlarge", "proprietary", "nvidia-kernel-dkms"),  # Volta: the proprietary modules only
+])
+def test_the_flavour_follows_the_gpu_and_names_trixies_dkms_package(itype, module, dkms) -> None:
+    lock = stack.resolve(itype, source="distro", os="debian13", on=ON)
+    assert lock.kernel_module == module and dkms in lock.packages["driver"]
+    asked = stack.resolve("docker-node", source="distro", os="debian13", kernel_module="proprietary", on=ON)
+    assert "nvidia-kernel-dkms" in asked.packages["driver"] and asked.kernel_module == "proprietary"
+
+
+def test_r550_warns_as_r535_does_and_names_debian13s_support_and_r580() -> None:
+    lock = stack.resolve("g5.xlarge", source="distro", os="debian13", on=ON).as_dict()
+    line = stack.eol_warning(lock, ON)
+    assert line.startswith("driver branch R550 (production) reached its end of life in 2025-06")
+    assert "Debian 13 security support (trixie-security) applies, not NVIDIA's" in line
+    assert "gives R580" in line and "bookworm" not in line
+    # Debian 12's warning is the one it always was.
+    old = stack.resolve("g5.xlarge", source="distro", on=ON).as_dict()
+    assert stack.eol_warning(old, ON) == drivers.eol_warning(old, ON) and "bookworm-security" in stack.eol_warning(old, ON)
+    assert stack.eol_warning(stack.resolve("g5.xlarge", on=ON).as_dict(), ON) is None
+
+
+@pytest.mark.parametrize(("kwargs", "rule"), [
+    ({"source": "nvidia"}, r"^--os debian13 with package source 'nvidia': gpuprov has not read the package "
+                           r"names of NVIDIA's debian13 repository.*use --source distro"),
+    ({"source": "mirror"}, r"^--os debian13 with package source 'mirror': .*use --source distro"),
+    ({"source": "distro", "cuda": "11.8"}, r"Debian 13 \(trixie\)'s archive packages CUDA 12\.4 only; use --cuda 12\.4$"),
+    ({"source": "distro", "cuda": "13"}, r"CUDA 13\.0 with --os debian13 --source distro: .*use --cuda 12\.4$"),
+    ({"source": "distro", "driver": "580"}, r"on --os debian13 carries driver branch 550 only, not 580"),
+    ({"source": "distro", "driver": "550.54.15"}, r"not the release gpuprov pins for branch 550"),
+])
+def test_debian13_refusals_name_what_works(kwargs, rule) -> None:
+    with pytest.raises(BadInput, match=rule):
+        stack.resolve("g5.xlarge", os="debian13", on=ON, **kwargs)
+
+
+@pytest.mark.parametrize("source", ["nvidia", "distro", "mirror"])
+def test_cuda_12_4_is_debian13s_alone(source) -> None:
+    with pytest.raises(BadInput, match=r"^CUDA 12\.4 is packaged by Debian 13 \(trixie\) only: use --os debian13 "
+                                       r"--source distro, or --cuda 11\.8$"):
+        stack.resolve("g5.xlarge", cuda="12.4", source=source, on=ON)
+
+
+def test_blackwell_is_beyond_cuda_12_4_and_an_unknown_os_is_refused() -> None:
+    with pytest.raises(BadInput, match=r"CUDA 12\.4 cannot drive B200 \(sm_100\).*needs CUDA >= 12\.8"):
+        stack.resolve("p6-b200.48xlarge", source="distro", os="debian13", on=ON)
+    with pytest.raises(BadInput, match=r"^--os debian14: gpuprov's stack data has no facts for it \(known: "
+                                       r"debian12, debian13\)$"):
+        stack.resolve("g5.xlarge", source="distro", os="debian14", on=ON)
+
+
+def test_a_major_names_the_oss_own_line_there_and_the_common_line_elsewhere() -> None:
+    assert cuda_lines.spelled("12") == "12.9" and cuda_lines.spelled("12", "debian12") == "12.9"
+    assert cuda_lines.spelled("12", "debian13") == "12.4" and cuda_lines.spelled("12.x", "debian13") == "12.4"
+    assert stack.resolve("g5.xlarge", cuda="12", source="distro", os="debian13", on=ON).cuda == "12.4"
+    # `types` marks the lines of every OS: Debian 13's own is not a type's.
+    assert "12.4" in cuda_lines.names() and "12.4" not in cuda_lines.lines_for_arch("sm_86")
+    assert os_lines.default_cuda("debian13", "distro") == "12.4" and os_lines.default_cuda("debian12", "distro") == "11.8"
+
+
+def test_every_debian13_fact_names_its_source_beside_it() -> None:
+    """Each trixie package and release in the data sits under a comment that names where it was
+    read (the test machine's package cache on 2026-11-26, packages.debian.org/trixie)."""
+    text = (ROOT / "gpuprov" / "data" / "stack.toml").read_text()
+    comments = "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
+    for fact in ("nvidia-open-kernel-dkms 550.163.01-2", "nvidia-kernel-dkms", "nvidia-cuda-toolkit 12.4.131~12.4.1-2",
+                 "libnccl2 2.22.3-1-1", "nvidia-cudnn (9.0.0.312~cuda12) is a downloader package",
+                 "CUDA 12.4 Update 1 >= 550.54.15", "2026-11-26",
+                 "packages.debian.org/trixie"):
+        assert fact in comments, fact
+    assert re.search(r"slurm-wlm 24\.11\.5-4\+deb13u1", (ROOT / "gpuprov" / "platforms.py").read_text())
+
+
+def test_debian13_is_claimed_not_proven() -> None:
+    trixie = platforms.get("debian13")
+    assert (trixie.title, trixie.proven, trixie.slurm) == ("Debian 13 (trixie)", False, "24.11.5")
+    row = next(r for r in stack.resolve("g5.xlarge", source="distro", os="debian13", on=ON).public()["platforms"]
+               if r["os"] == "debian13")
+    assert row["proven"] is False and "claimed" in row["how"]
