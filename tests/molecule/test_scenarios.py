@@ -83,6 +83,17 @@ def test_base_config_holds_the_shared_settings() -> None:
 
 
 @pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{r}:{s}" for r, s in SCENARIOS])
+def test_a_molecule_node_needs_the_free_space_a_local_node_needs(role: str, scenario: str) -> None:
+    """A molecule node shares this machine's disk as a local node does: the preflight asks it
+    for gpuprov's local-node figure, never a real node's (the 40 GiB a busy suite can go under)."""
+    from gpuprov.ansible.inventory import LOCAL_NODE_FREE_GIB
+
+    own = _load(ROOT / "roles" / role / "molecule" / scenario / "molecule.yml")
+    merged = _merge(_load(BASE_CONFIG), own)
+    assert merged["provisioner"]["inventory"]["group_vars"]["all"]["gpu_preflight_root_free_gib"] == LOCAL_NODE_FREE_GIB
+
+
+@pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{r}:{s}" for r, s in SCENARIOS])
 def test_scenario_holds_only_what_differs(role: str, scenario: str) -> None:
     path = ROOT / "roles" / role / "molecule" / scenario / "molecule.yml"
     own = _load(path)
