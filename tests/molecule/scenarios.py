@@ -20,6 +20,12 @@ SCENARIOS = sorted(
 BASE_CONFIG = ROOT / ".config" / "molecule" / "config.yml"
 
 
+def node_name(role: str, scenario: str) -> str:
+    """The scenario's node container: gpuprov-molecule-ROLE, or -ROLE-SCENARIO past `default`."""
+    name = "gpuprov-molecule-" + role.replace("_", "-")
+    return name if scenario == "default" else f"{name}-{scenario.replace('_', '-')}"
+
+
 def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None:
     require_docker()
     if not os.environ.get("GPUPROV_ARTIFACT_MIRROR"):
@@ -39,8 +45,9 @@ def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["ANSIBLE_NOCOLOR"] = "1"
     env["NO_COLOR"] = "1"
-    # The node's container name (the base config's platform): one per role.
-    env["GPUPROV_MOLECULE_NODE"] = "gpuprov-molecule-" + role.replace("_", "-")
+    # The node's container name (the base config's platform): one per scenario, since the
+    # scenarios of one role are separate xdist groups and may run side by side.
+    env["GPUPROV_MOLECULE_NODE"] = node_name(role, scenario)
     log = tmp_path / "molecule.log"
     with log.open("w") as fh:
         proc = subprocess.run(

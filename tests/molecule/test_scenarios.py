@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.molecule.scenarios import BASE_CONFIG, SCENARIOS, run_scenario
+from tests.molecule.scenarios import BASE_CONFIG, SCENARIOS, node_name, run_scenario
 
 # Steps every scenario's effective sequence runs, in this order (house rule: every
 # role idempotent and honouring --check).
@@ -128,6 +128,15 @@ def test_meta_checks_catch_a_repeating_or_short_scenario() -> None:
     short = [s for s in base["scenario"]["test_sequence"] if s != "idempotence"]
     assert missing_steps(_merge(base, {"scenario": {"test_sequence": short}})) == ["idempotence"]
     assert missing_steps({"scenario": {"test_sequence": ["verify", "check", "idempotence", "converge"]}})
+
+
+def test_every_scenario_has_a_node_of_its_own() -> None:
+    # The scenarios are separate xdist groups: two that shared a container name would create,
+    # converge into and destroy one node between them (a CI failure: cuda:default destroyed
+    # cuda:archives' node mid-converge, "OCI runtime exec failed").
+    names = [node_name(role, scenario) for role, scenario in SCENARIOS]
+    assert len(set(names)) == len(names) == len(SCENARIOS)
+    assert node_name("cuda", "default") != node_name("cuda", "archives")
 
 
 def test_every_role_has_a_scenario() -> None:
