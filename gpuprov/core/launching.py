@@ -83,6 +83,11 @@ def _planned(request: UpRequest, spec: ClusterSpec, provider: Provider, store: S
     """The run's plan (read-only), shown."""
     run = prepare(spec, provider, store, console)
     run.health, run.tags, run.mode = health, tags, mode
+    if mode == "pull" and not request.dry_run and provider.supports("pull_channel"):
+        # Before the plan is shown, the record and the launch: a channel that cannot serve (a
+        # pull_bucket setting naming a missing bucket) stops here, nothing made or billed. (A
+        # dry run asks the same of it among its checks.)
+        provider.pull_channel_check(run.spec, console.say)
     if request.name_generated:
         console.say(f"cluster name: {spec.name} (generated; pass it to verify, provision, down)")
     show_plan(run.plan, run.lock, console, provider)

@@ -206,6 +206,11 @@ class Provider(ABC):
         SSH once the hosts answer."""
         raise NotSupported(f"pull mode is not supported by the {self.name} provider")
 
+    def pull_channel_check(self, spec: ClusterSpec, report: Reporter) -> None:
+        """What can be checked of the pull channel before anything is created (a provider with
+        ``pull_channel``); raises where it cannot serve. Nothing to check by default."""
+        del spec, report
+
     def pull_channel(self, spec: ClusterSpec, report: Reporter) -> Any:
         """Pull mode through the provider's own object store instead of this machine's HTTP
         server (aws: the cluster's S3 bucket, gpuprov/providers/aws/s3.py's Channel): the

@@ -257,6 +257,23 @@ def test_a_bad_bucket_name_is_refused_exit_2_nothing_created(capsys: pytest.Capt
     assert Store().get_cluster("good").spec == before
 
 
+def test_a_missing_or_distant_bucket_stops_up_before_anything_is_launched(
+        capsys: pytest.CaptureFixture[str], shim: moto_shim.Shim, front: Front, ami: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The named bucket is reached before the record and the launch: a bucket that does not
+    exist, or lies in another region, is one line and exit 2 with no instance launched and no
+    cluster recorded (found only after the launch, it cost instances and a rollback)."""
+    _s3_west = __import__("boto3").client("s3", region_name="us-west-2")
+    _s3_west.create_bucket(Bucket="team-west", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    for value, needle in (("team-missing", "S3 bucket team-missing (the pull_bucket setting) does not exist"),
+                          ("team-west", "S3 bucket team-west (the pull_bucket setting) is in us-west-2")):
+        monkeypatch.setenv("GPUPROV_PULL_BUCKET", value)
+        code, out, err = invoke(capsys, "up", "--name", "far", "--type", "g5.xlarge", "--count", "1", "--image", ami,
+                                "--ssh-cidr", CIDR, "--bootstrap", "pull", "--yes", "-o", "json")
+        assert_refused(code, out, err, needle, shim)
+    assert sorted(b["Name"] for b in _s3().list_buckets()["Buckets"]) == ["team-west"]
+
+
 def _named_policy(bucket: str) -> dict[str, Any]:
     """docs/aws-iam-policy.json without its own-bucket S3 statements, plus the named bucket's
     (docs/aws-iam-policy-pull-bucket.json, BUCKET replaced), as docs/aws.md says to attach them."""
@@ -376,10 +393,10 @@ def test_the_dry_run_checks_the_prefix_scoped_actions_only(capsys: pytest.Captur
         front.deny = set()
     finally:
         sim.close()
-    # A bucket that does not exist: one line, exit 1, nothing made.
+    # A bucket that does not exist: one line, exit 2 (the setting is wrong), nothing made.
     monkeypatch.setenv("GPUPROV_PULL_BUCKET", "no-such-bucket-here")
     code, err = _dry_run(capsys, ami)
-    assert code == 1 and err.strip().splitlines()[-1].startswith(
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
         "gpuprov: S3 bucket no-such-bucket-here (the pull_bucket setting) does not exist;"), err
     assert [b["Name"] for b in _s3().list_buckets()["Buckets"]] == [bucket] and _config_of(bucket) == before
     assert _objects(bucket) == THEIRS

@@ -76,6 +76,14 @@ class AwsProvider(Provider):
         update_record(ClusterFiles(paths.cluster_dir(spec.name, create=False)), pull_bucket=bucket)
         return s3_named.open_channel(spec.name, bucket, of(spec).region, report)
 
+    def pull_channel_check(self, spec: ClusterSpec, report: Reporter) -> None:
+        """Before anything is launched: the bucket a ``pull_bucket`` setting names is reached, in
+        the cluster's region (s3_named.reach: BadInput where it is missing or elsewhere). The
+        cluster's own bucket is made after the launch, and found by its tag by `down`."""
+        bucket = s3_named.named(spec.settings)
+        if bucket is not None:
+            s3_named.reach(api.connect(of(spec).region), bucket, spec.name)
+
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
         return teardown.terminate_nodes(nodes, files, report)
 

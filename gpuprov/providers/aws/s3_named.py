@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import Reporter
 from gpuprov.providers.aws import api, s3
 
@@ -49,8 +49,8 @@ def prefix(cluster: str) -> str:
 
 def reach(aws: api.Aws, bucket: str, cluster: str) -> str | None:
     """ListObjectsV2 on the cluster's prefix, and the bucket's region (None: GetBucketLocation
-    refused); GpuprovError where the bucket is missing, refused, or in another region than the
-    cluster's."""
+    refused). BadInput where the bucket is missing or in another region than the cluster's (the
+    setting is wrong), GpuprovError where these credentials may not list it."""
     from botocore.exceptions import ClientError
 
     client = s3.client(aws)
@@ -59,19 +59,19 @@ def reach(aws: api.Aws, bucket: str, cluster: str) -> str | None:
     except ClientError as exc:
         code = api.error_code(exc)
         if code == "NoSuchBucket":
-            raise GpuprovError(f"S3 bucket {bucket} (the pull_bucket setting) does not exist; gpuprov creates "
-                               "no bucket there: name an existing one, or unset pull_bucket") from None
+            raise BadInput(f"S3 bucket {bucket} (the pull_bucket setting) does not exist; gpuprov creates "
+                           "no bucket there: name an existing one, or unset pull_bucket") from None
         if code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"):
-            raise GpuprovError(f"S3 bucket {bucket} (the pull_bucket setting) is not in the cluster's region "
-                               f"{aws.region}; name a bucket there") from None
+            raise BadInput(f"S3 bucket {bucket} (the pull_bucket setting) is not in the cluster's region "
+                           f"{aws.region}; name a bucket there") from None
         if code in s3.DENIED:
             raise GpuprovError(f"AWS refuses s3:ListBucket on S3 bucket {bucket} (prefix {prefix(cluster)}) for "
                                f"these credentials; see {POLICY_DOC} for what gpuprov needs") from None
         raise
     where = location(aws, bucket)
     if where is not None and where != aws.region:
-        raise GpuprovError(f"S3 bucket {bucket} (the pull_bucket setting) is in {where}, the cluster in "
-                           f"{aws.region}: presigned URLs are signed for one region; name a bucket in {aws.region}")
+        raise BadInput(f"S3 bucket {bucket} (the pull_bucket setting) is in {where}, the cluster in "
+                       f"{aws.region}: presigned URLs are signed for one region; name a bucket in {aws.region}")
     return where
 
 
