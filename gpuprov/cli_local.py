@@ -22,6 +22,8 @@ VERIFY_OPTIONS = [
     click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...)."),
     click.option("--driver", metavar="VERSION|BRANCH", help="--local: the driver release or branch the "
                  "lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
+    click.option("--cuda", metavar="LINE", help="--local: the CUDA line the lock pins (`gpuprov stack "
+                 "--cuda`: 11.8, 12.9, 13.0; default: the lock's): what the CUDA, cuDNN and NCCL probes expect."),
     click.option("--only", metavar="GROUPS", help="--local: only these probe groups, a marker "
                  "expression: gpu, 'gpu and not containers', 'driver or cuda' (the groups: gpuprov/probes/pytest.ini; a wrong one lists them)."),
     click.option("--output", "-o", type=click.Choice(["table", "json", "junit"]), default="table",
@@ -31,7 +33,7 @@ VERIFY_OPTIONS = [
 
 # The flags of VERIFY_OPTIONS that only --local takes, as the user spells them.
 LOCAL_FLAGS = {"local_type": "--type", "gpus": "--gpus", "gpu_model": "--gpu-model", "driver": "--driver",
-               "only": "--only"}
+               "cuda": "--cuda", "only": "--only"}
 
 
 def verify_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,11 +60,12 @@ def cluster_name(name: str | None, local: bool, output: str, flags: dict[str, An
 
 
 def verify_local(level: str, output: str, local_type: str | None, gpus: int | None,
-                 gpu_model: str | None, driver: str | None, only: str | None) -> int:
+                 gpu_model: str | None, driver: str | None, cuda: str | None, only: str | None) -> int:
     from gpuprov.core import local  # lazy: CLI start-up
     from gpuprov.shared import localhost  # lazy: CLI start-up
 
-    req = localhost.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver, only=only)
+    req = localhost.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver, cuda=cuda,
+                              only=only)
     data, junit = local.verify_local(req, console=Console(), level=level)
     if output == "json":
         cli_output.emit_json(data)

@@ -182,9 +182,13 @@ def test_cudnn_matches_the_lock(host, expect, report):
     want = ".".join(lock["cudnn"].split(".")[:3])  # 8.9.6.50 -> 8.9.6
     major, minor, patch = (int(x) for x in want.split("."))
     library = f"libcudnn.so.{major}"
+    # The CUDA prefix's (gpuprov's archives and tarballs), the system's, then NVIDIA's Debian and
+    # Ubuntu packages' own name for the major (libcudnn9-headers-cuda-13: cudnn_version_v9.h in
+    # the multiarch include directory, found on a real H200 whose header the v8 name missed).
     header = host.run(
         f"cat /usr/local/cuda-{lock['cuda']}/include/cudnn_version.h /usr/include/cudnn_version.h "
-        "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h 2>/dev/null"
+        f"/usr/include/x86_64-linux-gnu/cudnn_version_v{major}.h "
+        f"/usr/include/aarch64-linux-gnu/cudnn_version_v{major}.h 2>/dev/null"
     ).stdout
     parts = [re.search(rf"#define CUDNN_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCHLEVEL")]
     found = ".".join(m.group(1) for m in parts) if all(parts) else None

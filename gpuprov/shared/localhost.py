@@ -37,6 +37,7 @@ class LocalRequest:
     gpus: int | None = None
     gpu_model: str | None = None
     driver: str | None = None
+    cuda: str | None = None
     only: str | None = None
 
 
@@ -51,7 +52,7 @@ class LocalPlan:
 
 
 def request(instance_type: str | None = None, gpus: int | None = None, gpu_model: str | None = None,
-            driver: str | None = None, only: str | None = None) -> LocalRequest:
+            driver: str | None = None, only: str | None = None, cuda: str | None = None) -> LocalRequest:
     """The request, checked (BadInput: one line, exit 2) and the GPU model spelt as the catalog
     spells it."""
     if instance_type and (gpus is not None or gpu_model):
@@ -73,7 +74,7 @@ def request(instance_type: str | None = None, gpus: int | None = None, gpu_model
     if only is not None:
         only = check_groups(only)  # unknown group: one line, exit 2
     return LocalRequest(instance_type=instance_type or None, gpus=gpus, gpu_model=gpu_model or None,
-                        driver=driver or None, only=only)
+                        driver=driver or None, cuda=cuda or None, only=only)
 
 
 def read_pci_bus() -> dict[str, Any]:
@@ -90,7 +91,7 @@ def plan(req: LocalRequest, bus: dict[str, Any] | None = None) -> LocalPlan:
     kind = catalog.from_hardware(bus, declared, gpus=req.gpus)
     if req.gpu_model:
         kind = replace(kind, gpu_model=req.gpu_model, arch=catalog.ARCH_BY_GPU.get(req.gpu_model))
-    lock = stack.resolve_types([kind], driver=req.driver, label=req.instance_type).as_dict()
+    lock = stack.resolve_types([kind], cuda=req.cuda, driver=req.driver, label=req.instance_type).as_dict()
     on_bus = len(bus.get("gpu_device_ids") or [])
     expect: dict[str, Any] = {"instance_type": req.instance_type, "gpus": req.gpus,
                               "gpu_model": req.gpu_model, "nvswitch": kind.nvswitch}

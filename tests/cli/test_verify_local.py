@@ -60,6 +60,8 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         (["--local", "--gpus", "0", "--gpu-model", "H100"], "a machine without GPU has no GPU model"),
         (["--local", "--gpus", "2", "--gpu-model", "Z9000"], "unknown GPU model 'Z9000'; known GPUs: "),
         (["--local", "--gpus", "0", "--driver", "999"], "driver branch 999"),
+        (["--local", "--gpus", "0", "--cuda", "12.8"], "has no CUDA 12.8 (available: "),
+        (["demo", "--cuda", "13.0"], "--cuda: only with --local"),
         (["--local", "--only", "gpux"], "unknown probe group 'gpux'"),
         (["--local", "-o", "xml"], "'xml' is not one of"),
     ],
