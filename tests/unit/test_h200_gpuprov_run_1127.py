@@ -70,3 +70,21 @@ def test_the_standard_level_names_the_missing_tools() -> None:
     assert "FAIL dcgm_diag: dcgmi is not installed" in text
     assert "FAIL nccl_allreduce_node: all_reduce_perf (NVIDIA nccl-tests) is not installed" in text
     assert text.rstrip().endswith("[exit 1]")
+
+
+def test_the_cuda_13_line_is_proven_on_the_h200_and_its_libraries_named_by_version() -> None:
+    """`verify --local --cuda 13.0`: nvcc 13.0 compiles for the H200's sm_90 and the program runs;
+    cuDNN and NCCL fail by version, with what the machine's packages hold (cuda-packages.txt)."""
+    data, code = recorded("verify-local-cuda13.json")
+    rows = {r["probe"]: r for r in data["hosts"]["vm"]}
+    assert code == 1 and "CUDA 13.0" in (HERE / "verify-local-cuda13.txt").read_text().splitlines()[2]
+    assert rows["nvcc_reports_the_locked_cuda"]["status"] == "pass"
+    assert "release 13.0" in rows["nvcc_reports_the_locked_cuda"]["detail"]
+    compiled = rows["nvcc_compiles_for_the_locked_architectures"]
+    assert compiled["status"] == "pass" and "sm_90" in compiled["detail"] and "13000" in compiled["detail"]
+    packages = (HERE / "cuda-packages.txt").read_text()
+    assert "libcudnn9-headers-cuda-13\t9.14.0.64-1" in packages and "libnccl2\t2.28.3-1+cuda13.0" in packages
+    assert rows["cudnn_matches_the_lock"]["detail"] == "expected cudnn_version.h to say 9.17.1, found 9.14.0"
+    assert "2.28.3-1+cuda13.0" in rows["nccl_matches_the_lock"]["detail"]
+    # The run before the probe read cuDNN 9's header name found none on the same machine.
+    assert "expected cudnn_version.h to say 9.17.1, found None" in (HERE / "verify-local-cuda13-first.txt").read_text()
