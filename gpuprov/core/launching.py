@@ -14,6 +14,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
+from gpuprov.pull.mode import mode_for
 from gpuprov.shared.cluster import cluster_lock, validate_name
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import UpResult
@@ -62,7 +63,7 @@ def up(request: UpRequest, *, console: Console, store: Store | None = None,
     if slurm and request.mode == "pull":
         raise BadInput("--scheduler slurm is set up by push (the cluster's munge key never travels in a pull "
                        "bundle): use --bootstrap push, or `gpuprov provision NAME --scheduler slurm` after a pull")
-    mode = pull.mode_for("push" if slurm else request.mode, provider, spec, request.bootstrap)
+    mode = mode_for("push" if slurm else request.mode, provider, spec, request.bootstrap)
     store = store or Store()
     if request.dry_run:
         run = _planned(request, spec, provider, store, console, health, tag_list, mode)

@@ -206,6 +206,11 @@ class Provider(ABC):
         SSH once the hosts answer."""
         raise NotSupported(f"pull mode is not supported by the {self.name} provider")
 
+    def bootstrap_count(self, spec: ClusterSpec) -> int:
+        """How many nodes an `up` of ``spec`` bootstraps, as `--bootstrap auto` counts them: its
+        --count (a provider that adopts existing hosts counts them)."""
+        return spec.count or 0
+
     def pull_channel_check(self, spec: ClusterSpec, report: Reporter) -> None:
         """What can be checked of the pull channel before anything is created (a provider with
         ``pull_channel``); raises where it cannot serve. Nothing to check by default."""

@@ -22,17 +22,17 @@ from gpuprov import paths, ssh
 from gpuprov.ansible import inventory
 from gpuprov.ansible.progress import PlaybookProgress
 from gpuprov.ansible.runner import new_run_dir
-from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.errors import GpuprovError
 from gpuprov.manifest import record, remote
 from gpuprov.providers import ClusterSpec, Provider
-from gpuprov.pull import Boot, choose
+from gpuprov.pull import Boot
 from gpuprov.pull.bundle import Bundle, build
 from gpuprov.pull.objects import ObjectReports
 from gpuprov.pull.server import PullServer
 from gpuprov.shared.cluster import load, phase_at_least, version_lock
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import HostStats, ProbeRow, ProvisionResult, PullReport, VerifySummary, serialise
-from gpuprov.shared.settings import play_secrets, playbook_vars
+from gpuprov.shared.settings import playbook_vars
 from gpuprov.state import NodeRecord, Store
 
 # A node that has not said a word this long after its launch (boot, fetch) has failed, and
@@ -40,28 +40,6 @@ from gpuprov.state import NodeRecord, Store
 # while Ansible runs: a task that runs longer still writes nothing, so the margin is wide).
 FIRST_WORD_S = 900
 SILENCE_S = 1200
-
-
-def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: bool) -> str:
-    """How this `up`'s new nodes bootstrap (`--bootstrap`); where pull cannot run, one line and
-    exit 2 before anything is created."""
-    if requested == "auto" and not bootstrap:
-        return "push"  # nothing bootstraps: auto has no mode to refuse
-    channel = provider.supports("pull_channel")
-    mode = choose(requested, spec.count or 0, channel or provider.supports("pull_address"))
-    if mode != "pull":
-        return mode
-    if not bootstrap:
-        raise BadInput("--bootstrap pull says how nodes bootstrap; it cannot go with --no-bootstrap")
-    if not (channel or provider.supports("pull_address")):
-        raise BadInput(f"--bootstrap pull is not built for the {provider.name} provider yet; "
-                       "use --bootstrap push")
-    if play_secrets():
-        raise BadInput("--bootstrap pull does not carry GPUPROV_REGISTRY_PASSWORD to the nodes "
-                       "(the bundle holds no secret); use --bootstrap push")
-    if not (provider.pull_at_boot or channel):
-        provider.pull_address(spec, [])  # hosts that could not reach this machine: refused now
-    return mode
 
 
 def play_vars(cluster: Any, lock: Mapping[str, Any]) -> dict[str, Any]:

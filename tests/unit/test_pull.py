@@ -217,7 +217,7 @@ def _members_plain(data: bytes) -> dict[str, tarfile.TarInfo]:
 def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys, tmp_path, monkeypatch) -> None:
     from gpuprov.errors import BadInput
     from gpuprov.providers import ClusterSpec, get, options_for
-    from gpuprov.pull.controller import mode_for
+    from gpuprov.pull.mode import mode_for
     from tests.conftest import invoke
 
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
@@ -252,3 +252,41 @@ def test_pull_where_it_cannot_run_is_one_line_exit_2_and_creates_nothing(capsys,
     with pytest.raises(BadInput, match="through this machine's loopback"):
         mode_for("pull", get("static"), spec, True)
     assert mode_for("auto", get("static"), spec, True) == "push"
+
+
+def test_auto_counts_a_hosts_files_hosts_and_pushes_where_pull_cannot_run(tmp_path, monkeypatch) -> None:
+    """`--bootstrap auto` pulls above PULL_ABOVE nodes: a static cluster's are its hosts file's
+    (it takes no --count). Where pull cannot run, auto pushes instead of refusing: hosts behind
+    this machine's loopback, a registry password the bundle would not carry."""
+    import socket
+
+    from gpuprov.errors import BadInput
+    from gpuprov.providers import ClusterSpec, get, options_for
+    from gpuprov.pull.mode import mode_for
+
+    monkeypatch.delenv("GPUPROV_REGISTRY_PASSWORD", raising=False)
+
+    def static(address: str) -> ClusterSpec:
+        hosts = tmp_path / f"hosts-{address}.yml"
+        hosts.write_text("user: gpuprov\nhosts:\n" + "".join(
+            f"  - name: rack-{i}\n    address: {address}\n    port: {2200 + i}\n" for i in range(PULL_ABOVE + 1)))
+        return ClusterSpec(name="big", provider="static", instance_type=None, count=None,
+                           options=options_for("static", {"hosts_file": str(hosts)}))
+
+    assert get("static").bootstrap_count(static("127.0.0.1")) == PULL_ABOVE + 1
+    assert mode_for("auto", get("static"), static("127.0.0.1"), True) == "push"  # loopback: pushed
+    # Hosts on a routed address (TEST-NET-1): pulled where this machine has a route there, as
+    # the static provider finds its own address (the kernel's route choice; no packet is sent).
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.10", 9))
+            routed = not probe.getsockname()[0].startswith("127.")
+    except OSError:
+        routed = False
+    assert mode_for("auto", get("static"), static("192.0.2.10"), True) == ("pull" if routed else "push")
+    aws = ClusterSpec(name="big", provider="aws", instance_type="p4d.24xlarge", count=64,
+                      options=options_for("aws", {}))
+    monkeypatch.setenv("GPUPROV_REGISTRY_PASSWORD", "s3cret")
+    assert mode_for("auto", get("aws"), aws, True) == "push"
+    with pytest.raises(BadInput, match="does not carry GPUPROV_REGISTRY_PASSWORD"):
+        mode_for("pull", get("aws"), aws, True)

@@ -66,6 +66,10 @@ class StaticProvider(Provider):
             raise BadInput("--provider static needs --hosts FILE")
         return spec
 
+    def bootstrap_count(self, spec: ClusterSpec) -> int:
+        """The hosts the hosts file lists (static takes no --count: it adopts them all)."""
+        return len(parse_hosts_file(spec.hosts_file)[0]) if spec.hosts_file else 0
+
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
         spec = self.check_spec(spec)
         hosts, _ = parse_hosts_file(spec.hosts_file)
