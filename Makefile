@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
-.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror registry settings venv clean
+.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror registry settings venv clean node-image-trixie
 
 # The package cache and artifact mirror of this machine (scripts/env.sh).
 ENV = eval "$$(scripts/env.sh)" &&
@@ -22,6 +22,14 @@ venv: $(STAMP)
 
 host-setup:
 	scripts/host-setup.sh
+
+## node-image-trixie: the Debian 13 node image gpuprov/node:trixie (`up --provider docker --os debian13`),
+# built as root with debootstrap when missing or from an older recipe. Not part of host-setup (a
+# Debian 12 cluster never needs it): tests/e2e/test_debian13_e2e.py runs this target first.
+node-image-trixie:
+	@. scripts/lib.sh; have=$$(docker image inspect -f '{{index .Config.Labels "gpuprov.image-recipe"}}' gpuprov/node:trixie 2>/dev/null || true); \
+	if [ -n "$$have" ] && [ "$$have" = "$$(recipe_hash)" ]; then echo "node image gpuprov/node:trixie present"; \
+	else GPUPROV_NODE_SUITE=trixie scripts/build-node-image.sh gpuprov/node:trixie; fi
 
 mirror: $(STAMP) host-setup
 	scripts/artifact-mirror.sh

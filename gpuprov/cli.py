@@ -259,7 +259,7 @@ def verify(name: str | None, level: str, local: bool, output: str, **flags: Any)
     name = cli_local.cluster_name(name, local, output, flags)
     if name is None:
         return cli_local.verify_local(level, output, **flags)
-    data = converge.verify(name, console=_console(), level=level)
+    data = converge.verify(name, console=_console(), level=level, only=flags.get("only"))
     cli_output.eol_warning_of(name)
     if output == "json":
         cli_output.emit_json(data)

@@ -24,8 +24,9 @@ VERIFY_OPTIONS = [
                  "lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
     click.option("--cuda", metavar="LINE", help="--local: the CUDA line the lock pins (`gpuprov stack "
                  "--cuda`: 11.8, 12.9, 13.0; default: the lock's): what the CUDA, cuDNN and NCCL probes expect."),
-    click.option("--only", metavar="GROUPS", help="--local: only these probe groups, a marker "
-                 "expression: gpu, 'gpu and not containers', 'driver or cuda' (the groups: gpuprov/probes/pytest.ini; a wrong one lists them)."),
+    click.option("--only", metavar="GROUPS", help="Only these probe groups, a marker expression: gpu, "
+                 "'gpu and not containers', 'driver or cuda' (the groups: gpuprov/probes/pytest.ini; a wrong one "
+                 "lists them). A cluster: e.g. the groups of the plays `up --tags` ran."),
     click.option("--output", "-o", type=click.Choice(["table", "json", "junit"]), default="table",
                  show_default=True, help="Table for people, JSON (one document on stdout) for programs; "
                  "junit (--local): pytest's JUnit XML on stdout."),
@@ -33,7 +34,7 @@ VERIFY_OPTIONS = [
 
 # The flags of VERIFY_OPTIONS that only --local takes, as the user spells them.
 LOCAL_FLAGS = {"local_type": "--type", "gpus": "--gpus", "gpu_model": "--gpu-model", "driver": "--driver",
-               "cuda": "--cuda", "only": "--only"}
+               "cuda": "--cuda"}
 
 
 def verify_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -57,9 +57,11 @@ UP_OPTIONS = [
         "list`; aws: of this account and --os), else the node image (docker) or --os's image (aws)."),
     click.option("--no-baked", is_flag=True, help="aws, docker: boot from the default image and "
         "bootstrap from scratch, even when an image is baked for the lock."),
-    click.option("--os", "os_name", type=click.Choice(defaults.AWS_OS),
-        help=f"aws: launch the publisher's newest image of this OS (default: {defaults.DEFAULT_AWS_OS}, "
-        "the one gpuprov's suite proves; the others are accepted by the roles but not proven here)."),
+    click.option("--os", "os_name", type=click.Choice(defaults.UP_OS),
+        help=f"The nodes' OS, whose packages the lock names (default: {defaults.DEFAULT_OS}). aws: the "
+        "publisher's newest image of it; docker: its node image (debian12: gpuprov/node:bookworm, "
+        "debian13: gpuprov/node:trixie); static: a claim, checked against each host's /etc/os-release. "
+        "`gpuprov stack` says which are proven here."),
     click.option("--ssh-cidr", help="Source range allowed to SSH in (aws; default: your address/32; "
         "at most /16 for IPv4, /48 for IPv6)."),
     click.option("--allow-wide-ssh-cidr", is_flag=True,

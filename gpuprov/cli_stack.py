@@ -156,7 +156,7 @@ def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_modul
     else:
         # The table has no platform row of its own: the platforms come last, as a note.
         mine = platforms.get(lock.os)
-        said = f"os: {mine.title}, {'proven here' if mine.proven else 'claimed, not proven here'}"
+        said = f"os: {mine.title}, {mine.proof}"
         cli_output.stack_table(instance_type, {**data, "notes": [*data["notes"], said,
                                                               f"platform: {platforms.summary()}",
                                                               platforms.slurm_summary()]})

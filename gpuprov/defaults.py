@@ -27,6 +27,11 @@ DEFAULT_OS = "debian12"
 # gpuprov.providers.aws.preflight.IMAGE_SOURCES, their facts: gpuprov.platforms).
 AWS_OS = ("debian12", "debian13", "ubuntu22.04")
 DEFAULT_AWS_OS = "debian12"
+# The operating systems of local (docker) nodes: one node image each
+# (gpuprov.providers.docker.NODE_IMAGES, built by scripts/build-node-image.sh).
+LOCAL_OS = ("debian12", "debian13")
+# Every `up --os` value: each provider checks its own (static: a claim checked on the hosts).
+UP_OS = tuple(dict.fromkeys(AWS_OS + LOCAL_OS))
 
 # `up --scheduler`: what runs the cluster's jobs (none: `gpuprov exec` and SSH only).
 SCHEDULERS = ("none", "slurm")

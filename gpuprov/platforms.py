@@ -1,10 +1,11 @@
 """The operating systems gpuprov's roles name, and which of them this suite proves.
 
 One table, read by the aws provider (`up --os`, its default image), `gpuprov stack`, and the
-tests that keep the roles' meta/main.yml and the READMEs honest. "Proven" means every role's
-molecule scenario and the end-to-end suite run on it here (the node image gpuprov/node:bookworm,
-Debian 12); a platform that is only "claimed" is named by the roles' metadata and accepted by
-their asserts, but no scenario here runs on it.
+tests that keep the roles' meta/main.yml and the READMEs honest. "Proven" means a run here
+installs and verifies on it, as ``how`` names: for Debian 12 every role's molecule scenario and
+the end-to-end suite (the node image gpuprov/node:bookworm); for Debian 13 one end-to-end test on
+a local node (gpuprov/node:trixie) of the plays ``where`` names. A platform that is only "claimed"
+is named by the roles' metadata and accepted by their asserts, but no scenario here runs on it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from typing import Any
 
 PROVEN_BY = ("every role's molecule scenario and the docker end-to-end suite run on the node "
              "image gpuprov/node:bookworm")
+# The one test that proves Debian 13, and what it proves (the roles whose meta/main.yml names
+# trixie are those of its plays).
+DEBIAN13_TEST = "tests/e2e/test_debian13_e2e.py"
+PROVEN_BY_DEBIAN13 = (f"{DEBIAN13_TEST}: a local node of the image gpuprov/node:trixie gets the preflight, "
+                      "driver and cuda plays from Debian 13's archive (nvidia-kernel-dkms 550.163.01 built by "
+                      "DKMS, CUDA 12.4.131, NCCL 2.22.3) and verifies with no failure; the other plays and the "
+                      "roles' molecule scenarios run on Debian 12 only")
+CLAIMED = "claimed by the roles' metadata; no scenario here runs on it"
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,8 @@ class Platform:
     codename: str  # galaxy meta's version name: bookworm, jammy
     proven: bool
     slurm: str = ""  # the Slurm its own archive ships (slurm-wlm): what `--scheduler slurm` installs
+    how: str = ""  # what proves it here (proven only)
+    where: str = ""  # what of gpuprov it proves, where that is not everything (proven only)
 
     @property
     def title(self) -> str:
@@ -31,17 +42,25 @@ class Platform:
 
     def row(self) -> dict[str, Any]:
         return {"os": self.key, "name": self.title, "proven": self.proven, "slurm": self.slurm,
-                "how": PROVEN_BY if self.proven else "claimed by the roles' metadata; no scenario "
-                "here runs on it"}
+                "how": self.how if self.proven else CLAIMED}
+
+    @property
+    def proof(self) -> str:
+        """'proven here' (with what it covers, where not everything) or 'claimed, not proven here'."""
+        if not self.proven:
+            return "claimed, not proven here"
+        return f"proven here ({self.where})" if self.where else "proven here"
 
 
 PLATFORMS: tuple[Platform, ...] = (
     # slurm: the slurm-wlm upstream version in each release's own archive (Debian 12: 22.05.8,
     # installed and run here; the Ubuntu ones as their archives list them).
-    Platform("debian12", "Debian", "12", "bookworm", proven=True, slurm="22.05.8"),
+    Platform("debian12", "Debian", "12", "bookworm", proven=True, slurm="22.05.8", how=PROVEN_BY),
     # Debian 13: its archive's packages are lock data (gpuprov.os_lines; slurm-wlm 24.11.5-4+deb13u1,
-    # checked on the test machine's package cache 2026-11-26); claimed until a node run proves it.
-    Platform("debian13", "Debian", "13", "trixie", proven=False, slurm="24.11.5"),
+    # checked on the test machine's package cache 2026-11-26), installed for real on a local node
+    # by DEBIAN13_TEST (2026-11-27); not on AWS, and not its Slurm, Docker or other plays yet.
+    Platform("debian13", "Debian", "13", "trixie", proven=True, slurm="24.11.5", how=PROVEN_BY_DEBIAN13,
+             where="local nodes: the preflight, driver and cuda plays"),
     Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False, slurm="19.05.5"),
     Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False, slurm="21.08.5"),
     Platform("ubuntu24.04", "Ubuntu", "24.04", "noble", proven=False, slurm="23.11.4"),
@@ -61,7 +80,7 @@ def listing() -> list[dict[str, Any]]:
 
 def summary() -> str:
     """One line for people: which are proven here, which only claimed."""
-    proven = ", ".join(p.title for p in PLATFORMS if p.proven)
+    proven = ", ".join(p.title + (f" ({p.where})" if p.where else "") for p in PLATFORMS if p.proven)
     claimed = ", ".join(p.title for p in PLATFORMS if not p.proven)
     return f"proven here: {proven}; claimed, not proven here: {claimed}"
 

@@ -17,7 +17,7 @@ from gpuprov.errors import BadInput
 # (gpuprov.cli_stack.cuda_for_install); this check keeps a caller that skips the command line
 # from installing a line the roles do not know. A release the data lacks goes on to the
 # resolver, which says which CUDA the GPUs need or which lines there are.
-NOT_INSTALLED_CUDA: dict[str, tuple[str, ...]] = {"12.4": (), "12.9": (), "13.0": ("mirror",)}
+NOT_INSTALLED_CUDA: dict[str, tuple[str, ...]] = {"12.4": ("distro",), "12.9": (), "13.0": ("mirror",)}
 
 
 @dataclass(frozen=True)

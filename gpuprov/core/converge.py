@@ -181,8 +181,11 @@ def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path
 
 # -- verify --------------------------------------------------------------------------------
 def verify(
-    name: str, *, console: Console, store: Store | None = None, level: str = "quick"
+    name: str, *, console: Console, store: Store | None = None, level: str = "quick", only: str | None = None
 ) -> VerifyResult:
+    """The probes on the cluster's nodes (``only``: a marker expression choosing the groups)."""
+    if only:
+        probes_run.check_groups(only)  # a wrong group is refused before any node is asked
     store = store or Store()
     cluster = load(store, name)
     provider, files, nodes = refresh(store, cluster)
@@ -212,6 +215,7 @@ def verify(
                 run_dir,
                 level=level,
                 console=console.rich,
+                only=only,
             )
         rows = {h: [ProbeRow.of(r) for r in found] for h, found in probed.items()}
         hosts = {n.name: [unreachable_row(down[n.name])] if n.name in down else rows.get(n.name, [])

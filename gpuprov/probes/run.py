@@ -33,14 +33,16 @@ def run_probes(
     run_dir: Path,
     level: str = "quick",
     console: Any | None = None,
+    only: str | None = None,
 ) -> dict[str, list[dict[str, str]]]:
     """The probes on a cluster's nodes, over its generated inventory (testinfra's ansible
-    backend, pytest-xdist over up to 8 workers)."""
+    backend, pytest-xdist over up to 8 workers); ``only``: a marker expression choosing them."""
     targets = ["--connection=ansible", f"--ansible-inventory={inventory}", f"--hosts={','.join(hosts)}"]
     workers = min(len(hosts), 8)
     if workers > 1:
         targets += ["-n", str(workers)]
-    return _run(targets, hosts, expectations, run_dir, level, console, {"ANSIBLE_CONFIG": str(ansible_cfg)})
+    return _run(targets, hosts, expectations, run_dir, level, console, {"ANSIBLE_CONFIG": str(ansible_cfg)},
+                only=only)
 
 
 def run_local_probes(

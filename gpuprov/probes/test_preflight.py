@@ -11,7 +11,7 @@ from gpuprov.probes.nodefacts import in_container, nvidia_pci
 
 pytestmark = pytest.mark.preflight
 
-SUPPORTED = {("ubuntu", "20.04"), ("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
+SUPPORTED = {("ubuntu", "20.04"), ("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
 # Package names unattended-upgrades must leave alone: one of each name family the roles install,
 # whatever the branch or flavour (Debian's, and NVIDIA's proprietary and open names).
 GPU_PACKAGES = ["nvidia-driver", "nvidia-driver-580-open", "nvidia-dkms-580", "libnvidia-compute-535",

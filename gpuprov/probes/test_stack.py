@@ -179,6 +179,9 @@ def test_cuda_prefix_and_environment(host, expect, report):
 @pytest.mark.cudnn
 def test_cudnn_matches_the_lock(host, expect, report):
     lock = expect.lock()
+    if (lock.get("packages") or {}).get("cudnn_method") == "tarball" and not lock.get("cudnn_archive"):
+        pytest.skip(f"the lock pins no cuDNN archive for CUDA {lock['cuda']} (the artifact mirror serves "
+                    f"none yet): cuDNN {lock['cudnn']} is not installed by gpuprov there")
     want = ".".join(lock["cudnn"].split(".")[:3])  # 8.9.6.50 -> 8.9.6
     major, minor, patch = (int(x) for x in want.split("."))
     library = f"libcudnn.so.{major}"
@@ -214,8 +217,12 @@ NCCL_SOURCES = ("nvidia", "mirror")
 @pytest.mark.cuda
 def test_nccl_matches_the_lock(host, expect, report):
     lock = expect.lock()
-    if (lock.get("packages") or {}).get("cuda_method") == "archives":
+    packages = lock.get("packages") or {}
+    if packages.get("cuda_method") == "archives":
         nccl_from_archive(host, lock, report)
+        return
+    if lock.get("source") == "distro" and packages.get("nccl"):
+        nccl_from_distro(host, lock, report)
         return
     if lock.get("source") not in NCCL_SOURCES:
         pytest.skip(f"package source {lock.get('source')!r} carries no libnccl2 (Debian 12's archive has "
@@ -229,15 +236,11 @@ def test_nccl_matches_the_lock(host, expect, report):
     report(f"libnccl2 and libnccl-dev {want}, held")
 
 
-def nccl_from_archive(host, lock: dict, report) -> None:
-    """NCCL unpacked from the lock's archive: nccl.h says the locked release, and libnccl.so.2
-    loads (through the dynamic linker's paths) and reports it (ncclGetVersion: MAJOR*10000 +
-    MINOR*100 + PATCH from NCCL 2.9)."""
+def nccl_loads(host, lock: dict) -> str:
+    """libnccl.so.2, loaded through the dynamic linker's paths, asked for its version
+    (ncclGetVersion: MAJOR*10000 + MINOR*100 + PATCH from NCCL 2.9; it needs no GPU): the
+    number, after an assertion that it is the lock's release."""
     major, minor, patch = (int(x) for x in lock["nccl"].split("."))
-    header = host.run(f"cat /usr/local/cuda-{lock['cuda']}/include/nccl.h 2>/dev/null").stdout
-    parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCH")]
-    found = ".".join(m.group(1) for m in parts) if all(parts) else None
-    assert found == lock["nccl"], f"expected nccl.h to say {lock['nccl']}, found {found}"
     code = ("import ctypes; lib = ctypes.CDLL('libnccl.so.2'); v = ctypes.c_int(); "
             "rc = lib.ncclGetVersion(ctypes.byref(v)); print(rc, v.value)")
     out = host.run(f'python3 -c "{code}"')
@@ -245,4 +248,30 @@ def nccl_from_archive(host, lock: dict, report) -> None:
     assert out.rc == 0 and out.stdout.strip() == want, (
         f"expected libnccl.so.2 to load and report {lock['nccl']} ({want}), "
         f"found: {(out.stdout or out.stderr).strip()[:200]}")
-    report(f"nccl.h {found}, libnccl.so.2 loads and reports {want.split()[1]} (from the archive)")
+    return want.split()[1]
+
+
+def nccl_from_distro(host, lock: dict, report) -> None:
+    """The distribution's own NCCL (Debian 13's libnccl2) at the lock's package version, held,
+    and the library it installed loads and reports the locked release."""
+    packages = lock["packages"]
+    want = packages["nccl_version"]
+    found = {p: installed_version(host, p) for p in packages["nccl"]}
+    wrong = {p: v for p, v in found.items() if v != want}
+    assert not wrong, f"expected {', '.join(found)} at {want} (NCCL {lock['nccl']}), found {wrong}"
+    held = set(host.run("apt-mark showhold").stdout.split())
+    loose = sorted(set(found) - held)
+    assert not loose, f"expected {', '.join(found)} held (they move only with the lock), not held: {loose}"
+    number = nccl_loads(host, lock)
+    report(f"{', '.join(found)} {want}, held; libnccl.so.2 loads and reports {number}")
+
+
+def nccl_from_archive(host, lock: dict, report) -> None:
+    """NCCL unpacked from the lock's archive: nccl.h says the locked release, and libnccl.so.2
+    loads (through the dynamic linker's paths) and reports it (ncclGetVersion: MAJOR*10000 +
+    MINOR*100 + PATCH from NCCL 2.9)."""
+    header = host.run(f"cat /usr/local/cuda-{lock['cuda']}/include/nccl.h 2>/dev/null").stdout
+    parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCH")]
+    found = ".".join(m.group(1) for m in parts) if all(parts) else None
+    assert found == lock["nccl"], f"expected nccl.h to say {lock['nccl']}, found {found}"
+    report(f"nccl.h {found}, libnccl.so.2 loads and reports {nccl_loads(host, lock)} (from the archive)")

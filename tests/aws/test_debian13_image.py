@@ -57,14 +57,6 @@ def test_os_debian13_without_package_names_of_the_source_is_refused_before_aws(c
     assert shim.calls == []
 
 
-def test_bootstrapping_a_line_gpuprov_does_not_install_yet_is_refused_before_aws(capsys, shim: Shim) -> None:
-    shim.ssm_parameters[TRIXIE] = OTHER_X86_AMI
-    code, out, err = invoke(capsys, "up", "--name", "trixie-boot", "--type", "g5.xlarge", "--count", "1",
-                            "--ssh-cidr", CIDR, "--os", "debian13", "--source", "distro", "--yes")
-    assert_refused(code, out, err, "--os debian13: its CUDA line 12.4 resolves", shim)
-    assert "--no-bootstrap" in err and shim.calls == []
-
-
 def test_a_trixie_cluster_records_the_image_and_a_debian13_lock(capsys, shim: Shim, ami: str) -> None:
     shim.ssm_parameters[TRIXIE] = ami
     code, _, err = invoke(capsys, "up", "--name", "trixie-up", "--type", "g5.xlarge", "--count", "1",
@@ -77,8 +69,8 @@ def test_a_trixie_cluster_records_the_image_and_a_debian13_lock(capsys, shim: Sh
     assert status["spec"]["options"]["os"] == "debian13"
     lock = status["stack"]
     assert (lock["os"], lock["source"], lock["driver"], lock["cuda"], lock["kernel_module"]) == (
-        "debian13", "distro", "550.163.01", "12.4", "open")
-    assert lock["packages"]["driver"] == ["nvidia-driver", "nvidia-open-kernel-dkms", "nvidia-smi"]
+        "debian13", "distro", "550.163.01", "12.4", "proprietary")  # trixie's open module does not build
+    assert lock["packages"]["driver"] == ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi"]
 
 
 def test_trixie_fallback_asks_debians_account_for_debian_13_images(stubbed) -> None:

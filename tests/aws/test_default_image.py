@@ -133,13 +133,17 @@ def test_unknown_os_is_one_line_exit_2(capsys, shim: Shim) -> None:
     assert shim.calls == []
 
 
-@pytest.mark.parametrize("provider", ["docker", "static"])
-def test_os_is_for_aws_only(capsys, gpuprov_home, tmp_path, provider: str) -> None:
-    extra = ["--hosts", str(tmp_path / "hosts.yml")] if provider == "static" else ["--count", "1"]
-    (tmp_path / "hosts.yml").write_text("hosts:\n  - name: gpu01\n    address: 192.0.2.1\n")
-    code, out, err = invoke(capsys, "up", "--provider", provider, "--os", "ubuntu22.04", *extra)
+def test_os_elsewhere_is_each_providers_own(capsys, gpuprov_home, tmp_path) -> None:
+    """docker has node images of Debian 12 and 13 only (one line, exit 2); static takes --os as a
+    claim, checked against the hosts' /etc/os-release once they answer (tests/cli/test_up_os_cli.py)."""
+    code, out, err = invoke(capsys, "up", "--provider", "docker", "--os", "ubuntu22.04", "--count", "1")
     assert code == 2, err
-    assert out == "" and err.strip() == "gpuprov: --os is for --provider aws"
+    assert out == "" and err.strip() == ("gpuprov: --os ubuntu22.04: local nodes run debian12 or debian13 "
+                                         "(node images gpuprov/node:bookworm, gpuprov/node:trixie)")
+    (tmp_path / "hosts.yml").write_text("hosts:\n  - name: gpu01\n    address: 192.0.2.1\n    user: ubuntu\n")
+    code, _, err = invoke(capsys, "up", "--provider", "static", "--os", "ubuntu22.04", "--hosts",
+                          str(tmp_path / "hosts.yml"), "--dry-run")
+    assert code == 0, err
 
 
 def test_check_spec_fills_the_default_only_without_an_image() -> None:

@@ -1,7 +1,7 @@
 """`gpuprov stack --os`: Debian 12 by default (the lock it always was), Debian 13 (trixie) from its
-own archive with `--source distro`, said to be claimed, not proven; every request an OS cannot
-serve is one line on stderr, exit 2, nothing created. `up --os` is for AWS only: a local or static
-cluster has no trixie node image proven yet."""
+own archive with `--source distro`, said to be proven on local nodes; every request an OS cannot
+serve is one line on stderr, exit 2, nothing created. `up --os` is taken by every provider: each
+refuses an OS it has no way to run, before anything is made (tests/cli/test_up_os_cli.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov import stack
-from tests.cli.stack_lines import hosts_file, invoke, one_line_exit_2, state_of
+from tests.cli.stack_lines import invoke, one_line_exit_2
 
 
 def test_stack_os_debian13_json_is_trixies_lock(capsys, gpuprov_home: Path) -> None:
@@ -20,23 +20,24 @@ def test_stack_os_debian13_json_is_trixies_lock(capsys, gpuprov_home: Path) -> N
     assert code == 0, err
     data = json.loads(out)
     assert (data["os"], data["source"], data["driver"], data["kernel_module"]) == (
-        "debian13", "distro", "550.163.01", "open")
+        "debian13", "distro", "550.163.01", "proprietary")
     assert (data["cuda"], data["cuda_release"], data["cuda_installable"], data["nccl"]) == (
-        "12.4", "12.4.131", False, "2.22.3")
+        "12.4", "12.4.131", True, "2.22.3")  # `up` installs it from trixie's archive
     assert (data["driver_branch_kind"], data["driver_eol"]) == ("production", "2025-06")
     assert data["hash"] == stack.resolve("g5.xlarge", source="distro", os="debian13").short_hash()
-    assert {r["os"]: r["proven"] for r in data["platforms"]}["debian13"] is False
+    assert {r["os"]: r["proven"] for r in data["platforms"]}["debian13"] is True
     # R550 is past its end of life: one warning on stderr, Debian 13's support named.
     (warning,) = err.strip().splitlines()
     assert warning.startswith("gpuprov: warning: driver branch R550 (production) reached its end of life")
     assert "Debian 13 security support (trixie-security) applies" in warning and "R580" in warning
 
 
-def test_stack_os_debian13_table_says_claimed(capsys, gpuprov_home: Path) -> None:
+def test_stack_os_debian13_table_says_proven_on_local_nodes(capsys, gpuprov_home: Path) -> None:
     code, out, _ = invoke(capsys, "stack", "--type", "g5.xlarge", "--os", "debian13", "--source", "distro")
     flat = " ".join(out.split())
     assert code == 0
-    assert "os: Debian 13 (trixie), claimed, not proven here" in flat
+    assert "os: Debian 13 (trixie), proven here (local nodes: the preflight, driver and cuda plays)" in flat
+    assert "does not install it yet" not in flat
     assert "NVIDIA's own debian13 repository gives R580 on trixie" in flat
     assert "Debian 13 24.11.5" in flat  # its archive's Slurm
 
@@ -66,17 +67,6 @@ def test_stack_refusals_areone_line_exit_2(capsys, gpuprov_home: Path, args: lis
         assert code == 2 and out == "" and needle in err
         return
     one_line_exit_2(code, out, err, needle)
-
-
-@pytest.mark.parametrize("provider", ["docker", "static"])
-def test_up_os_debian13_is_refused_for_local_and_static_nodes(capsys, gpuprov_home: Path, tmp_path: Path,
-                                                             provider: str) -> None:
-    before = state_of(gpuprov_home)
-    extra = ["--hosts", hosts_file(tmp_path)] if provider == "static" else ["--count", "1"]
-    code, out, err = invoke(capsys, "up", "--provider", provider, "--name", "trixie", "--os", "debian13",
-                            "--source", "distro", *extra)
-    one_line_exit_2(code, out, err, "--os is for --provider aws")
-    assert state_of(gpuprov_home) == before
 
 
 def test_types_refuses_an_os_own_line_and_keeps_the_lines_of_every_os(capsys, gpuprov_home: Path) -> None:

@@ -20,7 +20,21 @@ def test_proven_is_what_molecule_runs() -> None:
     config = yaml.safe_load((ROOT / ".config" / "molecule" / "config.yml").read_text())
     images = {p["image"] for p in config["platforms"]}
     assert images == {"gpuprov/node:bookworm"}
-    assert [p.key for p in platforms.PLATFORMS if p.proven] == ["debian12"]
+    # Proven everywhere (every role, every play): what molecule runs.
+    assert [p.key for p in platforms.PLATFORMS if p.proven and not p.where] == ["debian12"]
+
+
+def test_debian13_is_proven_by_its_end_to_end_test_for_what_it_runs() -> None:
+    """Debian 13 is proven for the plays its one end-to-end file runs on a trixie node, and the
+    roles whose meta/main.yml names trixie are exactly those plays' roles."""
+    trixie = platforms.get("debian13")
+    assert trixie.proven and trixie.where == "local nodes: the preflight, driver and cuda plays"
+    test = (ROOT / platforms.DEBIAN13_TEST).read_text()
+    assert 'PLAYS = "preflight,driver,cuda"' in test and '"--os", "debian13"' in test
+    named = {role for role in ROLES if ("Debian", "trixie") in {
+        (p["name"], v) for p in yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text())
+        ["galaxy_info"]["platforms"] for v in p["versions"]}}
+    assert named == {"gpuprov_base", "gpuprov_lock", "gpu_preflight", "nvidia_driver", "cuda"}
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -31,7 +45,13 @@ def test_role_meta_names_only_known_platforms_and_says_which_are_proven(role: st
     assert unknown == [], f"roles/{role}/meta/main.yml names platforms gpuprov/platforms.py lacks"
     assert ("Debian", "bookworm") in {(p["name"], v) for p in named for v in p["versions"]}
     before = text.split("  platforms:")[0]
-    assert "Proven here: Debian bookworm only" in before and "claimed, not proven here" in before
+    assert "claimed, not proven here" in before
+    if ("Debian", "trixie") in {(p["name"], v) for p in named for v in p["versions"]}:
+        assert "Proven here: Debian bookworm (this role's molecule scenario" in before
+        assert f"and trixie ({platforms.DEBIAN13_TEST} runs this role's play" in " ".join(
+            line.strip(" #") for line in before.splitlines())
+    else:
+        assert "Proven here: Debian bookworm only" in before
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -40,6 +60,9 @@ def test_role_readme_lists_the_metas_platforms_as_proven_or_claimed(role: str) -
     named = yaml.safe_load((base / "meta" / "main.yml").read_text())["galaxy_info"]["platforms"]
     section = (base / "README.md").read_text().split("## Platforms", 1)[1].split("\n## ", 1)[0]
     assert "Proven here on Debian 12 (bookworm)" in section
+    if any(p["name"] == "Debian" and "trixie" in p["versions"] for p in named):
+        assert "Proven here on Debian 13 (trixie) too, on a local node" in " ".join(section.split())
+        assert f"`{platforms.DEBIAN13_TEST}`" in section
     for p in named:
         for codename in p["versions"]:
             platform = platforms.BY_CODENAME[(p["name"], codename)]
@@ -61,9 +84,9 @@ def test_aws_doc_platforms_paragraph() -> None:
 def test_readme_platforms_section() -> None:
     section = (ROOT / "README.md").read_text().split("## Platforms\n", 1)[1].split("\n## ", 1)[0]
     words = " ".join(section.split())
-    assert "proven here on Debian 12 (bookworm) only" in words
+    assert "Every role is proven here on Debian 12 (bookworm)" in words
     assert "`--os ubuntu22.04`" in words and "not proven here" in words
-    assert "Debian 13 (trixie) is claimed, not proven" in words
+    assert "Debian 13 (trixie) is proven here on local nodes for the preflight, driver and cuda plays" in words
 
 
 def test_stack_shows_the_platforms(capsys) -> None:
@@ -76,11 +99,13 @@ def test_stack_shows_the_platforms(capsys) -> None:
     rows = json.loads(out)["platforms"]
     assert rows[0] == {"os": "debian12", "name": "Debian 12 (bookworm)", "proven": True,
                        "how": platforms.PROVEN_BY, "slurm": "22.05.8"}
-    assert {r["os"]: r["proven"] for r in rows[1:]} == {
-        "debian13": False, "ubuntu20.04": False, "ubuntu22.04": False, "ubuntu24.04": False}
+    assert rows[1] == {"os": "debian13", "name": "Debian 13 (trixie)", "proven": True,
+                       "how": platforms.PROVEN_BY_DEBIAN13, "slurm": "24.11.5"}
+    assert {r["os"]: r["proven"] for r in rows[2:]} == {"ubuntu20.04": False, "ubuntu22.04": False, "ubuntu24.04": False}
 
     with pytest.raises(SystemExit):
         main(["stack", "--type", "g5.xlarge"])
     out, _ = capsys.readouterr()
-    assert "proven here: Debian 12 (bookworm); claimed, not proven here: Debian 13 (trixie), Ubuntu 20.04" in " ".join(out.split())
+    assert ("proven here: Debian 12 (bookworm), Debian 13 (trixie) (local nodes: the preflight, driver and cuda "
+            "plays); claimed, not proven here: Ubuntu 20.04") in " ".join(out.split())
     assert "the OS's own slurm-wlm): Debian 12 22.05.8, Debian 13 24.11.5, Ubuntu 20.04 19.05.5" in " ".join(out.split())

@@ -53,9 +53,9 @@ def test_a_stored_lock_without_os_is_debian12_and_keeps_its_hash() -> None:
 # -- Debian 13: trixie's own packages ---------------------------------------------------------------
 def test_debian13_distro_lock_names_trixies_packages() -> None:
     lock = stack.resolve("g5.xlarge", source="distro", os="debian13", on=ON)
-    assert (lock.os, lock.driver_branch, lock.driver, lock.kernel_module) == ("debian13", "550", "550.163.01", "open")
+    assert (lock.os, lock.driver_branch, lock.driver, lock.kernel_module) == ("debian13", "550", "550.163.01", "proprietary")
     assert (lock.cuda, lock.cuda_version, lock.nccl, lock.cudnn) == ("12.4", "12.4.131", "2.22.3", "9.10.2.21")
-    assert lock.packages["driver"] == ["nvidia-driver", "nvidia-open-kernel-dkms", "nvidia-smi"]
+    assert lock.packages["driver"] == ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi"]
     assert lock.packages["driver_version"] == "550.163.01-*"
     assert (lock.packages["cuda"], lock.packages["cuda_version"]) == ("nvidia-cuda-toolkit", "12.4.131~12.4.1-*")
     assert (lock.packages["nccl"], lock.packages["nccl_version"]) == (["libnccl2"], "2.22.3-1-1")
@@ -65,23 +65,26 @@ def test_debian13_distro_lock_names_trixies_packages() -> None:
     assert "cuDNN: the artifact mirror's" in notes and "downloader package" in notes
     assert "Debian 13 security support (trixie-security) applies" in notes
     assert "Debian's archive has no NCCL" not in notes and "535" not in notes
-    assert "does not install it yet" in notes  # CUDA 12.4 is resolved, not installed by `up` yet
+    assert "does not install it yet" not in notes  # `up` installs CUDA 12.4 from trixie's archive
     # os is part of the hash; a round trip keeps the lock and the hash
     assert stack.from_dict(lock.as_dict()) == lock
     assert lock.short_hash() not in set(GOLDEN["hashes"].values())
     assert lock.short_hash() != dataclasses.replace(lock, os="debian12").short_hash()
 
 
-@pytest.mark.parametrize(("itype", "module", "dkms"), [
-    ("docker-node", "open", "nvidia-open-kernel-dkms"),  # no GPU declared: the OS's default
-    ("g4dn.xlarge", "open", "nvidia-open-kernel-dkms"),  # Turing: open
-    ("p3.2xlarge", "proprietary", "nvidia-kernel-dkms"),  # Volta: the proprietary modules only
-])
-def test_the_flavour_follows_the_gpu_and_names_trixies_dkms_package(itype, module, dkms) -> None:
+@pytest.mark.parametrize("itype", ["docker-node", "g4dn.xlarge", "p3.2xlarge"])
+def test_trixie_gives_the_proprietary_modules_its_open_one_does_not_build(itype) -> None:
+    """No GPU, Turing (open by default elsewhere) and Volta all get nvidia-kernel-dkms: trixie's
+    nvidia-open-kernel-dkms 550.163.01-2 does not build for trixie's kernels (seen on a trixie node,
+    tests/e2e/test_debian13_e2e.py), so the open flavour is refused there, saying why."""
     lock = stack.resolve(itype, source="distro", os="debian13", on=ON)
-    assert lock.kernel_module == module and dkms in lock.packages["driver"]
-    asked = stack.resolve("docker-node", source="distro", os="debian13", kernel_module="proprietary", on=ON)
-    assert "nvidia-kernel-dkms" in asked.packages["driver"] and asked.kernel_module == "proprietary"
+    assert lock.kernel_module == "proprietary" and "nvidia-kernel-dkms" in lock.packages["driver"]
+    if itype == "p3.2xlarge":
+        return  # Volta: the open modules cannot drive it anywhere (its own refusal)
+    with pytest.raises(BadInput, match=r"^package source 'distro' cannot give the open kernel modules: Debian "
+                                       r"13's open module .* does not build against trixie's kernels 6\.12\.117 "
+                                       r"and 6\.12\.118 .*; use the proprietary modules \(nvidia-kernel-dkms\)$"):
+        stack.resolve(itype, source="distro", os="debian13", kernel_module="open", on=ON)
 
 
 def test_r550_warns_as_r535_does_and_names_debian13s_support_and_r580() -> None:
@@ -147,9 +150,13 @@ def test_every_debian13_fact_names_its_source_beside_it() -> None:
     assert re.search(r"slurm-wlm 24\.11\.5-4\+deb13u1", (ROOT / "gpuprov" / "platforms.py").read_text())
 
 
-def test_debian13_is_claimed_not_proven() -> None:
+def test_debian13_is_proven_on_local_nodes_by_its_end_to_end_test() -> None:
     trixie = platforms.get("debian13")
-    assert (trixie.title, trixie.proven, trixie.slurm) == ("Debian 13 (trixie)", False, "24.11.5")
+    assert (trixie.title, trixie.proven, trixie.slurm) == ("Debian 13 (trixie)", True, "24.11.5")
+    assert trixie.where == "local nodes: the preflight, driver and cuda plays"
+    assert trixie.proof == "proven here (local nodes: the preflight, driver and cuda plays)"
+    assert (ROOT / platforms.DEBIAN13_TEST).is_file()
     row = next(r for r in stack.resolve("g5.xlarge", source="distro", os="debian13", on=ON).public()["platforms"]
                if r["os"] == "debian13")
-    assert row["proven"] is False and "claimed" in row["how"]
+    assert row["proven"] is True and row["how"].startswith(f"{platforms.DEBIAN13_TEST}: a local node of the image "
+                                                          "gpuprov/node:trixie")

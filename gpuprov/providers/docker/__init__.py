@@ -1,4 +1,4 @@
-"""Local nodes: systemd Debian 12 containers, reached over real SSH, for trying the whole flow
+"""Local nodes: systemd Debian 12 (or, with ``--os debian13``, Debian 13) containers, reached over real SSH, for trying the whole flow
 before paying for GPUs and for the project's own end-to-end tests (no GPU: type ``docker-node``).
 
 Each node runs systemd as PID 1 (SYSTEMD_FLAGS, no ``--privileged``) on the default bridge
@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from gpuprov import paths, ssh
+from gpuprov import defaults, paths, ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
 from gpuprov.providers.docker import images
@@ -31,6 +31,11 @@ from gpuprov.providers.docker.options import DockerOptions
 from gpuprov.state import NodeRecord
 
 DEFAULT_IMAGE = "gpuprov/node:bookworm"
+# The node image of each OS a local node runs (`up --os`, gpuprov.defaults.LOCAL_OS), built by
+# scripts/build-node-image.sh from that release's suite (GPUPROV_NODE_SUITE).
+NODE_IMAGES = {"debian12": DEFAULT_IMAGE, "debian13": "gpuprov/node:trixie"}
+SUITES = {"debian12": "bookworm", "debian13": "trixie"}
+assert tuple(NODE_IMAGES) == tuple(SUITES) == defaults.LOCAL_OS, "a node image and suite for each local OS"
 NODE_USER = "gpuprov"
 
 # The flags that run systemd in a container on a cgroup v1/v2 host without
@@ -57,6 +62,13 @@ class DockerProvider(Provider):
     def __init__(self) -> None:
         self.image = os.environ.get("GPUPROV_NODE_IMAGE", DEFAULT_IMAGE)
 
+    def image_for(self, os_name: str | None) -> str:
+        """The node image of ``os_name`` (None: the default OS's; GPUPROV_NODE_IMAGE names
+        that one's)."""
+        if os_name in (None, defaults.DEFAULT_OS):
+            return self.image
+        return NODE_IMAGES[os_name]
+
     # -- checks -------------------------------------------------------------
     def check_engine(self) -> None:
         proc = docker("info", "--format", "{{.ServerVersion}}", check=False, timeout=20)
@@ -69,12 +81,13 @@ class DockerProvider(Provider):
                 "or run `make host-setup`"
             )
 
-    def check_image(self, image: str | None = None) -> None:
-        image = image or self.image
+    def check_image(self, image: str | None = None, os_name: str | None = None) -> None:
+        own = self.image_for(os_name)
+        image = image or own
         if docker("image", "inspect", image, check=False).returncode != 0:
-            if image != self.image:
+            if image != own:
                 raise BadInput(f"node image {image} not found (`gpuprov image list` shows the baked ones)")
-            raise BadInput(f"node image {self.image} not found; {build_hint()}")
+            raise BadInput(f"node image {own} not found; {build_hint(own, SUITES.get(os_name or defaults.DEFAULT_OS))}")
 
     def _containers(self, cluster: str) -> list[dict]:
         proc = docker(
@@ -92,6 +105,9 @@ class DockerProvider(Provider):
             raise BadInput(
                 f"the docker provider runs only the 'docker-node' type, not '{spec.instance_type}'"
             )
+        if spec.os is not None and spec.os not in NODE_IMAGES:
+            raise BadInput(f"--os {spec.os}: local nodes run {' or '.join(NODE_IMAGES)} "
+                           f"(node images {', '.join(NODE_IMAGES.values())})")
         if (spec.count or 0) > MAX_NODES:
             raise BadInput(
                 f"--count {spec.count}: the docker provider runs at most {MAX_NODES} local nodes "
@@ -102,7 +118,7 @@ class DockerProvider(Provider):
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
         spec = self.check_spec(spec)
         self.check_engine()
-        self.check_image(spec.image)
+        self.check_image(spec.image, spec.os)
         return Plan(
             spec=spec,
             existing=len(self._containers(spec.name)),
@@ -130,8 +146,9 @@ class DockerProvider(Provider):
                 if cname in existing:
                     continue
                 node = node_name(spec.name, index)
-                report(f"{node}: creating container from {spec.image or self.image}")
-                self._create(spec.name, node, cname, pubkey, files, apt_proxy, spec.image or self.image, plan.pull)
+                image = spec.image or self.image_for(spec.os)
+                report(f"{node}: creating container from {image}")
+                self._create(spec.name, node, cname, pubkey, files, apt_proxy, image, plan.pull)
                 created.append(cname)
             for cname in created:
                 docker("start", cname)

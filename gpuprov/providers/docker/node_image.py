@@ -34,12 +34,21 @@ def script() -> Path | None:
     return Path(str(packaged)) if packaged.is_file() else None
 
 
-def build_hint() -> str:
-    """How to build the node image here, for an error message (one line)."""
+# The suite the build script takes by default (and `make host-setup` builds).
+DEFAULT_SUITE = "bookworm"
+
+
+def build_hint(image: str | None = None, suite: str | None = None) -> str:
+    """How to build the node image here, for an error message (one line): the default one, or
+    ``image`` from Debian suite ``suite`` (trixie: `make node-image-trixie` in a checkout)."""
     path = script()
     if path is None:
         return ("its build script is not installed here: reinstall gpuprov (the wheel carries "
                 f"gpuprov/share/node-image/{SCRIPT}) or run scripts/{SCRIPT} from a checkout")
-    run = f"bash {shlex.quote(str(path))}"
-    also = " (or `make host-setup`)" if _in_checkout() is not None else ""
+    other = suite not in (None, DEFAULT_SUITE)
+    run = (f"GPUPROV_NODE_SUITE={shlex.quote(str(suite))} " if other else "") + f"bash {shlex.quote(str(path))}"
+    if other and image:
+        run += f" {shlex.quote(image)}"
+    target = f"node-image-{suite}" if other else "host-setup"
+    also = f" (or `make {target}`)" if _in_checkout() is not None else ""
     return f"build it as root with `{run}`{also}: it needs debootstrap and Docker"

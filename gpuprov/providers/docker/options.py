@@ -11,6 +11,7 @@ from gpuprov.providers import ProviderOptions, flag
 class DockerOptions(ProviderOptions):
     image: str | None = flag("--image")
     no_baked: bool = flag("--no-baked", False)
+    os: str | None = flag("--os")  # None: the default OS's node image (gpuprov.defaults.LOCAL_OS)
 
 
 OPTIONS = DockerOptions

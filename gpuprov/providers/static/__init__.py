@@ -129,6 +129,10 @@ class StaticProvider(Provider):
         ssh.pin_host_keys(files.known_hosts, keys)
 
         ssh.each_node(nodes, lambda n: ssh.wait_ssh(n, ssh.node_key(n, files.key), files.known_hosts, timeout=10))
+        if spec.os is not None:
+            releases = ssh.each_node(nodes, lambda n: _ssh_read(n, files, "cat /etc/os-release", "/etc/os-release"))
+            for n, text in zip(nodes, releases, strict=True):
+                check_os(n.name, spec.os, text)
         hardware = ssh.each_node(nodes, lambda n: _read_pci(n, files))
         ready = []
         for n, hw in zip(nodes, hardware, strict=True):
@@ -202,19 +206,47 @@ class StaticProvider(Provider):
 
 def _read_pci(node: NodeRecord, files: ClusterFiles) -> dict[str, Any]:
     """The NVIDIA functions on the host's PCI bus (catalog.parse_pci), read over SSH with the
-    pinned key; a fixed command, nothing from the hosts file reaches it but the login."""
+    pinned key."""
     from gpuprov import catalog
 
+    return catalog.parse_pci(_ssh_read(node, files, catalog.PCI_READ, "its PCI bus"))
+
+
+def _ssh_read(node: NodeRecord, files: ClusterFiles, command: str, what: str) -> str:
+    """``command``'s output on the host, over SSH with the pinned key: a fixed command, nothing
+    from the hosts file reaches it but the login."""
     proc = subprocess.run(
         ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
-         "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}",
-         catalog.PCI_READ],
+         "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}", command],
         capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=60,
     )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise GpuprovError(f"{node.name}: could not read its PCI bus over SSH ({last})")
-    return catalog.parse_pci(proc.stdout)
+        raise GpuprovError(f"{node.name}: could not read {what} over SSH ({last})")
+    return proc.stdout
+
+
+def check_os(node: str, claimed: str, os_release: str) -> None:
+    """`up --provider static --os X`: refused (BadInput, one line) where host ``node``'s
+    /etc/os-release (its text) names another OS than platform ``claimed``."""
+    from gpuprov import platforms
+
+    value = {k: v.strip().strip('"') for k, v in
+             (line.split("=", 1) for line in os_release.splitlines() if "=" in line)}
+    distro, version = value.get("ID", ""), value.get("VERSION_ID", "")
+
+    def runs(p: Any) -> bool:
+        # Debian by its major release (12.7 is Debian 12), Ubuntu by the whole one (22.04).
+        return p.distribution.lower() == distro and (
+            version.split(".")[0] if distro == "debian" else version) == p.version
+
+    want = platforms.get(claimed)
+    if runs(want):
+        return
+    found = (value.get("PRETTY_NAME") or f"{distro} {version}".strip() or "no OS named by /etc/os-release")[:80]
+    other = next((p.key for p in platforms.PLATFORMS if runs(p)), None)
+    hint = f"use --os {other}" if other else "gpuprov's roles do not support it"
+    raise BadInput(f"{node}: --os {claimed} claims {want.title}, but the host runs {found}; {hint}")
 
 
 def _from_known_hosts(node: NodeRecord) -> str | None:

@@ -1,0 +1,145 @@
+"""A Debian 13 (trixie) local node through the real CLI: `up --provider docker --os debian13
+--source distro`.
+
+What is real: the node image gpuprov/node:trixie (debootstrap from trixie, systemd, sshd with
+the bookworm image's hardening; `make node-image-trixie` builds it when it is missing or from an
+older recipe, the first time about two minutes), the lock of Debian 13's own archive (driver
+550.163.01, CUDA 12.4.131, NCCL 2.22.3), the SSH and Ansible path, and every package, from
+trixie's archive through the package cache: nvidia-driver with nvidia-kernel-dkms, whose module
+DKMS builds for the kernel headers of trixie (linux-headers-amd64, which a container node has to
+be given: Debian 13's dkms recommends none), nvidia-cuda-toolkit 12.4.131 with its gcc 13
+(nvcc compiles for sm_50 and sm_90), and libnccl2 2.22.3, held. The probes prove each.
+
+The proprietary module, not the open one: trixie's nvidia-open-kernel-dkms 550.163.01-2 does
+not build for trixie's kernels (gpuprov/data/stack.toml, [os.debian13.sources.distro]), so the
+lock refuses the open flavour there, and this file checks that refusal too.
+
+Only the plays that prove something new of Debian 13 run (`--tags preflight,driver,cuda`; NCCL is
+the cuda role's): Docker, the container toolkit, the base images, RDMA settings and microcode
+are proven on Debian 12 by test_docker_cluster.py and would add minutes here without a new
+package of trixie's (the container toolkit comes from the same FIXTURE repository). `verify
+--only` runs the probes of those plays. Its cost is the `up`: the DKMS build of the driver's
+module (about four and a half minutes with the driver's packages, on two cores at load 3.5) and
+the CUDA 12.4 toolkit (about 2.5 GB installed: nvidia-cuda-dev alone is 2.4 GB); the first run
+also fetches those packages into the package cache (over a gigabyte). Measured 2026-11-27: the
+`up` alone 11.4 minutes at load 3.5 with a cold package cache; the whole file 25.0 and 28.7
+minutes beside another suite's end-to-end tests (load 6 to 9), the `up` 23 and 25.5 of them.
+No second provision (a hand run of one changed nothing, in 71 s): `provision --check` proves
+the plays change nothing on the converged trixie node, the roles' molecule scenarios their
+idempotence.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.e2e.nodes import cleanup_labels, node_sh
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYS = "preflight,driver,cuda"
+# The probes of those plays (pytest.ini's markers).
+PROBES = "base or preflight or gpu or driver or dkms or cuda or cudnn"
+MUST_PASS = ("os_supported", "driver_packages_match_the_lock", "gpu_packages_are_held",
+             "dkms_module_for_every_kernel", "nvcc_reports_the_locked_cuda",
+             "nvcc_compiles_for_the_locked_architectures", "cuda_prefix_and_environment",
+             "nccl_matches_the_lock")
+
+
+@pytest.fixture(scope="module")
+def trixie_image(env) -> str:
+    """gpuprov/node:trixie, built by `make node-image-trixie` when missing or stale."""
+    proc = subprocess.run(["make", "-s", "-C", str(ROOT), "node-image-trixie"], capture_output=True,
+                          text=True, check=False, timeout=1200)
+    assert proc.returncode == 0, f"make node-image-trixie failed: {proc.stderr[-2000:]}"
+    return "gpuprov/node:trixie"
+
+
+@pytest.fixture(scope="module")
+def cluster(env, trixie_image):
+    name = f"d13-{secrets.token_hex(3)}"
+    try:
+        proc = run_cli("up", "--provider", "docker", "--os", "debian13", "--source", "distro", "--count", "1",
+                       "--name", name, "--tags", PLAYS, "--health", "off", "-o", "json", "--yes",
+                       env=env, timeout=2400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        yield name, json.loads(proc.stdout)
+    finally:
+        run_cli("down", name, "--yes", env=env)
+        cleanup_labels(name)
+
+
+def test_an_unknown_os_and_the_open_flavour_are_refused_before_anything_is_made(env) -> None:
+    name = f"d13x-{secrets.token_hex(3)}"
+    for args, words in ((["--os", "debian99"], "'debian99' is not one of"),
+                        (["--os", "ubuntu22.04"], "--os ubuntu22.04: local nodes run debian12 or debian13"),
+                        (["--os", "debian13", "--source", "distro", "--kernel-module", "open"],
+                         "does not build against trixie's kernels")):
+        proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--yes", *args, env=env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
+    assert subprocess.run(["docker", "ps", "-aq", "--filter", f"label=gpuprov.cluster={name}"],
+                          capture_output=True, text=True, check=True).stdout.strip() == ""
+    assert not (Path(env["GPUPROV_HOME"]) / "clusters" / name).exists()
+
+
+def test_up_locks_debian_13s_own_packages(cluster, env) -> None:
+    name, data = cluster
+    assert data["bootstrap"]["ok"] is True, data["bootstrap"]
+    lock = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["stack"]
+    assert (lock["os"], lock["source"], lock["driver"], lock["kernel_module"]) == (
+        "debian13", "distro", "550.163.01", "proprietary")
+    assert (lock["cuda"], lock["cuda_version"], lock["nccl"]) == ("12.4", "12.4.131", "2.22.3")
+    packages = lock["packages"]
+    assert packages["driver"] == ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi"]
+    assert (packages["cuda"], packages["cuda_version"]) == ("nvidia-cuda-toolkit", "12.4.131~12.4.1-*")
+    assert (packages["nccl"], packages["nccl_version"]) == (["libnccl2"], "2.22.3-1-1")
+
+
+def test_the_node_runs_trixie_and_dkms_built_the_module_for_its_kernel(cluster) -> None:
+    name, _ = cluster
+    node = f"{name}-node-1"
+    assert "VERSION_CODENAME=trixie" in node_sh(node, "cat /etc/os-release")
+    status = node_sh(node, "dkms status")
+    built = re.findall(r"^nvidia-current/550\.163\.01, (\S+), x86_64: installed$", status, re.M)
+    assert built and all(k.endswith("+deb13-amd64") for k in built), status
+    # The module file itself, as DKMS installed it for that kernel: its version is the lock's.
+    version = node_sh(node, f"modinfo -F version $(find /lib/modules/{built[0]} -name 'nvidia-current.ko*' | head -n1)")
+    assert version.strip() == "550.163.01", version
+    assert "ii  nvidia-open-kernel-dkms" not in node_sh(node, "dpkg -l 'nvidia-open-kernel-dkms' 2>/dev/null")
+
+
+def test_verify_passes_the_probes_of_the_plays_with_no_failure(cluster, env) -> None:
+    name, _ = cluster
+    proc = run_cli("verify", name, "--only", PROBES, env=env, timeout=600)
+    print(proc.stdout)  # the verify table, for the record (pytest -s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert run["stack"]["os"] == "debian13"
+    proc = run_cli("verify", name, "--only", PROBES, "-o", "json", env=env, timeout=600)
+    rows = {r["probe"]: r for r in next(iter(json.loads(proc.stdout)["hosts"].values()))}
+    assert not [p for p, r in rows.items() if r["status"] == "fail"], rows
+    for probe in MUST_PASS:
+        assert rows[probe]["status"] == "pass", rows[probe]
+    assert "nvidia-kernel-dkms 550.163.01-2" in rows["driver_packages_match_the_lock"]["detail"]
+    assert "release 12.4, V12.4.131" in rows["nvcc_reports_the_locked_cuda"]["detail"]
+    assert "sm_50, sm_90" in rows["nvcc_compiles_for_the_locked_architectures"]["detail"]
+    assert "libnccl2 2.22.3-1-1, held; libnccl.so.2 loads and reports 22203" in rows["nccl_matches_the_lock"]["detail"]
+    # No cuDNN for CUDA 12 is pinned yet: its probe skips and says why.
+    assert rows["cudnn_matches_the_lock"]["status"] == "skip"
+
+
+def test_check_of_the_plays_changes_nothing_on_the_converged_node(cluster, env) -> None:
+    name, _ = cluster
+    proc = run_cli("provision", name, "--tags", PLAYS, "--check", "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == {f"{name}-node-1": (0, 0)}, hosts
