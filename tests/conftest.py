@@ -119,7 +119,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_docker_cluster.py": 2250,  # 2100 here at load 5 to 13 (set-up 1373, drift tests 137); fresh clone 2249 before them
     "tests/e2e/test_patch_e2e.py": 1290,  # fresh clone 1292 at load 4 to 10 (2026-11-27); 1200 before; alone 726
     "tests/e2e/test_cluster_faults.py": 428,  # fresh clone
-    "molecule:nvidia_driver:default": 582,  # fresh clone
+    "molecule:nvidia_driver:default": 170,  # here 163 (the mirror FIXTURE since 2026-11-28; 582 with the real DKMS build)
     "tests/e2e/test_pull_e2e.py": 365,  # here
     "tests/e2e/test_unreachable.py": 261,  # here
     "molecule:slurm:default": 200,  # here 165 to 264
