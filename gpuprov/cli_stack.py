@@ -127,7 +127,8 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
 @click.option("--type", "instance_type", required=True, metavar="TYPE", help="Instance type.")
 @click.option("--cuda", metavar="LINE",
               help="CUDA line: 11.8 (the default), 12.9 or 13.0 (12 and 13, or 13.x, name the one line of "
-              "that major); 12.4 with --os debian13 --source distro (Debian 13's own, its default there). "
+              "that major); 12.4 with --os debian13 --source distro (Debian 13's own, its default there); "
+              "12.9 (the default there) or 13.0 with --os ubuntu24.04 (13.0 only with --source mirror). "
               "Every line resolves here; up installs 11.8, and 13.0 with --source mirror.")
 @click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
               "the newest supported long-term branch for the type).")
@@ -135,15 +136,16 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
 @click.option("--source", type=click.Choice(defaults.PACKAGE_SOURCES), default=defaults.DEFAULT_SOURCE,
               show_default=True, help="Package source the nodes install from.")
 @click.option("--os", "os_name", type=click.Choice(defaults.LOCK_OS), default=defaults.DEFAULT_OS, show_default=True,
-              help="Whose packages the lock names: Debian 12's, or Debian 13's (trixie: --source distro only, "
-              "claimed, not proven here).")
+              help="Whose packages the lock names: Debian 12's, Debian 13's (trixie: --source distro only; "
+              "proven here on local nodes for the preflight, driver and cuda plays), or Ubuntu 24.04's "
+              "(noble: NVIDIA's ubuntu2404 repository, --source nvidia or mirror; claimed, not proven here).")
 @output_option
 def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_module: str | None, source: str,
           os_name: str, output: str) -> int:
     """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA.
 
-    Also which operating systems the roles are proven on here (Debian 12) and which they only
-    claim (Debian 13, Ubuntu)."""
+    Also which operating systems the roles are proven on here (Debian 12, and Debian 13 for the
+    preflight, driver and cuda plays) and which they only claim (Ubuntu)."""
     from gpuprov import platforms  # lazy: CLI start-up
     from gpuprov import stack as stack_mod  # lazy: CLI start-up
 

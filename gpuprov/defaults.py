@@ -19,13 +19,14 @@ LOCAL_SOURCE = "distro"
 KERNEL_MODULES = ("open", "proprietary")
 
 # The operating systems a version lock names (`stack --os`; the lock's `os`, its package facts:
-# gpuprov.os_lines). A lock without one is Debian 12's.
-LOCK_OS = ("debian12", "debian13")
+# gpuprov.os_lines). A lock without one is Debian 12's. Ubuntu 24.04: claimed, not proven here
+# (gpuprov.platforms): NVIDIA's repository names read off its public documents.
+LOCK_OS = ("debian12", "debian13", "ubuntu24.04")
 DEFAULT_OS = "debian12"
 
 # The operating systems an aws node can launch with (`up --os`; their images:
 # gpuprov.providers.aws.preflight.IMAGE_SOURCES, their facts: gpuprov.platforms).
-AWS_OS = ("debian12", "debian13", "ubuntu22.04")
+AWS_OS = ("debian12", "debian13", "ubuntu22.04", "ubuntu24.04")
 DEFAULT_AWS_OS = "debian12"
 # The operating systems of local (docker) nodes: one node image each
 # (gpuprov.providers.docker.NODE_IMAGES, built by scripts/build-node-image.sh).

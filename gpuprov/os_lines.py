@@ -1,6 +1,7 @@
-"""The lock's operating system (``os``): Debian 12 (the default) or Debian 13 (trixie), each with
-the package facts of ``data/stack.toml`` — Debian 12's in [sources.*], every other OS's in
-[os.X.sources.S] — and the rules that tie an OS to a package source and a CUDA line.
+"""The lock's operating system (``os``): Debian 12 (the default), Debian 13 (trixie) or Ubuntu 24.04
+(noble, claimed: NVIDIA's repository names read off its public documents), each with the package
+facts of ``data/stack.toml`` — Debian 12's in [sources.*], every other OS's in [os.X.sources.S] —
+and the rules that tie an OS to a package source and a CUDA line.
 
 A Debian 12 lock records ``os`` but leaves it out of its hash (``in_hash``), so that every lock
 stored before there was an OS keeps its hash. Which OS the suite proves: gpuprov.platforms.
@@ -63,11 +64,14 @@ def cuda_refusal(cuda: str, os: str, name: str, line: dict[str, Any]) -> str | N
     only = line.get("os")
     if only and os not in only:
         return (f"CUDA {cuda} is packaged by {', '.join(facts(o).get('title', o) for o in only)} only: "
-                f"use --os {only[0]} --source distro, or --cuda {defaults.DEFAULT_CUDA}")
+                f"use --os {only[0]} --source distro, or --cuda {default_cuda(os, name)}")
     carried = ((facts(os).get("sources") or {}).get(name) or {}).get("cuda_lines")
     if carried and cuda not in carried:
         title = facts(os).get("title", os)
-        return (f"CUDA {cuda} with --os {os} --source {name}: {title}'s archive packages CUDA "
+        whose = f"{title}'s archive" if name == "distro" else f"NVIDIA's repository for {title}"
+        if name == "mirror":
+            whose = f"the mirror (NVIDIA's layout) for {title}"
+        return (f"CUDA {cuda} with --os {os} --source {name}: {whose} packages CUDA "
                 f"{', '.join(carried)} only; use --cuda {carried[0]}")
     return None
 
@@ -103,6 +107,10 @@ def branch_refusal(os: str, name: str, allowed: list[str], branch: str) -> str:
     if not in_hash(os):
         return (f"package source '{name}' carries driver branch {', '.join(allowed)} only, "
                 f"not {branch}; use --source nvidia or mirror")
+    why = ((facts(os).get("sources") or {}).get(name) or {}).get("branches_why")
+    if why:
+        return (f"package source '{name}' on --os {os} gives driver branch {', '.join(allowed)} only, "
+                f"not {branch}: {why}")
     return (f"package source '{name}' on --os {os} carries driver branch {', '.join(allowed)} only, "
             f"not {branch}; NVIDIA's own repository for {facts(os).get('title', os)} gives R580, "
             "whose package names gpuprov has not read yet")

@@ -63,6 +63,9 @@ PLATFORMS: tuple[Platform, ...] = (
              where="local nodes: the preflight, driver and cuda plays"),
     Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False, slurm="19.05.5"),
     Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False, slurm="21.08.5"),
+    # Ubuntu 24.04: a lock OS (`stack --os ubuntu24.04`, gpuprov.os_lines) whose package names are read
+    # off NVIDIA's public documents for its ubuntu2404 repository; no node here installs them, so it
+    # stays claimed until a run proves it.
     Platform("ubuntu24.04", "Ubuntu", "24.04", "noble", proven=False, slurm="23.11.4"),
 )
 BY_KEY = {p.key: p for p in PLATFORMS}

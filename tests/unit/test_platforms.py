@@ -79,6 +79,12 @@ def test_aws_doc_platforms_paragraph() -> None:
     assert "`--os ubuntu22.04`" in paragraph and "not proven here" in paragraph
     assert "/aws/service/debian/release/12/latest/amd64" in paragraph
     assert "/aws/service/debian/release/13/latest/amd64" in paragraph and "`--os debian13`" in paragraph
+    # Ubuntu 24.04: Canonical's noble parameter, the one preflight reads, and "claimed, not proven here".
+    words = " ".join(paragraph.split())
+    assert "`--os ubuntu24.04` launches Canonical's Ubuntu 24.04 (noble), claimed, not proven here" in words
+    from gpuprov.providers.aws import preflight
+
+    assert f"`{preflight.IMAGE_SOURCES['ubuntu24.04'][0].format(arch='amd64')}`" in paragraph
 
 
 def test_readme_platforms_section() -> None:
@@ -86,6 +92,8 @@ def test_readme_platforms_section() -> None:
     words = " ".join(section.split())
     assert "Every role is proven here on Debian 12 (bookworm)" in words
     assert "`--os ubuntu22.04`" in words and "not proven here" in words
+    assert ("`gpuprov stack --os ubuntu24.04` resolves a lock of NVIDIA's ubuntu2404 repository names (R580, "
+            "CUDA 12.9 or 13.0), read off NVIDIA's public documents: claimed, not proven here") in words
     assert "Debian 13 (trixie) is proven here on local nodes for the preflight, driver and cuda plays" in words
 
 
@@ -102,6 +110,9 @@ def test_stack_shows_the_platforms(capsys) -> None:
     assert rows[1] == {"os": "debian13", "name": "Debian 13 (trixie)", "proven": True,
                        "how": platforms.PROVEN_BY_DEBIAN13, "slurm": "24.11.5"}
     assert {r["os"]: r["proven"] for r in rows[2:]} == {"ubuntu20.04": False, "ubuntu22.04": False, "ubuntu24.04": False}
+    # Only a run proves a platform: Ubuntu 24.04 is a lock OS now, and still claimed.
+    assert rows[4] == {"os": "ubuntu24.04", "name": "Ubuntu 24.04 (noble)", "proven": False,
+                       "how": platforms.CLAIMED, "slurm": "23.11.4"}
 
     with pytest.raises(SystemExit):
         main(["stack", "--type", "g5.xlarge"])

@@ -124,7 +124,7 @@ def test_blackwell_is_beyond_cuda_12_4_and_an_unknown_os_is_refused() -> None:
     with pytest.raises(BadInput, match=r"CUDA 12\.4 cannot drive B200 \(sm_100\).*needs CUDA >= 12\.8"):
         stack.resolve("p6-b200.48xlarge", source="distro", os="debian13", on=ON)
     with pytest.raises(BadInput, match=r"^--os debian14: gpuprov's stack data has no facts for it \(known: "
-                                       r"debian12, debian13\)$"):
+                                       r"debian12, debian13, ubuntu24\.04\)$"):
         stack.resolve("g5.xlarge", source="distro", os="debian14", on=ON)
 
 

@@ -38,6 +38,13 @@ from gpuprov.providers.aws.common import DEFAULT_DISK_GB, MAX_COUNT, NODE_USER, 
 #   "/aws/service/debian/release/13/latest/amd64" and ".../arm64", Terraform filters "debian-13-amd64-*").
 # - Canonical: /aws/service/canonical/ubuntu/server/22.04/stable/current/<arch>/hvm/ebs-gp2/ami-id,
 #   owner 099720109477. Login user: ubuntu.
+#   Ubuntu 24.04 (noble) the same way, its images on gp3 volumes:
+#   /aws/service/canonical/ubuntu/server/24.04/stable/current/<arch>/hvm/ebs-gp3/ami-id, images of the
+#   same owner named ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-<arch>-server-<date> (checked against
+#   public code that reads the same parameter and name pattern, a search of public repositories
+#   2026-11: Terraform aws_ssm_parameter data sources and `aws ssm get-parameter` scripts naming
+#   ".../24.04/stable/current/amd64/hvm/ebs-gp3/ami-id", Terraform aws_ami filters of owner
+#   099720109477 named "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*").
 # gpuprov logs in as neither: the user-data (templates/cloud-init.yaml.j2) makes its own user
 # (common.NODE_USER) on every image, so the image's default user is never used.
 # {arch} is the Debian/Ubuntu name of the type's CPU architecture, never another's.
@@ -50,11 +57,14 @@ DEBIAN13_NAME = "debian-13-{arch}-*"
 CANONICAL_OWNER = "099720109477"
 UBUNTU_SSM = "/aws/service/canonical/ubuntu/server/22.04/stable/current/{arch}/hvm/ebs-gp2/ami-id"
 UBUNTU_NAME = "ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-{arch}-server-*"
+UBUNTU2404_SSM = "/aws/service/canonical/ubuntu/server/24.04/stable/current/{arch}/hvm/ebs-gp3/ami-id"
+UBUNTU2404_NAME = "ubuntu/images/hvm-ssd*/ubuntu-noble-24.04-{arch}-server-*"
 # --os -> (SSM parameter, owner, name pattern)
 IMAGE_SOURCES: dict[str, tuple[str, str, str]] = {
     "debian12": (DEBIAN12_SSM, DEBIAN_OWNER, DEBIAN12_NAME),
     "debian13": (DEBIAN13_SSM, DEBIAN_OWNER, DEBIAN13_NAME),
     "ubuntu22.04": (UBUNTU_SSM, CANONICAL_OWNER, UBUNTU_NAME),
+    "ubuntu24.04": (UBUNTU2404_SSM, CANONICAL_OWNER, UBUNTU2404_NAME),
 }
 OS_CHOICES = defaults.AWS_OS
 assert tuple(IMAGE_SOURCES) == OS_CHOICES, "an image source for each --os choice (gpuprov.defaults.AWS_OS)"

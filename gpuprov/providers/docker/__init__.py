@@ -27,15 +27,9 @@ from gpuprov.providers.docker.engine import IMAGE_LABEL, LABEL, NODE_LABEL, dock
 from gpuprov.providers.docker.images import delete
 from gpuprov.providers.docker.node_image import build_hint
 from gpuprov.providers.docker.nodes import remove
-from gpuprov.providers.docker.options import DockerOptions
+from gpuprov.providers.docker.options import DEFAULT_IMAGE, NODE_IMAGES, SUITES, DockerOptions, unimaged
 from gpuprov.state import NodeRecord
 
-DEFAULT_IMAGE = "gpuprov/node:bookworm"
-# The node image of each OS a local node runs (`up --os`, gpuprov.defaults.LOCAL_OS), built by
-# scripts/build-node-image.sh from that release's suite (GPUPROV_NODE_SUITE).
-NODE_IMAGES = {"debian12": DEFAULT_IMAGE, "debian13": "gpuprov/node:trixie"}
-SUITES = {"debian12": "bookworm", "debian13": "trixie"}
-assert tuple(NODE_IMAGES) == tuple(SUITES) == defaults.LOCAL_OS, "a node image and suite for each local OS"
 NODE_USER = "gpuprov"
 
 # The flags that run systemd in a container on a cgroup v1/v2 host without
@@ -105,9 +99,8 @@ class DockerProvider(Provider):
             raise BadInput(
                 f"the docker provider runs only the 'docker-node' type, not '{spec.instance_type}'"
             )
-        if spec.os is not None and spec.os not in NODE_IMAGES:
-            raise BadInput(f"--os {spec.os}: local nodes run {' or '.join(NODE_IMAGES)} "
-                           f"(node images {', '.join(NODE_IMAGES.values())})")
+        if unimaged(spec.os):
+            raise BadInput(unimaged(spec.os))
         if (spec.count or 0) > MAX_NODES:
             raise BadInput(
                 f"--count {spec.count}: the docker provider runs at most {MAX_NODES} local nodes "
