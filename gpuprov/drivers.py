@@ -216,3 +216,12 @@ def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | No
                 f"not NVIDIA's" + (move.replace("; move to", "; NVIDIA's packages (--source "
                                                 "nvidia): move to") if move else ""))
     return said + move
+
+
+def fabricmanager_package(src: dict[str, Any], branch: str) -> str | None:
+    """Fabric manager's package name in ``src`` for ``branch``: NVIDIA's repositories carry the
+    branch in it through R575 (nvidia-fabricmanager-575) and not from R580 (nvidia-fabricmanager)."""
+    since = src.get("fabricmanager_unbranched_from")
+    if since and src.get("fabricmanager_unbranched") and int(branch) >= int(since):
+        return str(src["fabricmanager_unbranched"])
+    return src["fabricmanager_package"].format(branch=branch) or None

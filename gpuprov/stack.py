@@ -307,7 +307,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
     packages = {
         "driver": [p.format(branch=branch) for p in src[names_key]],
         "driver_version": src["driver_version"].format(version=exact),
-        "fabricmanager": src["fabricmanager_package"].format(branch=branch) or None,
+        "fabricmanager": drivers.fabricmanager_package(src, branch),
         "fabricmanager_version": src["fabricmanager_version"].format(version=exact) or None,
         **pieces["packages"],
     }

@@ -15,7 +15,7 @@ SUPPORTED = {("ubuntu", "20.04"), ("ubuntu", "22.04"), ("ubuntu", "24.04"), ("de
 # Package names unattended-upgrades must leave alone: one of each name family the roles install,
 # whatever the branch or flavour (Debian's, and NVIDIA's proprietary and open names).
 GPU_PACKAGES = ["nvidia-driver", "nvidia-driver-580-open", "nvidia-dkms-580", "libnvidia-compute-535",
-                "nvidia-fabricmanager-580", "cuda-toolkit-11-8", "libcudnn8", "libnccl2"]
+                "nvidia-fabricmanager-535", "nvidia-fabricmanager", "cuda-toolkit-11-8", "libcudnn8", "libnccl2"]
 # Packages whose security updates unattended-upgrades must keep applying: prefix patterns
 # such as ^libcu and ^libnv matched these too (libcurl, CUPS, NVMe, ZFS, cupt, texture tools).
 MUST_STAY_UPGRADABLE = [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import stack
+from gpuprov import drivers, stack
 from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import copy_in, play, sh
@@ -70,7 +70,9 @@ def driver_roles(url: str, fingerprint: str, version: str, key_url: str = "",
             "nvidia_driver_pinning_package": pinning,
             "nvidia_driver_package_version": f"{version}-*"}},
         {"role": "nvidia_fabricmanager", "vars": {
-            "nvidia_fabricmanager_package": f"nvidia-fabricmanager-{version.split('.')[0]}",
+            # NVIDIA's name: the branch's through R575, nvidia-fabricmanager from R580
+            "nvidia_fabricmanager_package": drivers.fabricmanager_package(
+                drivers.data()["sources"]["mirror"], version.split(".")[0]),
             "nvidia_fabricmanager_version": version,
             "nvidia_fabricmanager_package_version": f"{version}-*"}},
         # cuDNN from NVIDIA's repository as the lock of source nvidia names it.
@@ -246,14 +248,14 @@ def test_branch_and_flavour_move_replaces_the_old_packages(env, repos, node, tmp
     installed = sh(cdir, name, "dpkg-query -W -f='${db:Status-Abbrev}${Package}=${Version}\\n' 'nvidia-*' "
                                "| awk '/^.i/ { print $2 }'").split()
     assert sorted(installed) == sorted([f"nvidia-driver-580-open={R580}-1", f"nvidia-dkms-580-open={R580}-1",
-                                        f"nvidia-fabricmanager-580={R580}-1", f"nvidia-driver-pinning-{R580}=1.0"])
+                                        f"nvidia-fabricmanager={R580}-1", f"nvidia-driver-pinning-{R580}=1.0"])
     # The old branch's library came in as a dependency: apt's autoremove (limited to the role's
     # recorded packages) takes it out with its driver.
     libs = sh(cdir, name, "dpkg-query -W -f='${db:Status-Abbrev}${Package}=${Version}\\n' 'libnvidia-compute-*' "
                           "| awk '/^.i/ { print $2 }'").split()
     assert libs == [f"libnvidia-compute-580={R580}-1"], libs
     held = set(sh(cdir, name, "apt-mark showhold").split())
-    assert {"nvidia-driver-580-open", "nvidia-dkms-580-open", "nvidia-fabricmanager-580"} <= held
+    assert {"nvidia-driver-580-open", "nvidia-dkms-580-open", "nvidia-fabricmanager"} <= held
     assert not {h for h in held if "535" in h}, held
     assert f"Pin: version {R580}-*" in sh(cdir, name, "cat /etc/apt/preferences.d/gpuprov-nvidia-driver.pref")
     record = sh(cdir, name, "cat /var/lib/gpuprov/nvidia_driver.json")

@@ -157,12 +157,16 @@ def test_types_mark_the_lines_each_gpu_can_use() -> None:
 
 
 # The hashes of CUDA 11.8 locks as gpuprov resolved them before there were CUDA lines (read off
-# the code of commit 2024181 on ON): the lines must not move a single one.
+# the code of commit 2024181 on ON): the lines must not move a single one. The R580 locks of
+# NVIDIA's repository and the mirror moved once since, for a reason of their own (2026-11-28:
+# fabric manager from R580 is NVIDIA's nvidia-fabricmanager, not nvidia-fabricmanager-580; p4d
+# was 7465450da0a7, p5 aec7c6922dd1, p3 353dfa37bad9, g5 a6ca2c86b382:
+# tests/fixtures/lock_hashes_debian12.json "fabricmanager_renamed").
 HASHES_11_8 = {
-    ("p4d.24xlarge", "nvidia", None): "7465450da0a7",
-    ("p5.48xlarge", "nvidia", None): "aec7c6922dd1",
-    ("p3.2xlarge", "nvidia", None): "353dfa37bad9",
-    ("g5.xlarge", "mirror", None): "a6ca2c86b382",
+    ("p4d.24xlarge", "nvidia", None): "7bf59c59a825",
+    ("p5.48xlarge", "nvidia", None): "a3c7915d9a95",
+    ("p3.2xlarge", "nvidia", None): "a617d2823bf4",
+    ("g5.xlarge", "mirror", None): "8d4c2d1b0732",
     ("docker-node", "distro", None): "684b1af6a3a9",
     ("p4d.24xlarge", "nvidia", "535"): "e1f97db988a4",
 }

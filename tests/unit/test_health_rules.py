@@ -16,7 +16,7 @@ from gpuprov.health.gather import Section
 from gpuprov.health.run import check_level
 
 LOCK = {"driver": "580.159.04", "fabricmanager": "580.159.04",
-        "packages": {"fabricmanager": "nvidia-fabricmanager-580"}}
+        "packages": {"fabricmanager": "nvidia-fabricmanager"}}
 
 
 def facts(**texts: str) -> Facts:
@@ -110,7 +110,7 @@ def test_fabric_manager_on_nvswitch_nodes_only() -> None:
     switches = "\n".join(f"/sys/bus/pci/devices/0000:00:0{i}.0 vendor=0x10de device=0x22a3 class=0x068000"
                          for i in range(4))
     expect = Expect(instance_type="p5.48xlarge", nvswitch=True, lock=LOCK)
-    pkg = "ii nvidia-fabricmanager-580 580.159.04-1"
+    pkg = "ii nvidia-fabricmanager 580.159.04-1"
     ok = checks_gpu.fabricmanager(facts(pci=switches, fabricmanager="active", fabricmanager_pkg=pkg), expect)
     assert ok.status == "pass"
     down = checks_gpu.fabricmanager(facts(pci=switches, fabricmanager="failed", fabricmanager_pkg=pkg), expect)

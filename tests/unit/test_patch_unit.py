@@ -108,7 +108,7 @@ def test_branch_and_flavour_move_plan_lists_packages_in_out_and_the_reboot() -> 
         f"nvidia-driver-pinning-{v580} not installed -> installed",
         f"nvidia-driver-580-open not installed -> {v580}-*",
         f"nvidia-dkms-580-open not installed -> {v580}-*",
-        f"nvidia-fabricmanager-580 not installed -> {v580}-*",
+        f"nvidia-fabricmanager not installed -> {v580}-*",
         f"nvidia-driver-535 {v535}-1 -> removed",
         f"nvidia-dkms-535 {v535}-1 -> removed",
         f"nvidia-fabricmanager-535 {v535}-1 -> removed",
@@ -118,7 +118,7 @@ def test_branch_and_flavour_move_plan_lists_packages_in_out_and_the_reboot() -> 
     assert on_container[-1] == "reboot: none (container node: it shares the kernel of its host)"
     # A node already there: nothing to move, no reboot line.
     there = {"before": {f"nvidia-driver-pinning-{v580}": "1.0", "nvidia-driver-580-open": f"{v580}-1",
-                        "nvidia-dkms-580-open": f"{v580}-1", "nvidia-fabricmanager-580": f"{v580}-1"},
+                        "nvidia-dkms-580-open": f"{v580}-1", "nvidia-fabricmanager": f"{v580}-1"},
              "container": False, "gpus": 8}
     assert patch.plan_of(there, new, patch.request(driver="580"), old) == []
 

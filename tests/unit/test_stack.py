@@ -90,7 +90,8 @@ def test_package_names_follow_the_source() -> None:
     nvidia = stack.resolve("p4d.24xlarge", on=ON).packages
     assert nvidia["driver"] == ["nvidia-driver-580-open", "nvidia-dkms-580-open"]
     assert nvidia["pinning"] == "nvidia-driver-pinning-580.159.04"
-    assert nvidia["fabricmanager"] == "nvidia-fabricmanager-580"
+    # NVIDIA's name from R580 (the branch's through R575: nvidia-fabricmanager-535 below)
+    assert nvidia["fabricmanager"] == "nvidia-fabricmanager"
     assert nvidia["fabricmanager_version"] == nvidia["driver_version"] == "580.159.04-*"
     volta = stack.resolve("p3.2xlarge", on=ON).packages
     assert volta["driver"] == ["nvidia-driver-580", "nvidia-dkms-580"]

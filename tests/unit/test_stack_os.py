@@ -41,6 +41,25 @@ def test_every_debian12_lock_shape_keeps_its_hash() -> None:
     assert not moved, moved
 
 
+def test_the_locks_that_moved_moved_for_fabric_managers_name_alone() -> None:
+    """R580 and newer from NVIDIA's repository or the mirror: fabric manager is NVIDIA's
+    nvidia-fabricmanager (nvidia-fabricmanager-580 does not exist there). Those hashes moved for
+    that alone: with the old name, each lock gives its old hash again; every other shape kept its
+    hash (above)."""
+    renamed = GOLDEN["fabricmanager_renamed"]
+    assert len(renamed) > 100
+    for key, before in renamed.items():
+        lock = stack.resolve(**_request(key), on=ON)
+        assert lock.packages["fabricmanager"] == "nvidia-fabricmanager", key
+        assert int(lock.driver_branch) >= 580 and lock.source in ("nvidia", "mirror"), key
+        old = dataclasses.replace(lock, packages={**lock.packages,
+                                                  "fabricmanager": f"nvidia-fabricmanager-{lock.driver_branch}"})
+        assert old.short_hash() == before != lock.short_hash(), key
+    kept = [k for k in GOLDEN["hashes"] if k not in renamed]
+    assert kept and all(stack.resolve(**_request(k), on=ON).packages["fabricmanager"] != "nvidia-fabricmanager"
+                        for k in kept)
+
+
 def test_a_stored_lock_without_os_is_debian12_and_keeps_its_hash() -> None:
     lock = stack.resolve("p4d.24xlarge", on=ON)
     stored = lock.as_dict()
