@@ -55,3 +55,12 @@ def require_systemd(host: Any) -> None:
     init = host.run("cat /proc/1/comm").stdout.strip() or "unknown"
     raise AssertionError(f"expected a node run by systemd, found PID 1 '{init}' (no /run/systemd/system): "
                          "gpuprov's roles need systemd for their services")
+
+
+def rdma_adapters(host: Any) -> dict[str, str]:
+    """The InfiniBand/RoCE adapters in /sys/class/infiniband: {device: its kernel driver}, EFA's
+    left out (what gpuprov health's peermem check reads: gpuprov/health/gather.py "infiniband")."""
+    out = host.run('for d in /sys/class/infiniband/*; do [ -e "$d" ] && '
+                   'echo "$(basename "$d") $(basename "$(readlink -f "$d/device/driver")")"; done; true').stdout
+    found = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+    return {device: driver for device, driver in found.items() if driver != "efa"}
