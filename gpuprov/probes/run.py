@@ -61,6 +61,32 @@ def run_local_probes(
                 rename={LOCAL_NODE: node}, only=only)
 
 
+# The probe groups (pytest.ini's markers) that prove each play of site.yml, by its tag: what a run
+# of some plays (`--tags`) is verified by. Every play runs gpuprov_base first, whose GPU facts
+# `base` proves; spot and nccl_tests have no probes of their own (`gpuprov health` runs NCCL).
+PLAY_GROUPS: dict[str, tuple[str, ...]] = {
+    "preflight": ("preflight",),
+    "driver": ("driver", "dkms", "fabricmanager", "gpu"),
+    "cuda": ("cuda", "cudnn"),
+    "spot": (),
+    "containers": ("containers", "images"),
+    "dcgm": ("dcgm",),
+    "rdma": ("rdma",),
+    "nccl_tests": (),
+    "microcode": ("microcode",),
+    "slurm": ("slurm",),
+}
+
+
+def groups_of_plays(tags: Sequence[str]) -> str | None:
+    """The marker expression of the probes of the plays ``tags`` name (None: every probe, for
+    no tags or a tag that is no play's, such as a role's)."""
+    if not tags or any(tag not in PLAY_GROUPS for tag in tags):
+        return None
+    groups = dict.fromkeys(["base", *(g for tag in tags for g in PLAY_GROUPS[tag])])
+    return " or ".join(groups)
+
+
 def probe_groups() -> list[str]:
     """The probes' markers (gpu, driver, cuda, ...), as the probes' pytest.ini declares them."""
     ini = configparser.ConfigParser()

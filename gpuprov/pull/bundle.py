@@ -42,6 +42,7 @@ from gpuprov import __version__, paths
 from gpuprov.ansible.runner import extravars_yaml
 from gpuprov.errors import GpuprovError
 from gpuprov.manifest import record, remote
+from gpuprov.probes.run import groups_of_plays
 
 FORMAT = 1
 PYTHON_MIN = (3, 11)
@@ -93,6 +94,9 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
         "python_min": list(PYTHON_MIN),
         "lock_hash": lock.get("hash"),
         "tags": list(tags),
+        # The probes the node runs on itself after the plays: those of the plays it ran (a run of
+        # some plays is judged on them, as `verify --only`), every one after the whole site.
+        "probes": groups_of_plays(tags),
         "collections": sorted(".".join(c) for c in collections_used()),
     }
     entries: list[tuple[str, bytes, int]] = [("manifest.json", _json(manifest), 0o644)]

@@ -220,7 +220,7 @@ def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: 
             _watch(server, names, outcome, progress, run_dir)
         hosts, errors = {}, {}
         summary = progress.summary()
-        expected = expected_probes()
+        expected = expected_probes(groups=bundle.manifest.get("probes"))
         for node in names:
             got = outcome[node]
             hosts[node] = HostStats.of(got.get("stats") or summary[node])
@@ -264,23 +264,30 @@ def _record_manifests(store: Store, name: str, nodes: list[NodeRecord], outcome:
     record.write(store, name, changes)
 
 
-def expected_probes(probes_dir: Path | None = None) -> set[str]:
+def expected_probes(probes_dir: Path | None = None, groups: str | None = None) -> set[str]:
     """The probes a node's quick verification runs (the agent runs them with ``-m "not
-    full"``): each probe module's test functions, by the name its rows carry (collect.py),
-    read from the probes the bundle carries (this gpuprov's)."""
+    full"``, and ``groups``: the bundle's "probes", groups_of_plays' "base or rdma ...", when the
+    plays were some): each probe module's test functions, by the name its rows carry
+    (collect.py), read from the probes the bundle carries (this gpuprov's)."""
     import ast
+    import re
 
-    def full(marks: list[ast.expr]) -> bool:
-        return any("mark.full" in ast.unparse(mark) for mark in marks)
+    wanted = set(groups.split(" or ")) if groups else None
+
+    def marks(exprs: list[ast.expr]) -> set[str]:
+        return {m for e in exprs for m in re.findall(r"mark\.(\w+)", ast.unparse(e))}
 
     names = set()
     for module in sorted((probes_dir or paths.probes_dir()).glob("test_*.py")):
         tree = ast.parse(module.read_text(), str(module))
-        if any(isinstance(s, ast.Assign) and "pytestmark" in ast.unparse(s.targets[0]) and full([s.value])
-               for s in tree.body):
-            continue
-        names |= {f.name.removeprefix("test_") for f in tree.body
-                  if isinstance(f, ast.FunctionDef) and f.name.startswith("test_") and not full(f.decorator_list)}
+        own = marks([s.value for s in tree.body if isinstance(s, ast.Assign)
+                     and "pytestmark" in ast.unparse(s.targets[0])])
+        for f in tree.body:
+            if not (isinstance(f, ast.FunctionDef) and f.name.startswith("test_")):
+                continue
+            mine = own | marks(f.decorator_list)
+            if "full" not in mine and (wanted is None or mine & wanted):
+                names.add(f.name.removeprefix("test_"))
     return names
 
 

@@ -26,6 +26,8 @@ import subprocess
 
 import pytest
 
+from gpuprov.probes.run import groups_of_plays
+from gpuprov.pull.controller import expected_probes
 from tests.conftest import run_cli, unbootstrapped_cluster
 
 pytestmark = pytest.mark.e2e
@@ -90,8 +92,12 @@ def test_pull_nodes_fetch_check_run_report_and_verify(clusters, env) -> None:
     status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
     kinds = [r["kind"] for r in status["runs"]]
     assert "bootstrap-pull" in kinds and "verify-quick" in kinds
+    # the probes of the plays they ran, every one of them on each node, none failing (before a
+    # run of some plays was judged on every probe, and those of the plays it did not run failed)
     counts = boot["pull"]["verify"]
-    assert counts["pass"] > 0 and counts["pass"] + counts["fail"] + counts["skip"] > 40
+    want = expected_probes(groups=groups_of_plays(TAGS.split(",")))
+    assert len(want) > 10 and counts["fail"] == 0 and counts["pass"] > 0, counts
+    assert counts["pass"] + counts["skip"] == len(nodes) * len(want), counts
     # A run of some plays (--tags) writes no manifest, as push's does not (a manifest covers
     # the whole site): none recorded, none on the nodes. The manifest a pull of every play
     # writes, and the record of it, are proven part by part in tests/unit/test_pull_manifest.py
@@ -138,14 +144,20 @@ def test_a_pull_node_and_a_push_node_end_identical(clusters, env) -> None:
     two = json.loads(run_cli("verify", pushed, "-o", "json", env=env).stdout)
     assert _rows(one, f"{pulled}-node-1") == _rows(two, f"{pushed}-node-1")
     assert _rows(one, f"{pulled}-node-1") == _rows(one, f"{pulled}-node-2")
-    # ... and the rows each pull node reported of itself, recorded with the bootstrap
+    # ... and the rows each pull node reported of itself, recorded with the bootstrap: the probes
+    # of the plays it ran (a run of some plays is judged on theirs alone), as `verify --only` has them
     status = json.loads(run_cli("status", pulled, "-o", "json", env=env, check=True).stdout)
     run_dir = next(r["artifact_dir"] for r in status["runs"] if r["kind"] == "bootstrap-pull")
     with open(f"{run_dir}/probes.json") as handle:
         reported = json.load(handle)
+    groups = groups_of_plays(TAGS.split(","))
+    assert groups == "base or preflight or rdma or microcode"
+    theirs = json.loads(run_cli("verify", pulled, "--only", groups, "-o", "json", env=env).stdout)
     for node in (f"{pulled}-node-1", f"{pulled}-node-2"):
-        assert sorted((r["probe"], r["status"], r["detail"].replace(node, "NODE")) for r in reported[node]) == \
-            _rows(one, node)
+        rows = sorted((r["probe"], r["status"], r["detail"].replace(node, "NODE")) for r in reported[node])
+        assert rows == _rows(theirs, node)
+        assert {p for p, _, _ in rows} < {p for p, _, _ in _rows(one, node)}  # not the driver's, nor cuda's ...
+        assert "driver_packages_match_the_lock" not in {p for p, _, _ in rows}
 
 
 def test_push_after_pull_changes_nothing(clusters, env) -> None:

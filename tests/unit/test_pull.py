@@ -64,6 +64,8 @@ def test_the_bundle_carries_the_site_the_packages_and_nothing_compiled(built) ->
     assert all(m.uid == 0 and m.gid == 0 and m.mtime == 0 and (m.isfile() or m.isdir()) for m in members.values())
     manifest = json.loads(_read(built.data, "manifest.json"))
     assert manifest["format"] == 1 and manifest["lock_hash"] == "abc123" and manifest["tags"] == ["spot"]
+    # The node judges a run of some plays on their probes alone (spot has none of its own).
+    assert manifest["probes"] == "base"
     # The roles call ansible.builtin only (tests/unit/test_builtin_modules.py): no collection
     # is needed, none is carried, and each one the roles named would be.
     assert manifest["collections"] == [".".join(c) for c in bundle_mod.collections_used()] == []

@@ -300,12 +300,16 @@ def converge(root: Path, manifest: dict, env: dict[str, str], log: Path) -> int:
         return subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root, check=False).returncode
 
 
-def probes(root: Path, env: dict[str, str], log: Path) -> list[dict]:
+def probes(root: Path, manifest: dict, env: dict[str, str], log: Path) -> list[dict]:
     results = root / "probes.jsonl"
     results.write_text("")
     probes_dir = root / "lib" / "gpuprov" / "probes"
+    # The probes of the plays the bundle runs (its "probes": a marker expression the controller
+    # made from the tags; none: every probe), at the quick level.
+    only = manifest.get("probes")
     cmd = [sys.executable, "-m", "pytest", str(probes_dir), "-p", "gpuprov.probes.collect", "-p",
-           "no:cacheprovider", "--hosts=local://", "-q", "-rN", "-m", "not full"]
+           "no:cacheprovider", "--hosts=local://", "-q", "-rN", "-m",
+           f"({only}) and not full" if only else "not full"]
     env = {**env, "GPUPROV_EXPECTATIONS": str(root / "expectations.json"),
            "GPUPROV_PROBE_RESULTS": str(results)}
     with log.open("a") as out:
@@ -346,7 +350,7 @@ def main(config_path: str) -> int:
             return 1
         written = write_manifest(root, manifest, items) if items is not None else None
         began = time.monotonic()
-        rows = probes(root, env, log)
+        rows = probes(root, manifest, env, log)
         timing["probes_s"] = round(time.monotonic() - began, 1)
         if not rows:  # a verification that did not look is a failure, not an empty pass
             tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
