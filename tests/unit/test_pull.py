@@ -172,7 +172,18 @@ def test_the_agent_refuses_a_bundle_of_another_sha256_and_unpacks_nothing(tmp_pa
                     sha256=expected, key=key)
         config = tmp_path / "pull.json"
         config.write_text(json.dumps(boot.node_config("n1", "docker-node")))
+        # "done" tells the controller the token is gone: it must be, when "done" is sent.
+        on_done: list[bool] = []
+        add = agent.Reporter.add
+
+        def watch(reporter, event: str, **fields) -> None:
+            if event == "done":
+                on_done.append(config.exists())
+            add(reporter, event, **fields)
+
+        monkeypatch.setattr(agent.Reporter, "add", watch)
         assert agent.main(str(config)) == 3
+        assert on_done == [False]
         kinds = [e["event"] for e in server.events["n1"]]
     assert kinds == ["agent", "refused", "done"]
     refused = server.events["n1"][1]["event_data"]["msg"]

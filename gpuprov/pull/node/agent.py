@@ -15,9 +15,10 @@ gpuprov-pull.service. Python's standard library only: it runs before anything is
    push runs it over SSH, on the items the callback kept of the run's own results) and
    report its digest and item count with the outcome; the controller records them.
 4. Run the bundle's probes on this machine (pytest + testinfra's local connection).
-5. Send every event, then the probe results and the outcome, to the controller (each batch
-   numbered, resent until acknowledged), then remove the token and the unpacked bundle. A
-   reboot does not run it again (the unit's condition is the configuration file).
+5. Remove the boot configuration (the token) and the unpacked bundle, then send every event,
+   the probe results and the outcome ("done") to the controller (each batch numbered, resent
+   until acknowledged from memory): "done" means the token is gone. A reboot does not run it
+   again (the unit's condition is the configuration file).
 
 Through an object store (``"channel": "s3"``, `up --provider aws`): the bundle comes from a
 presigned GET, and each batch is written as an object of its own under this node's prefix
@@ -364,13 +365,15 @@ def main(config_path: str) -> int:
         reporter.add("agent_failed", msg=f"{type(exc).__name__}: {exc}")
         return 1
     finally:
-        reporter.add("done", **outcome)
-        reporter.finish(min(deadline, time.monotonic() + 300))
+        # The token and the unpacked bundle go before "done" is sent (the reporter holds the
+        # token in memory): a controller that reads "done" knows they are gone from the node.
         for keep in ("manifest.json", "probes.jsonl"):
             if (root / keep).exists():
                 shutil.copy2(root / keep, STATE / keep)
         shutil.rmtree(root, ignore_errors=True)
         Path(config_path).unlink(missing_ok=True)
+        reporter.add("done", **outcome)
+        reporter.finish(min(deadline, time.monotonic() + 300))
 
 
 if __name__ == "__main__":
