@@ -97,17 +97,20 @@ def owner(st: os.stat_result) -> str:
 
 
 def read_packages(names: list[str]) -> dict[str, dict]:
-    """Each package's installed version (None: not installed) and whether it is held, in one
-    dpkg-query."""
-    out = {n: {"version": None, "hold": False} for n in names}
-    if not names:
-        return out
+    """Each package's installed version (None: not installed) and whether it is held."""
+    every = dpkg_states()
+    return {n: every.get(n, {"version": None, "hold": False}) for n in names}
+
+
+def dpkg_states() -> dict[str, dict]:
+    """Every package dpkg knows: its version (None: not installed) and hold, in one dpkg-query."""
     argv = ["dpkg-query", "-W", "-f=${Package}\t${Version}\t${Status}\n"]
     if ROOT != "/":
         argv.insert(1, f"--admindir={at('/var/lib/dpkg')}")
-    for line in run([*argv, "--", *names]).splitlines():
+    out = {}
+    for line in run(argv).splitlines():
         parts = line.split("\t")
-        if len(parts) == 3 and parts[0] in out:
+        if len(parts) == 3:
             want, _, state = [*parts[2].split(), "", "", ""][:3]
             out[parts[0]] = {"version": parts[1] if state == "installed" else None, "hold": want == "hold"}
     return out
@@ -160,14 +163,9 @@ def derived(paths: list[str]) -> list[dict]:
 
 
 def held_packages() -> list[dict]:
-    """Every package held on the node: the roles hold what they install (the driver, CUDA, ...)
-    with apt-mark, and a converged node's install tasks are skipped (probe, then act), so the
-    holds are read here rather than from the run."""
-    argv = ["dpkg-query", "-W", "-f=${Package}\t${Status}\n"]
-    if ROOT != "/":
-        argv.insert(1, f"--admindir={at('/var/lib/dpkg')}")
-    return [{"kind": "package", "name": line.split("\t")[0]} for line in run(argv).splitlines()
-            if "\t" in line and line.split("\t")[1].startswith("hold ")]
+    """Every package held on the node: the roles hold what they install with apt-mark, and a
+    converged node's install tasks are skipped (probe, then act): read here, not from the run."""
+    return [{"kind": "package", "name": name} for name, state in dpkg_states().items() if state["hold"]]
 
 
 def earlier(scope: str | None) -> list[dict]:
@@ -219,13 +217,59 @@ def inputs() -> dict:
                     release[key] = value.strip('"')
     except OSError:
         pass
-    gpus = run(["nvidia-smi", "-L"]) if shutil.which("nvidia-smi") else None
-    dkms = run(["dkms", "status"]) if shutil.which("dkms") else None
     return {"kernel": os.uname().release if ROOT == "/" else "test", "os": release,
-            # `nvidia-smi -L`'s GPU lines (a node without a GPU prints an error instead: none).
-            "gpus": None if gpus is None else sorted(ln.split(" (UUID")[0] for ln in gpus.splitlines()
-                                                     if ln.startswith("GPU ")),
-            "dkms": None if dkms is None else sorted(ln.strip() for ln in dkms.splitlines() if ln.strip())}
+            "gpus": gpu_census(), "dkms": dkms_status()}
+
+
+def gpu_census() -> list[str] | None:
+    """``BUS MODEL`` of each GPU the loaded driver lists (/proc/driver/nvidia/gpus): what
+    `nvidia-smi -L` lists, without starting it on every check. None: no driver loaded."""
+    gpus = at("/proc/driver/nvidia/gpus")
+    try:
+        buses = sorted(os.listdir(gpus))
+    except OSError:
+        return None
+    census = []  # (``nvidia-smi -L`` would start the driver's library on every check)
+    for bus in buses:
+        try:
+            with open(os.path.join(gpus, bus, "information"), errors="replace") as handle:
+                model = next((" ".join(v.split()) for k, _, v in (ln.partition(":") for ln in handle)
+                              if k.strip() == "Model"), "unknown model")
+        except OSError:
+            model = "unreadable"
+        census.append(f"{bus} {model}")
+    return census
+
+
+def dkms_status() -> list[str] | None:
+    """`dkms status`'s lines read from DKMS's tree by its rules (added: a source; built: modules in
+    KERNEL/ARCH/module; installed: M/kernel-KERNEL-ARCH links there), not by `dkms status`, which
+    diffs each module with its installed copy (the NVIDIA driver's, tens of MB). None: no DKMS."""
+    tree = at("/var/lib/dkms")
+    if not os.path.isdir(tree):
+        return None
+    try:
+        return _dkms_tree(tree)
+    except OSError as exc:  # a tree changing under the check: drift, not a crash
+        return [f"unreadable: {exc.strerror or exc}"]
+
+
+def _dkms_tree(tree: str) -> list[str]:  # dkms_status's walk
+    lines = []
+    for module in sorted(m for m in os.listdir(tree) if not os.path.islink(os.path.join(tree, m))):
+        mdir = os.path.join(tree, module)
+        versions = os.listdir(mdir) if os.path.isdir(mdir) else []
+        for version in sorted(v for v in versions if os.path.lexists(os.path.join(mdir, v, "source"))):
+            built = []
+            for kernel, arch in sorted((k, a) for k in os.listdir(os.path.join(mdir, version)) if k[:1].isdigit()
+                                       for a in os.listdir(os.path.join(mdir, version, k))):
+                where = os.path.join(mdir, version, kernel, arch)
+                if os.path.isdir(os.path.join(where, "module")) and os.listdir(os.path.join(where, "module")):
+                    link = os.path.join(mdir, f"kernel-{kernel}-{arch}")
+                    state = "installed" if os.path.realpath(link) == os.path.realpath(where) else "built"
+                    built.append(f"{module}/{version}, {kernel}, {arch}: {state}")
+            lines += built or [f"{module}/{version}: added"]
+    return sorted(lines)
 
 
 # -- what drifted, in words -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -230,3 +231,67 @@ def test_a_new_kernel_without_its_dkms_module_and_other_inputs_are_named() -> No
     assert program.inputs_drift(was, {**was, "gpus": []}) == ["GPUs: 1 -> 0 (none answer)"]
     assert program.inputs_drift({**was, "gpus": []}, {**was, "gpus": None}) == []  # nvidia-smi removed
     assert program.inputs_drift(was, {**was, "os": {"ID": "debian", "VERSION_ID": "13"}}) == ["OS debian 12 -> debian 13"]
+
+
+# DKMS's tree as dkms 3.0.10 (Debian 12) left it in a bookworm node container on 2026-11-28
+# after `dkms add hello/1.0 && dkms build hello/1.0 -k K && dkms install hello/1.0 -k K`,
+# `dkms add hello/1.1 && dkms build hello/1.1 -k K` and `dkms add other/2.0` (a two-line test
+# module), with what `dkms status` printed for it: (kind, path, link target).
+DKMS_TREE = [("d", "hello/1.0/6.1.0-56-amd64/x86_64/log", ""), ("f", "hello/1.0/6.1.0-56-amd64/x86_64/module/hello.ko", ""),
+             ("d", "hello/1.1/6.1.0-56-amd64/x86_64/log", ""), ("f", "hello/1.1/6.1.0-56-amd64/x86_64/module/hello.ko", ""),
+             ("d", "other/2.0/build", ""), ("f", "mok.key", ""), ("f", "mok.pub", ""),
+             ("l", "hello/1.0/source", "/usr/src/hello-1.0"), ("l", "hello/1.1/source", "/usr/src/hello-1.1"),
+             ("l", "hello/kernel-6.1.0-56-amd64-x86_64", "1.0/6.1.0-56-amd64/x86_64"),
+             ("l", "other/2.0/source", "/usr/src/other-2.0")]
+DKMS_STATUS = ["hello/1.0, 6.1.0-56-amd64, x86_64: installed", "hello/1.1, 6.1.0-56-amd64, x86_64: built",
+               "other/2.0: added"]
+
+
+def test_dkms_modules_are_read_from_the_tree_as_dkms_status_lists_them(tmp_path: Path, monkeypatch) -> None:
+    """The check reads DKMS's tree instead of running `dkms status` (which diffs every built
+    module with its installed copy: the NVIDIA driver's, on every check); the lines are the
+    ones dkms printed for the same tree, so a manifest's DKMS input means what it meant."""
+    from gpuprov.manifest import node as program
+
+    monkeypatch.setattr(program, "ROOT", str(tmp_path))
+    assert program.dkms_status() is None  # no DKMS on the node
+    tree = tmp_path / "var/lib/dkms"
+    for kind, rel, target in DKMS_TREE:
+        path = tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "d":
+            path.mkdir(exist_ok=True)
+        elif kind == "f":
+            path.write_bytes(b"\x7fELF")
+        else:
+            path.symlink_to(target)  # the sources' links dangle here, as under any other root
+    assert program.dkms_status() == DKMS_STATUS
+    # The module is installed for the other version: the link moves, the two lines swap.
+    (tree / "hello/kernel-6.1.0-56-amd64-x86_64").unlink()
+    (tree / "hello/kernel-6.1.0-56-amd64-x86_64").symlink_to("1.1/6.1.0-56-amd64/x86_64")
+    assert program.dkms_status() == ["hello/1.0, 6.1.0-56-amd64, x86_64: built",
+                                     "hello/1.1, 6.1.0-56-amd64, x86_64: installed", "other/2.0: added"]
+    # A build whose modules are gone is not built (dkms: is_module_built); its version is added.
+    (tree / "hello/1.1/6.1.0-56-amd64/x86_64/module/hello.ko").unlink()
+    assert program.dkms_status() == ["hello/1.0, 6.1.0-56-amd64, x86_64: built", "hello/1.1: added",
+                                     "other/2.0: added"]
+
+
+def test_the_gpu_census_is_read_where_the_driver_lists_its_gpus(tmp_path: Path, monkeypatch) -> None:
+    """The census the plays depended on, from /proc/driver/nvidia/gpus (the recording of the
+    real H200 VM, tests/fixtures/recordings/h200-580/proc-driver.txt), not by starting
+    nvidia-smi on every check; no driver loaded is no census."""
+    from gpuprov.manifest import node as program
+    from tests.fixtures.recorded_node import proc_driver
+
+    monkeypatch.setattr(program, "ROOT", str(tmp_path))
+    assert program.gpu_census() is None
+    recording = Path(__file__).resolve().parents[1] / "fixtures/recordings/h200-580/proc-driver.txt"
+    for rel, text in proc_driver(recording.read_text()).items():
+        path = tmp_path / "proc/driver" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert program.gpu_census() == ["0000:00:06.0 NVIDIA H200"]
+    was = {"kernel": "k", "os": {}, "gpus": program.gpu_census(), "dkms": None}
+    shutil.rmtree(tmp_path / "proc/driver/nvidia/gpus/0000:00:06.0")
+    assert program.inputs_drift(was, {**was, "gpus": program.gpu_census()}) == ["GPUs: 1 -> 0 (none answer)"]
