@@ -221,13 +221,16 @@ def status(name: str, output: str) -> int:
               "from its manifest, item by item.")
 @click.option("--tags", metavar="T", help="Only these plays/roles (comma-separated Ansible tags).")
 @click.option("--full", is_flag=True, help="Run the plays on every node, also where its manifest holds.")
+@click.option("--via", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+              help="push: Ansible runs from here over SSH; pull: each node fetches the bundle and runs the "
+              "plays itself (no Slurm; not with --check).")
 @click.option("--scheduler", type=click.Choice(defaults.SCHEDULERS),
               help="Give the cluster this scheduler (recorded), then converge (slurm: `--tags slurm` "
               "runs only its play).")
 @click.option("--slurm-controller", metavar="NODE", help="With --scheduler slurm: the controller (default: the first node).")
 @click.option("--slurm-controller-only", is_flag=True, help="With --scheduler slurm: the controller runs no jobs.")
 @output_option
-def provision(name: str, check: bool, tags: str | None, full: bool, scheduler: str | None,
+def provision(name: str, check: bool, tags: str | None, full: bool, via: str, scheduler: str | None,
               slurm_controller: str | None, slurm_controller_only: bool, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node whose manifest does not hold; safe
     to re-run."""
@@ -235,9 +238,13 @@ def provision(name: str, check: bool, tags: str | None, full: bool, scheduler: s
 
     if scheduler is None and (slurm_controller or slurm_controller_only):
         raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
+    if via == "pull" and (check or scheduler):
+        raise BadInput(f"--via pull cannot go with {'--check' if check else '--scheduler'}: "
+                       + ("the nodes converge for real" if check else "pull never configures Slurm"))
     chosen = None if scheduler is None else Scheduler(kind=scheduler, controller=slurm_controller,
                                                       controller_only=slurm_controller_only)
-    data = converge.provision(name, console=_console(), check=check, tags=tags, scheduler_choice=chosen, full=full)
+    data = converge.provision(name, console=_console(), check=check, tags=tags, scheduler_choice=chosen, full=full,
+                              via=via)
     if output == "json":
         cli_output.emit_json(data)
     else:

@@ -44,12 +44,13 @@ from gpuprov.state import ClusterRecord, NodeRecord, Store
 # -- provision --------------------------------------------------------------------------
 def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None,
-    scheduler_choice: scheduler.Scheduler | None = None, full: bool = False,
+    scheduler_choice: scheduler.Scheduler | None = None, full: bool = False, via: str = "push",
 ) -> ProvisionResult:
     """site.yml on every node that answers and whose manifest does not hold (``full``: on every
     node, as `up` runs it). ``scheduler_choice``: give the cluster this scheduler first
     (recorded before the run; with ``check`` nothing is recorded, and the run plans the cluster
-    as its record is)."""
+    as its record is). ``via``: push (Ansible from here) or pull (the nodes run it themselves:
+    gpuprov.core.via_pull)."""
     tag_list = parse_tags(tags)
     store = store or Store()
     cluster = load(store, name)
@@ -60,6 +61,11 @@ def provision(
         cluster = load(store, name)
         provider, files, nodes = refresh(store, cluster)
         nodes = reachable_nodes(cluster, nodes)
+        if via == "pull":
+            from gpuprov.core import via_pull  # lazy: CLI start-up
+
+            return via_pull.converge(store, cluster, provider, files, nodes, console=console, tags=tag_list,
+                                     use_manifest=not full)
         # A node whose slurm.conf serves another cluster: refused before the choice is recorded.
         if scheduler.would_configure(cluster, nodes, scheduler_choice, tag_list):
             scheduler.refuse_foreign(cluster, files, nodes)

@@ -96,10 +96,8 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
     that needs one (a cluster resumed after a failed run) is pushed (``push``: the caller's
     site.yml run, gpuprov.core.converge's), and says so. Through a provider's object store
     (aws), every node given pulls: each is handed its configuration over SSH."""
-    if run.provider.supports("pull_channel"):  # aws: through the cluster's bucket (each round anew)
-        return _through_channel(run, cluster, nodes)
-    if run.pull is None:  # hosts that exist (static): served now, handed their boot files over SSH
-        return _existing_hosts(run, cluster, nodes)
+    if run.provider.supports("pull_channel") or run.pull is None:
+        return existing(run, cluster, nodes)
     session: Session = run.pull
     added = {n.name for n in run.added}
     pulled = [n for n in nodes if n.name in added]
@@ -116,7 +114,16 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
                            errors={**result.errors, **pushed.errors})
 
 
-def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResult:
+def existing(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str = "bootstrap-pull") -> ProvisionResult:
+    """Pull on nodes that are up (hosts that exist, a cluster converged again by `provision --via
+    pull`): through the provider's object store (aws: its bucket, each round anew), or served
+    from here; each node handed its configuration over SSH. The run is recorded as ``kind``."""
+    if run.provider.supports("pull_channel"):
+        return _through_channel(run, cluster, nodes, kind)
+    return _existing_hosts(run, cluster, nodes, kind)
+
+
+def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str) -> ProvisionResult:
     """Pull on hosts gpuprov did not boot: the bundle is built for what their PCI buses
     showed, served, and each host is handed the agent, its unit and its configuration over
     SSH (pinned host key); the agent starts there and the run goes on as at boot."""
@@ -127,12 +134,12 @@ def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord]) -> Provisio
         for node in nodes:
             run.console.say(f"  {node.name}: pull agent started over SSH")
         result, session.report = follow(run.store, run.name, session.server, bundle, nodes,
-                                        new_run_dir(run.files, "bootstrap-pull"), console=run.console,
-                                        tags=run.tags, profiles=profiles)
+                                        new_run_dir(run.files, kind), console=run.console,
+                                        tags=run.tags, profiles=profiles, kind=kind)
     return result
 
 
-def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord]) -> ProvisionResult:
+def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str) -> ProvisionResult:
     """Pull through the provider's object store (aws: the cluster's S3 bucket): the bundle
     published once under its sha256, each node handed over SSH (pinned host key) its presigned
     GET and its report POST policy, the reports listed and read from the store."""
@@ -150,8 +157,8 @@ def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord]) -> Provisi
     ssh.each_node(nodes, lambda n: _hand_over(n, run.files, boot, profiles[n.name]))
     run.console.say(f"  pull agent handed over SSH to {len(nodes)} node(s)")
     result, run.pull.report = follow(run.store, run.name, reports, bundle, nodes,
-                                     new_run_dir(run.files, "bootstrap-pull"), console=run.console, tags=run.tags,
-                                     profiles=profiles)
+                                     new_run_dir(run.files, kind), console=run.console, tags=run.tags,
+                                     profiles=profiles, kind=kind)
     channel.remove_reports([n.name for n in nodes])  # recorded in the run's directory now
     return result
 
@@ -201,8 +208,8 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
 
 
 def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: Bundle, nodes: list[NodeRecord],
-           run_dir: Path, *, console: Console, tags: list[str],
-           profiles: Mapping[str, str] | None = None) -> tuple[ProvisionResult, PullReport]:
+           run_dir: Path, *, console: Console, tags: list[str], profiles: Mapping[str, str] | None = None,
+           kind: str = "bootstrap-pull") -> tuple[ProvisionResult, PullReport]:
     """Wait for the nodes' reports, showing them as push progress; record the bootstrap and the
     nodes' own probe runs as a bootstrap run and a verify run, and (a run of every play that
     succeeded) each node's manifest as push records it. ``profiles``: each node's profile in
@@ -212,11 +219,11 @@ def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: 
     if not tags:  # as push: until the run succeeds, the nodes it converges hold no record
         record.write(store, name, dict.fromkeys(names))
     (run_dir / "manifest.json").write_text(json.dumps(bundle.manifest, indent=1) + "\n")
-    run_id = store.start_run(name, "bootstrap-pull", str(run_dir))
+    run_id = store.start_run(name, kind, str(run_dir))
     outcome: dict[str, dict[str, Any]] = {n: {} for n in names}
     ok = False
     try:
-        with PlaybookProgress(names, title=f"pull bootstrap {name}", console=console.rich) as progress:
+        with PlaybookProgress(names, title=f"{kind} {name}", console=console.rich) as progress:
             _watch(server, names, outcome, progress, run_dir)
         hosts, errors = {}, {}
         summary = progress.summary()

@@ -5,7 +5,8 @@ bundle on the docker bridge's gateway; each node fetches it, checks its sha256, 
 over a local connection with the bundle's ansible-core, runs the probes on itself, and
 reports every task and the probe rows back; `up` shows them as per-node progress and records
 them. A third node is bootstrapped by push with the same plays, and the two kinds of node
-are compared: same packages, same files under /etc, same probe rows. Last, a host that
+are compared: same packages, same files under /etc, same probe rows. Then `provision --via
+pull` converges the pulled nodes again through their agent. Last, a host that
 exists already (static provider, reached at its own address on the bridge) is handed the
 agent over SSH and pulls the same way.
 
@@ -168,6 +169,33 @@ def test_push_after_pull_changes_nothing(clusters, env) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     hosts = json.loads(proc.stdout)["hosts"]
     assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == dict.fromkeys(hosts, (0, 0)), hosts
+
+
+def test_provision_via_pull_repairs_a_node_on_the_node_and_leaves_the_other_as_it_is(clusters, env) -> None:
+    """`provision NAME --via pull`: the cluster's nodes are handed the agent over SSH and
+    converge themselves again with this gpuprov's bundle. One node lost a file the rdma play
+    writes: its own run puts it back; the other node's run changes nothing (the plays are
+    idempotent through the agent as through push). Refused with nothing changed: --check."""
+    (name, _, _), _ = clusters
+    first, second = _node(name, 1), _node(name, 2)
+    conf = "/etc/nccl.conf"  # the rdma play writes it on every node
+    kept = _in(first, f"cat {conf}")
+    _in(first, f"rm {conf}")
+    refused = run_cli("provision", name, "--via", "pull", "--check", env=env)
+    assert refused.returncode == 2 and "--via pull cannot go with --check" in refused.stderr, refused.stderr
+    proc = run_cli("provision", name, "--via", "pull", "--tags", TAGS, "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["ok"] is True, result
+    assert result["hosts"][f"{name}-node-1"]["changed"] > 0, result["hosts"]
+    assert result["hosts"][f"{name}-node-2"]["changed"] == 0 and result["hosts"][f"{name}-node-2"]["tasks"] > 50
+    assert _in(first, f"cat {conf}") == kept
+    assert re.search(r"served on http://[0-9.]+:\d+ to 2 host\(s\)", proc.stderr), proc.stderr
+    for node in (first, second):
+        assert f"{node.removeprefix('gpuprov-')}: pull agent started over SSH" in proc.stderr
+        assert _in(node, "test -e /etc/gpuprov/pull.json && echo present || echo gone").strip() == "gone"
+    runs = [r["kind"] for r in json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"]]
+    assert "provision-pull" in runs, runs
 
 
 def test_an_existing_host_is_handed_the_agent_over_ssh_and_pulls(env, tmp_path) -> None:

@@ -303,3 +303,30 @@ def test_auto_counts_a_hosts_files_hosts_and_pushes_where_pull_cannot_run(tmp_pa
     assert mode_for("auto", get("aws"), aws, True) == "push"
     with pytest.raises(BadInput, match="does not carry GPUPROV_REGISTRY_PASSWORD"):
         mode_for("pull", get("aws"), aws, True)
+
+
+def test_provision_via_pull_is_refused_where_it_cannot_run_before_anything_changes(gpuprov_home, monkeypatch) -> None:
+    """`provision --via pull` (gpuprov.core.via_pull.refuse): a cluster that runs Slurm (pull
+    never configures it), a registry password the bundle would not carry, hosts behind this
+    machine's loopback: one line each, exit 2, before any node is handed anything."""
+    from gpuprov.core.via_pull import refuse
+    from gpuprov.errors import BadInput
+    from gpuprov.providers import ClusterSpec, get
+    from gpuprov.state import NodeRecord, Store
+
+    store = Store()
+    slurm = store.create_cluster("s1", "docker", {"options": {"scheduler": "slurm"}})
+    plain = store.create_cluster("p1", "docker", {})
+    spec = ClusterSpec.from_record("p1", "docker", {})
+    with pytest.raises(BadInput, match="does not configure Slurm, and s1 runs it"):
+        refuse(slurm, get("docker"), spec, [])
+    refuse(plain, get("docker"), spec, [])  # local nodes reach the bridge's gateway: pulls
+    monkeypatch.setenv("GPUPROV_REGISTRY_PASSWORD", "s3cret")
+    with pytest.raises(BadInput, match="does not carry GPUPROV_REGISTRY_PASSWORD"):
+        refuse(plain, get("docker"), spec, [])
+    monkeypatch.delenv("GPUPROV_REGISTRY_PASSWORD")
+    forwarded = NodeRecord(name="rack-1", id="rack-1", address="127.0.0.1", ssh_port=2222, user="gpuprov",
+                           state="running", instance_type="")
+    with pytest.raises(BadInput, match="through this machine's loopback"):
+        refuse(store.create_cluster("st", "static", {}), get("static"), ClusterSpec.from_record("st", "static", {}),
+               [forwarded])

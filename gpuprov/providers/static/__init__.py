@@ -192,10 +192,10 @@ class StaticProvider(Provider):
                 probe.connect((target, 9))
                 address = str(probe.getsockname()[0])
         except OSError as exc:
-            raise BadInput(f"--bootstrap pull: no route from this machine to {target} ({exc.strerror})") from None
+            raise BadInput(f"pull mode: no route from this machine to {target} ({exc.strerror})") from None
         if address.startswith("127.") or address == "::1":
-            raise BadInput(f"--bootstrap pull: the hosts are reached at {target}, through this machine's "
-                           "loopback; they could not reach its bundle server; use --bootstrap push")
+            raise BadInput(f"pull mode: the hosts are reached at {target}, through this machine's "
+                           "loopback; they could not reach its bundle server; use push")
         return address
 
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
