@@ -117,7 +117,8 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
     line = cuda_lines.spelled(value)
     if line not in cuda_lines.lines():
         return line  # the resolver refuses it with its rule (the GPUs' first CUDA, the lines there are)
-    later = cuda_lines.not_installed_yet(line, instance_type or "TYPE", source)
+    later = cuda_lines.not_installed_yet(line, instance_type or "TYPE", source,
+                                         None if os in (None, defaults.DEFAULT_OS) else os)
     if later:
         raise BadInput(later)
     return line

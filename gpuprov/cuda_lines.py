@@ -144,11 +144,30 @@ def is_installable(cuda: str, source: str | None = None) -> bool:
     return bool(facts.get("installable")) or (source is not None and source in facts.get("installable_sources", ()))
 
 
-def not_installed_yet(cuda: str, instance_type: str = "TYPE", source: str | None = None) -> str | None:
-    """One line when gpuprov resolves line ``cuda`` but does not install it (from ``source``),
-    else None."""
+def installable_on(os: str) -> list[str]:
+    """``LINE (--source S)`` for each line `up` installs on ``os`` (an OS of its own in the data,
+    not Debian 12): the lines its sources carry that gpuprov installs from that source."""
+    found: dict[str, list[str]] = {}
+    for name, src in ((data().get("os", {}).get(os) or {}).get("sources") or {}).items():
+        for cuda in src.get("cuda_lines") or ():
+            if is_installable(cuda, name):
+                found.setdefault(cuda, []).append(f"--source {name}")
+    return [f"{cuda} ({' or '.join(how)})" for cuda, how in sorted(found.items(), key=lambda kv: _v(kv[0]))]
+
+
+def not_installed_yet(cuda: str, instance_type: str = "TYPE", source: str | None = None,
+                      os: str | None = None) -> str | None:
+    """One line when gpuprov resolves line ``cuda`` but does not install it (from ``source``, on
+    ``os``: None or Debian 12, the lines of every OS), else None."""
     if is_installable(cuda, source):
         return None
+    if os is not None and os in data().get("os", {}):
+        there = installable_on(os)
+        title = data()["os"][os].get("title", os)
+        flags = f" --os {os}" + (f" --source {source}" if source else "")
+        return (f"CUDA {cuda} resolves (`gpuprov stack --type {instance_type} --cuda {cuda}{flags}` shows its "
+                f"lock) but gpuprov does not install it yet: on {title}, up, provision and patch install "
+                + (f"CUDA {', '.join(there)}" if there else "no CUDA line yet"))
     only = list(lines().get(cuda, {}).get("installable_sources", ()))
     where = (f"; it installs CUDA {cuda} with {' or '.join(f'--source {s}' for s in only)}" if only
              else "")
@@ -159,7 +178,7 @@ def not_installed_yet(cuda: str, instance_type: str = "TYPE", source: str | None
             f"{', '.join(installable())}{where}")
 
 
-def pieces(cuda: str, source: str, instance_type: str = "TYPE") -> dict[str, Any]:
+def pieces(cuda: str, source: str, instance_type: str = "TYPE", os: str | None = None) -> dict[str, Any]:
     """What line ``cuda`` puts in a lock besides the driver: cuDNN (version, archive), NCCL and
     nccl-tests, the CUDA and cuDNN package names of ``source`` and the notes. CUDA 11.8 keeps
     its pieces in the data's [cudnn], [nccl] and [sources.*] (where they were before lines);
@@ -194,7 +213,7 @@ def pieces(cuda: str, source: str, instance_type: str = "TYPE") -> dict[str, Any
     if archives:
         out["notes"].append(f"CUDA {own['version']} from the artifact mirror as NVIDIA's redist archives "
                             f"({', '.join(a['component'] for a in archives)}), each checked against its sha256")
-    later = not_installed_yet(cuda, instance_type, source)
+    later = not_installed_yet(cuda, instance_type, source, os)
     if later:
         out["notes"].append(later)
     if own.get("base_image_tags") and not own.get("base_images"):

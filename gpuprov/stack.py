@@ -300,7 +300,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
     if nvswitch:
         notes.append(f"NVSwitch: fabric manager pinned to driver {exact}")
 
-    pieces = cuda_lines.pieces(cuda, source, label)
+    pieces = cuda_lines.pieces(cuda, source, label, None if os == os_lines.DEFAULT_OS else os)
     notes.extend(pieces["notes"])
     names_key = "driver_packages_open" if module == "open" else "driver_packages"
     pin_from = src.get("pinning_from_branch")

@@ -114,6 +114,11 @@ def test_the_lock_says_it_is_claimed_and_what_it_did_not_read() -> None:
     assert (noble.title, noble.proven, noble.proof) == ("Ubuntu 24.04 (noble)", False, "claimed, not proven here")
     row = next(r for r in lock.public()["platforms"] if r["os"] == OS)
     assert row["proven"] is False and row["how"] == platforms.CLAIMED
+    # The line it does not install names what installs there (no CUDA 11.8 on noble), and the
+    # `stack` command that shows it keeps the OS.
+    assert ("CUDA 12.9 resolves (`gpuprov stack --type p5.48xlarge --cuda 12.9 --os ubuntu24.04 --source "
+            "nvidia` shows its lock) but gpuprov does not install it yet: on Ubuntu 24.04 (noble), up, "
+            "provision and patch install CUDA 13.0 (--source mirror)") in lock.notes
 
 
 def test_stack_command_resolves_it_and_says_claimed(capsys) -> None:
