@@ -9,8 +9,9 @@ the bundle from S3, checks its sha256, runs the plays on itself and writes its r
 under its own prefix; `up` lists and reads them as per-node progress and records the runs. One
 node is given a tampered bundle (the front's FIXTURE fault: one byte changed on the way): it
 refuses it, unpacks nothing, says so, and fails alone; `--min-count` replaces it, and the
-replacement round uploads nothing new (the same bundle, new URLs). `down` leaves no instance,
-no object and no bucket.
+replacement round uploads nothing new (the same bundle, new URLs). `provision --via pull`
+converges the three nodes again through the same bucket. `down` leaves no instance, no object
+and no bucket.
 
 What it costs, and why: four node containers boot (three launched, one replacement), and
 three of them run `--tags spot` (the cheapest play that writes on every node: its common
@@ -94,6 +95,22 @@ def test_up_pulls_through_s3_refuses_a_tampered_bundle_and_down_leaves_nothing(
     keys = [o["Key"] for o in boto3.client("s3", region_name="us-east-1").list_objects_v2(
         Bucket=bucket).get("Contents", [])]
     assert keys == [f"gpuprov/ps3/bundle/{sha}.tar.gz"], keys
+    # `provision --via pull`: the same channel converges the three nodes again, each on itself
+    # (the spot play: nothing left to change), recorded as a provision-pull run; the reports
+    # are gone from the bucket again.
+    proc = run_cli("provision", "ps3", "--via", "pull", "--tags", "spot", "-o", "json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    again = json.loads(proc.stdout)
+    assert again["ok"] is True and sorted(again["hosts"]) == sorted(n["name"] for n in result["nodes"]), again
+    assert all(h["changed"] == 0 and h["tasks"] > 5 for h in again["hosts"].values()), again["hosts"]
+    assert f"in {bucket} for 3 node(s)" in proc.stderr and "pull agent handed over SSH to 3 node(s)" in proc.stderr
+    runs = [(r["kind"], r["ok"]) for r in json.loads(run_cli("status", "ps3", "-o", "json", check=True).stdout)["runs"]]
+    assert ("provision-pull", True) in runs, runs
+    assert s3_front.refused == []
+    keys = [o["Key"] for o in boto3.client("s3", region_name="us-east-1").list_objects_v2(
+        Bucket=bucket).get("Contents", [])]
+    assert all("/bundle/" in k for k in keys), keys
     proc = run_cli("down", "ps3", "--yes", timeout=600)
-    assert proc.returncode == 0 and f"S3 bucket {bucket} deleted (1 object(s))" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0 and f"S3 bucket {bucket} deleted ({len(keys)} object(s))" in proc.stderr, \
+        proc.stderr[-3000:]
     assert instances("ps3") == [] and ec2.containers() == [] and _buckets() == []
