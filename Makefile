@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
-.PHONY: demo demo-down test lint unit molecule e2e bench host-setup mirror registry settings venv clean node-image-trixie
+.PHONY: demo demo-down test lint unit molecule e2e test-driver-move bench host-setup mirror registry settings venv clean node-image-trixie
 
 # The package cache and artifact mirror of this machine (scripts/env.sh).
 ENV = eval "$$(scripts/env.sh)" &&
@@ -56,6 +56,10 @@ demo-down: $(STAMP)
 # beside the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
 test: $(STAMP) host-setup mirror registry settings lint
 	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
+
+## test-driver-move: the whole-stack e2e file with its opt-in real driver move (a second DKMS build)
+test-driver-move: $(STAMP) host-setup mirror registry settings
+	$(ENV) GPUPROV_E2E_REAL_DRIVER_MOVE=1 python -m pytest tests/e2e/test_docker_cluster.py -p no:cacheprovider
 
 lint: $(STAMP)
 	ruff check gpuprov tests benchmarks
