@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
-.PHONY: demo demo-down test lint unit molecule e2e test-driver-move bench host-setup mirror registry settings venv clean node-image-trixie
+.PHONY: demo demo-down test lint unit molecule e2e test-driver-move test-debian13 bench host-setup mirror registry settings venv clean node-image-trixie
 
 # The package cache and artifact mirror of this machine (scripts/env.sh).
 ENV = eval "$$(scripts/env.sh)" &&
@@ -60,6 +60,10 @@ test: $(STAMP) host-setup mirror registry settings lint
 ## test-driver-move: the whole-stack e2e file with its opt-in real driver move (a second DKMS build)
 test-driver-move: $(STAMP) host-setup mirror registry settings
 	$(ENV) GPUPROV_E2E_REAL_DRIVER_MOVE=1 python -m pytest tests/e2e/test_docker_cluster.py -p no:cacheprovider
+
+## test-debian13: the opt-in Debian 13 node bootstrapped from scratch (its DKMS build, CUDA 12.4)
+test-debian13: $(STAMP) host-setup mirror registry settings
+	$(ENV) GPUPROV_E2E_DEBIAN13=1 python -m pytest tests/e2e/test_debian13_e2e.py -p no:cacheprovider
 
 lint: $(STAMP)
 	ruff check gpuprov tests benchmarks

@@ -32,6 +32,7 @@ idempotence.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -52,6 +53,15 @@ MUST_PASS = ("os_supported", "driver_packages_match_the_lock", "gpu_packages_are
              "dkms_module_for_every_kernel", "nvcc_reports_the_locked_cuda",
              "nvcc_compiles_for_the_locked_architectures", "cuda_prefix_and_environment",
              "nccl_matches_the_lock")
+
+
+# The trixie node's bootstrap (its DKMS build and CUDA 12.4, about 13 minutes of two cores) is
+# opt-in since 2026-11-28: `make test` ran 84.7 minutes of CI's 90 with it. GPUPROV_E2E_DEBIAN13=1
+# (`make test-debian13`) runs it; the refusals below run in `make test`.
+FULL = os.environ.get("GPUPROV_E2E_DEBIAN13") == "1"
+needs_node = pytest.mark.skipif(not FULL, reason=(
+    "opt-in: GPUPROV_E2E_DEBIAN13=1 (`make test-debian13`), a Debian 13 node bootstrapped from scratch "
+    "(the R550 DKMS build, CUDA 12.4), about 13 minutes of two cores; last passed in a fresh clone of 1c23a47"))
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +101,7 @@ def test_an_unknown_os_and_the_open_flavour_are_refused_before_anything_is_made(
     assert not (Path(env["GPUPROV_HOME"]) / "clusters" / name).exists()
 
 
+@needs_node
 def test_up_locks_debian_13s_own_packages(cluster, env) -> None:
     name, data = cluster
     assert data["bootstrap"]["ok"] is True, data["bootstrap"]
@@ -104,6 +115,7 @@ def test_up_locks_debian_13s_own_packages(cluster, env) -> None:
     assert (packages["nccl"], packages["nccl_version"]) == (["libnccl2"], "2.22.3-1-1")
 
 
+@needs_node
 def test_the_node_runs_trixie_and_dkms_built_the_module_for_its_kernel(cluster) -> None:
     name, _ = cluster
     node = f"{name}-node-1"
@@ -117,6 +129,7 @@ def test_the_node_runs_trixie_and_dkms_built_the_module_for_its_kernel(cluster) 
     assert "ii  nvidia-open-kernel-dkms" not in node_sh(node, "dpkg -l 'nvidia-open-kernel-dkms' 2>/dev/null")
 
 
+@needs_node
 def test_verify_passes_the_probes_of_the_plays_with_no_failure(cluster, env) -> None:
     name, _ = cluster
     proc = run_cli("verify", name, "--only", PROBES, env=env, timeout=600)
@@ -137,6 +150,7 @@ def test_verify_passes_the_probes_of_the_plays_with_no_failure(cluster, env) -> 
     assert rows["cudnn_matches_the_lock"]["status"] == "skip"
 
 
+@needs_node
 def test_check_of_the_plays_changes_nothing_on_the_converged_node(cluster, env) -> None:
     name, _ = cluster
     proc = run_cli("provision", name, "--tags", PLAYS, "--check", "-o", "json", env=env, timeout=900)
