@@ -77,6 +77,7 @@ def render(
                 "expected_nvswitch": bool(expectations.get(n.name, {}).get("nvswitch")),
                 "expected_efa": bool(expectations.get(n.name, {}).get("efa")),
                 "monitoring_server": n.name == monitoring_host,
+                "root_free_gib": n.extra.get("root_free_gib"),
             }
             for n in nodes
         ],
@@ -154,6 +155,9 @@ def host_vars(node: Mapping[str, Any]) -> dict[str, Any]:
         "gpuprov_expected_nvswitch": bool(node.get("expected_nvswitch", False)),
         "gpuprov_expected_efa": bool(node.get("expected_efa", False)),
         **({"monitoring_server": True} if node.get("monitoring_server") else {}),
+        # A host's own free-space floor (an existing host's hosts file), over the group's.
+        **({"gpu_preflight_root_free_gib": int(node["root_free_gib"])}
+           if node.get("root_free_gib") is not None else {}),
     }
 
 
@@ -178,7 +182,8 @@ def inventory_data(context: Mapping[str, Any]) -> dict[str, Any]:
 def to_json(context: Mapping[str, Any]) -> dict[str, Any]:
     """The same inventory in Ansible's JSON inventory form (`ansible-inventory --list`)."""
     common = context.get("group_vars") or group_vars(context)
-    hostvars = {n["name"]: {**host_vars(n), **common} for n in context["nodes"]}
+    # As Ansible merges them: a host's own variables over its group's.
+    hostvars = {n["name"]: {**common, **host_vars(n)} for n in context["nodes"]}
     return {
         "all": {"children": [GROUP, "ungrouped"]},
         GROUP: {"hosts": list(hostvars)},

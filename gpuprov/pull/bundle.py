@@ -114,8 +114,8 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
     entries.append(("plugins/callback/gpuprov_pull.py", (NODE_DIR / "gpuprov_pull.py").read_bytes(), 0o644))
     data = _archive(entries)
     scope, me = record.scope_of(tags), remote.identity()
-    # As push's inventory gives a node its variables: the group's over the host's.
-    inputs = {kind: record.inputs_digest(extravars, {**profile.get("hostvars", {}), **group_vars}, scope, me)
+    # As push's inventory gives a node its variables (as Ansible merges them): the host's over the group's.
+    inputs = {kind: record.inputs_digest(extravars, {**group_vars, **profile.get("hostvars", {})}, scope, me)
               for kind, profile in profiles.items()}
     return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), manifest=manifest, inputs=inputs)
 

@@ -194,7 +194,7 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
         hostvars = inventory.host_vars({
             "address": "", "ssh_port": 0, "user": "", "key_file": None, "instance_type": node.instance_type,
             "expected_gpus": expect.get("gpus"), "expected_nvswitch": bool(expect.get("nvswitch")),
-            "expected_efa": bool(expect.get("efa")),
+            "expected_efa": bool(expect.get("efa")), "root_free_gib": node.extra.get("root_free_gib"),
         })
         profile = {"hostvars": {k: v for k, v in hostvars.items() if k not in record.CONNECTION_VARS},
                    "expect": expect}

@@ -27,6 +27,7 @@ import subprocess
 
 import pytest
 
+from gpuprov.ansible.inventory import LOCAL_NODE_FREE_GIB
 from gpuprov.probes.run import groups_of_plays
 from gpuprov.pull.controller import expected_probes
 from tests.conftest import run_cli, unbootstrapped_cluster
@@ -210,8 +211,11 @@ def test_an_existing_host_is_handed_the_agent_over_ssh_and_pulls(env, tmp_path) 
         with open(f"{cdir}/hostkeys/{nodes[0]}.pub") as handle:
             host_key = " ".join(handle.read().split()[:2])
         hosts = tmp_path / "hosts.yml"
+        # The host is a local node on this machine's disk, whatever it has free: it says so with
+        # its own floor, as an on-prem host with a small root does (40 GiB is a real node's).
         hosts.write_text(f"user: gpuprov\nkey: {cdir}/id_ed25519\nhosts:\n  - name: rack-1\n"
-                         f"    address: {address}\n    port: 22\n    host_key: {host_key}\n")
+                         f"    address: {address}\n    port: 22\n    host_key: {host_key}\n"
+                         f"    root_free_gib: {LOCAL_NODE_FREE_GIB}\n")
         name = f"onprem-{secrets.token_hex(3)}"
         try:
             proc = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", name, "--bootstrap", "pull",

@@ -95,3 +95,25 @@ def test_no_value_becomes_inventory_syntax_or_a_template(tmp_path: Path) -> None
                            "gpuprov_expected_efa", "ansible_become",
                            "ansible_python_interpreter", "ansible_ssh_common_args", "gpuprov_cluster",
                            "gpuprov_provider", "gpu_preflight_root_free_gib"}  # (docker: local nodes' need)
+
+
+def test_a_hosts_own_free_space_floor_is_the_one_ansible_uses(tmp_path: Path) -> None:
+    """An existing host's root_free_gib (its hosts file) reaches the preflight as a host variable,
+    over the group's (a local node's 20); a host that gives none keeps the group's or the role's."""
+    files = ClusterFiles(tmp_path)
+    nodes = _nodes()
+    nodes[0].extra["root_free_gib"] = 7
+    context = render("c1", "docker", nodes, {}, files)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(files.inventory), "--list"],
+        capture_output=True, text=True, check=True,
+        env={"ANSIBLE_CONFIG": str(files.ansible_cfg), "PATH": "/usr/bin:/bin"},
+    )
+    real = json.loads(out.stdout)["_meta"]["hostvars"]
+    ours = to_json(context)["_meta"]["hostvars"]
+    assert real["c1-node-1"]["gpu_preflight_root_free_gib"] == ours["c1-node-1"]["gpu_preflight_root_free_gib"] == 7
+    assert real["c1-node-2"]["gpu_preflight_root_free_gib"] == ours["c1-node-2"]["gpu_preflight_root_free_gib"] == 20
+    (tmp_path / "s").mkdir()
+    static = ClusterFiles(tmp_path / "s")
+    render("c2", "static", _nodes(), {}, static)
+    assert "gpu_preflight_root_free_gib" not in static.inventory.read_text()

@@ -346,3 +346,14 @@ def test_a_pulled_nodes_inputs_digest_is_the_one_push_computes(tmp_path: Path, m
     hostvars = to_json(context)["_meta"]["hostvars"]["c-node-1"]
     assert record.inputs_digest(playbook_vars(cluster, lock), hostvars, scope, remote.identity()) != push["c-node-1"]
     assert record.inputs_digest(extravars, hostvars, scope, remote.identity()) == push["c-node-1"]
+    # A host's own free-space floor (an existing host's hosts file) is one of its inputs, on both
+    # paths, and the host's value is the one that counts (over the group's, as Ansible merges).
+    own = [NodeRecord(name=n.name, id=n.id, address=n.address, ssh_port=n.ssh_port, user=n.user, state=n.state,
+                      instance_type=n.instance_type, extra={"root_free_gib": 12} if i else {})
+           for i, n in enumerate(nodes)]
+    context = render("c", "docker", own, expectations(provider, own, lock), files, monitoring_host(cluster.spec))
+    _, push = steps.inputs_of(context, extravars, None)
+    assert to_json(context)["_meta"]["hostvars"]["c-node-2"]["gpu_preflight_root_free_gib"] == 12
+    assert push["c-node-1"] != push["c-node-2"]
+    bundle, profiles = bundle_for(provider, spec, lock, play_vars(cluster, lock), [], own)
+    assert {n.name: bundle.inputs[profiles[n.name]] for n in own} == push

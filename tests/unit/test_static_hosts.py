@@ -36,6 +36,20 @@ hosts:
         ("gpu01", "10.1.0.11", "ubuntu", 22), ("gpu02", "10.1.0.12", "admin", 2222)]
     assert hosts[0].instance_type == "p4d.24xlarge" and hosts[1].gpus == 4
     assert hosts[0].key == str(key)
+    assert hosts[0].root_free_gib is None
+
+
+def test_a_host_sets_its_own_free_space_floor(tmp_path: Path, key: Path) -> None:
+    """An on-prem host with a small root file system (/var on another disk) says so: gpuprov's
+    name in its YAML, the role's own variable in an Ansible inventory, group vars included."""
+    f = tmp_path / "hosts.yml"
+    f.write_text(f"user: u\nkey: {key}\nroot_free_gib: 25\nhosts:\n  - name: a\n    address: 10.1.0.1\n"
+                 "  - name: b\n    address: 10.1.0.2\n    root_free_gib: 0\n")
+    assert [h.root_free_gib for h in parse_hosts_file(str(f))[0]] == [25, 0]
+    f = tmp_path / "hosts.ini"
+    f.write_text("[gpu]\nnode1 ansible_host=10.0.0.1\nnode2 ansible_host=10.0.0.2 gpu_preflight_root_free_gib=12\n"
+                 "[gpu:vars]\nansible_user=x\ngpu_preflight_root_free_gib=30\n")
+    assert [(h.name, h.root_free_gib) for h in parse_hosts_file(str(f))[0]] == [("node1", 30), ("node2", 12)]
 
 
 def test_ansible_yaml_inventory(tmp_path: Path, key: Path) -> None:
@@ -98,6 +112,10 @@ ansible_ssh_private_key_file={key}
         ("hosts:\n  - name: a\n    user: u\n    key: 123\n", ".yml", "host a: key: expected a one-line string"),
         ("hosts:\n  - name: a\n    user: u\n    port: true\n", ".yml", "host a: port: port must be a whole"),
         ("hosts:\n  - name: a\n    user: u\n    gpus: -5\n", ".yml", "host a: gpus: expected a whole number"),
+        ("hosts:\n  - name: a\n    user: u\n    root_free_gib: 2.5\n", ".yml",
+         "host a: root_free_gib: expected a whole number"),
+        ("[gpu]\nnode1 ansible_user=x gpu_preflight_root_free_gib=lots\n", ".ini",
+         "host node1: gpu_preflight_root_free_gib: expected a whole number"),
         ("hosts:\n  - name: a\n    user: [u, v]\n", ".yml", "host a: user: invalid user"),
         ("hosts:\n  - name: a\n    user: u\n    instance_type: \"{{ lookup('pipe','id') }}\"\n", ".yml",
          "invalid instance type"),

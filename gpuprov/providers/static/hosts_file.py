@@ -51,6 +51,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "instance_type": ("instance_type", "gpuprov_instance_type"),
     "gpus": ("gpus", "gpuprov_gpus"),
     "host_key": ("host_key", "gpuprov_host_key"),
+    # The site's free-space floor for this host's root filesystem (roles/gpu_preflight; 40 GiB
+    # unless the host says otherwise: an on-prem machine with a small root and /var elsewhere).
+    "root_free_gib": ("root_free_gib", "gpu_preflight_root_free_gib"),
 }
 KNOWN = frozenset(name for names in FIELDS.values() for name in names)
 # Set by Ansible on every host it reads; not the user's.
@@ -69,6 +72,7 @@ class StaticHost:
     instance_type: str | None
     gpus: int | None
     host_key: str | None
+    root_free_gib: int | None = None
 
 
 def parse_hosts_file(path: str | None) -> tuple[list[StaticHost], Path | None]:
@@ -190,6 +194,8 @@ def _host(name: str, sources: list[dict[str, Any]], where: str) -> StaticHost:
     port = 22 if port is None else validate.port(port, f"{at}: {field}")
     field, gpus = pick("gpus")
     gpus = None if gpus is None else validate.count(gpus, f"{at}: {field}")
+    field, free = pick("root_free_gib")
+    free = None if free is None else validate.count(free, f"{at}: {field}")
     field, key = pick("key")
     key = None if key is None else validate.text(key, f"{at}: {field}")
     field, itype = pick("instance_type")
@@ -201,7 +207,7 @@ def _host(name: str, sources: list[dict[str, Any]], where: str) -> StaticHost:
             raise BadInput(f"{at}: {field} must be 'TYPE BASE64' as in known_hosts "
                            f"(ssh-keyscan prints it), not {host_key!r}")
     return StaticHost(name=name, address=address, user=user, port=port, key=key,
-                      instance_type=itype, gpus=gpus, host_key=host_key)
+                      instance_type=itype, gpus=gpus, host_key=host_key, root_free_gib=free)
 
 
 def _known_keys(data: Mapping[str, Any], allowed: frozenset[str] | set[str], where: str) -> None:
