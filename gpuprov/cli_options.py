@@ -77,7 +77,7 @@ UP_OPTIONS = [
         "--disk-gb",
         type=click.IntRange(min=8, max=16384),
         metavar="GIB",
-        help="Root volume size in GiB, encrypted gp3 (aws; default 200, room for CUDA).",
+        help="Root volume size in GiB, encrypted gp3 (aws; default 200, room for CUDA; at least 48).",
     ),
     click.option(
         "--capacity-reservation",

@@ -37,3 +37,14 @@ UP_OS = tuple(dict.fromkeys(AWS_OS + LOCAL_OS))
 # `up --scheduler`: what runs the cluster's jobs (none: `gpuprov exec` and SSH only).
 SCHEDULERS = ("none", "slurm")
 DEFAULT_SCHEDULER = "none"
+
+# The free space the preflight asks of a node's root file system before it installs anything
+# (roles/gpu_preflight/defaults/main.yml gpu_preflight_root_free_gib: the driver, CUDA, cuDNN,
+# the base images and room for a patch), and of a local node, which shares this machine's disk
+# and pulls the local registry's small images (gpuprov.ansible.inventory).
+NODE_FREE_GIB = 40
+LOCAL_NODE_FREE_GIB = 20
+# What an aws node's own image takes of its root volume, at most, for the images gpuprov picks
+# (Debian's and Canonical's AMIs: an 8 GiB root snapshot): --disk-gb below NODE_FREE_GIB plus
+# this leaves the preflight too little, so `up` refuses it before launching anything.
+AWS_IMAGE_ROOT_GIB = 8

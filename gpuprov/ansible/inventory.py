@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuprov import paths, templating
+from gpuprov import defaults, paths, templating
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
 from gpuprov.ssh import node_key
@@ -125,7 +125,7 @@ def strategy_plugins() -> str | None:
 
 
 # The free space a local node's root filesystem needs (roles/gpu_preflight: 40 GiB on a real node).
-LOCAL_NODE_FREE_GIB = 20
+LOCAL_NODE_FREE_GIB = defaults.LOCAL_NODE_FREE_GIB
 
 
 def group_vars(context: Mapping[str, Any]) -> dict[str, Any]:

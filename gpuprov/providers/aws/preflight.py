@@ -113,6 +113,16 @@ def check_spec(spec: ClusterSpec) -> ClusterSpec:
     disk = opts.disk_gb or DEFAULT_DISK_GB
     if not 8 <= disk <= 16384:
         raise BadInput(f"--disk-gb must be between 8 and 16384, not {disk}")
+    # With --image, the image's own share is its owner's to know: the floor alone.
+    least = defaults.NODE_FREE_GIB + (0 if opts.image else defaults.AWS_IMAGE_ROOT_GIB)
+    if disk < least:
+        # Launched, such a node would stop in the preflight (its root file system short of the
+        # free space the site needs) after its hours had started: refused before anything is made.
+        raise BadInput(f"--disk-gb {disk} leaves the node less than the {defaults.NODE_FREE_GIB} GiB free the "
+                       f"bootstrap needs (the driver, CUDA, cuDNN, base images and room for a patch)"
+                       + ("" if opts.image else f" beside the image's own {defaults.AWS_IMAGE_ROOT_GIB} GiB")
+                       + f": give --disk-gb {least} or more "
+                       f"(default {DEFAULT_DISK_GB})")
     if (spec.count or 0) > MAX_COUNT:
         raise BadInput(
             f"--count {spec.count} is more than gpuprov launches in one cluster ({MAX_COUNT}: "
