@@ -321,3 +321,53 @@ def test_first_boot_faults_stop_only_their_node_and_say_why(cluster, env) -> Non
     has = float(line.split("the root filesystem (/) has ", 1)[1].split(" GiB free", 1)[0])
     assert abs(has - free_after / 2**30) < max(2.0, size / 2**30 * 0.02), (has, free_after)
     assert arrived.strip() == "", arrived
+
+
+def test_a_stalled_package_source_stops_its_node_within_the_bound(cluster, env) -> None:
+    """A package source that answers and then trickles (tests/fixtures/stalled_source.py: a real
+    server, as a hung cache or mirror behaves) used to hold `apt-get update`, and the whole run,
+    forever: apt gives up on silence, never on a byte every few seconds. Node 2's apt goes through
+    it when its lists are due: the preflight stops that node after gpuprov_base_apt_update_timeout
+    seconds, naming what apt printed last, with nothing installed or removed and no apt process
+    left behind on it; node 1 goes on."""
+    from gpuprov.providers.docker import bridge_gateway
+    from tests.fixtures import stalled_source
+
+    name, node, other = cluster
+    cid2 = _container(other)
+    proxy_conf = "/etc/apt/apt.conf.d/01gpuprov-proxy"
+    proxy = _node_sh(cid2, f"cat {proxy_conf}")
+    port = proxy.split('Proxy "', 1)[1].split('"', 1)[0].rsplit(":", 1)[1]
+    packages = "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n'"
+    source = stalled_source.start(bridge_gateway())
+    stalled = proxy.replace(f':{port}"', f':{source.port}"', 1)
+    assert f"{source.host}:{source.port}" in stalled, (proxy, source.url)
+
+    def write_proxy(text: str) -> None:
+        subprocess.run(["docker", "exec", "-i", cid2, "sh", "-c", f"cat > {proxy_conf}"], input=text,
+                       text=True, check=True)
+
+    try:
+        installed = _node_sh(cid2, packages)
+        _node_sh(cid2, "touch -d '2 hours ago' /var/lib/apt/lists; stamp=/var/lib/apt/periodic/update-success-stamp; "
+                       "if [ -e $stamp ]; then touch -d '2 hours ago' $stamp; fi")
+        _host_vars(env, name, other, "gpuprov_base_apt_update_timeout: 20\n")
+        write_proxy(stalled)
+        # Without the bound this never returns: run_cli's own timeout fails the test.
+        proc = run_cli("provision", name, "--tags", "preflight", "-o", "json", env=env, timeout=600)
+        left = _node_sh(cid2, "pgrep -a -x apt-get || true").strip()
+    finally:
+        write_proxy(proxy)
+        _host_vars(env, name, other, None)
+        source.close()
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert source.requests and source.requests[0].startswith(b"GET http://"), source.requests  # apt asked it
+    line = _failed_line(proc.stderr, other)
+    assert "apt-get update did not finish within 20 s (gpuprov_base_apt_update_timeout)" in line, line
+    assert "the last apt printed: '" in line and "nothing was installed or removed" in line, line
+    assert left == "", left  # no apt-get left holding the lists' lock
+    assert _node_sh(cid2, packages) == installed and _node_sh(cid2, "dpkg --audit") == ""
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert hosts[node]["failed"] == 0 and hosts[node]["tasks"] > 0, hosts
+    assert not [x for x in proc.stderr.splitlines() if "FAILED" in x and other not in x], proc.stderr
