@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from gpuprov import os_lines, stack, validate
+from gpuprov import defaults, os_lines, stack, validate
 from gpuprov.errors import BadInput
 from gpuprov.state import ClusterRecord
 
@@ -35,6 +35,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
                                    "that repository's signing key fingerprint"),
     "pull_bucket": ("GPUPROV_PULL_BUCKET",
                     "existing S3 bucket pull mode on AWS uses (prefix gpuprov/CLUSTER/) instead of making one"),
+    "root_free_gib": ("GPUPROV_ROOT_FREE_GIB",
+                      "free space (GiB) the preflight asks of every node's root file system "
+                      f"(unset: {defaults.NODE_FREE_GIB}, local nodes {defaults.LOCAL_NODE_FREE_GIB})"),
 }
 
 
@@ -71,6 +74,8 @@ def check(key: str, value: Any, where: str) -> str:
         return json.dumps(data, sort_keys=True)
     if key == "pull_bucket":
         return _bucket_name(value, f"{where}: {key}")
+    if key == "root_free_gib":
+        return str(validate.count(value, f"{where}: {key}"))
     return validate.mirror_url(value, f"{where}: {key}")
 
 
@@ -182,6 +187,9 @@ def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any
         "gpuprov_container_toolkit_repo_key_fingerprint": have.get("container_toolkit_repo_fpr", ""),
         "gpuprov_mirror_url": options.get("mirror_url", ""),
         "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
+        # The cluster's own floor, for every node (over a host's root_free_gib and the local
+        # nodes' need): only when the cluster recorded one; the role's 40 GiB otherwise.
+        **({"gpu_preflight_root_free_gib": int(have["root_free_gib"])} if have.get("root_free_gib") else {}),
     }
 
 

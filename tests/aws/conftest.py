@@ -95,6 +95,12 @@ def ec2(shim: moto_shim.Shim, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     shim.nodes = nodes
     # Real boots: SSH comes up in seconds, not the shim's default 3 s.
     monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "300")
+    # These instances are containers on this machine's disk, whatever it has free that minute,
+    # not 200 GiB volumes: their clusters record the local nodes' floor (a cluster setting, as a
+    # site whose images leave less room sets it), not a real node's 40 GiB.
+    from gpuprov import defaults
+
+    monkeypatch.setenv("GPUPROV_ROOT_FREE_GIB", str(defaults.LOCAL_NODE_FREE_GIB))
     try:
         yield nodes
     finally:

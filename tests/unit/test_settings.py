@@ -70,7 +70,8 @@ def test_a_different_value_is_refused_with_the_way_to_change_it(clean, monkeypat
     ("artifact_mirror", "http://x/\nDeb: evil"), ("registry_mirror", "ftp://10.0.0.1/"),
     ("container_toolkit_repo_fpr", "ABCD"), ("registry_digests", "[1]"),
     ("registry_digests", '{"a": "md5:0"}'), ("nonsense", "http://x/"),
-    ("apt_proxy", "http://user:pw@proxy:3142"),
+    ("apt_proxy", "http://user:pw@proxy:3142"), ("root_free_gib", "-1"), ("root_free_gib", "40 GiB"),
+    ("root_free_gib", "{{ 0 }}"),
 ])
 def test_bad_values_are_bad_input_and_change_nothing(clean, key, value) -> None:
     store = _cluster()
@@ -86,3 +87,16 @@ def test_a_broken_settings_file_is_named(clean, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("GPUPROV_CONFIG", str(bad))
     with pytest.raises(BadInput, match=f"settings file {bad} is not valid TOML"):
         settings.for_new_cluster()
+
+
+def test_a_clusters_free_space_floor_reaches_every_play_only_when_recorded(clean, monkeypatch) -> None:
+    """Unset, the plays get no floor of the cluster's (the role's 40 GiB, the local nodes' 20, a
+    host's own); recorded, every node of the cluster is asked that much, whoever runs the play."""
+    store = _cluster("c1")
+    assert "gpu_preflight_root_free_gib" not in settings.playbook_vars(store.get_cluster("c1"), {})
+    monkeypatch.setenv("GPUPROV_ROOT_FREE_GIB", "25")
+    store = _cluster("c2")
+    monkeypatch.delenv("GPUPROV_ROOT_FREE_GIB")
+    assert settings.playbook_vars(store.get_cluster("c2"), {})["gpu_preflight_root_free_gib"] == 25
+    reading.change_settings("c2", {"root_free_gib": "0"})
+    assert settings.playbook_vars(store.get_cluster("c2"), {})["gpu_preflight_root_free_gib"] == 0
