@@ -1,0 +1,50 @@
+"""benchmarks/run_profile.py reads what ansible-runner really records: a real run of a small
+local playbook (a looped task and a slow one), then its profile."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import ansible_runner
+
+ROOT = Path(__file__).parents[2]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("run_profile", ROOT / "benchmarks" / "run_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_real_runs_time_is_read_per_role_and_task(tmp_path: Path) -> None:
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "p.yml").write_text("""---
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Loop
+      ansible.builtin.command: "true"
+      loop: [1, 2, 3]
+      changed_when: false
+    - name: Slow
+      ansible.builtin.command: sleep 1.2
+      changed_when: false
+""")
+    run = ansible_runner.run(private_data_dir=str(tmp_path), playbook="p.yml", ident="ansible", quiet=True,
+                             envvars={"ANSIBLE_LOCALHOST_WARNING": "False",
+                                      "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    assert run.rc == 0, run.stdout.read()
+    report = _module().profile(tmp_path, top=5)
+    host = report["hosts"]["localhost"]
+    assert host["task_results"] == 2  # the loop counts once, by its own result
+    slow, loop = host["slowest_tasks"]
+    assert slow["task"] == "Slow" and 1.2 <= slow["s"] < 10, slow
+    assert loop["task"] == "Loop" and loop["s"] < slow["s"], loop
+    assert list(host["roles_s"]) == ["(play)"]  # tasks of the play itself, no role
+    assert abs(host["roles_s"]["(play)"] - (slow["s"] + loop["s"])) <= 0.1
+    assert report["wall_s"] >= slow["s"]
