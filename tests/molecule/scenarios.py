@@ -47,7 +47,13 @@ def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None
     env["NO_COLOR"] = "1"
     # The node's container name (the base config's platform): one per scenario, since the
     # scenarios of one role are separate xdist groups and may run side by side.
-    env["GPUPROV_MOLECULE_NODE"] = node_name(role, scenario)
+    node = node_name(role, scenario)
+    env["GPUPROV_MOLECULE_NODE"] = node
+    # What the leading destroy the shared sequence no longer runs made sure of: no container
+    # of this name (one left by an interrupted run), and molecule's state of this run alone
+    # (a state left saying "created" would make molecule skip its create step).
+    subprocess.run(["docker", "rm", "--force", "--volumes", node], capture_output=True, check=False)
+    env["MOLECULE_EPHEMERAL_DIRECTORY"] = str(tmp_path / "molecule-state")
     log = tmp_path / "molecule.log"
     with log.open("w") as fh:
         proc = subprocess.run(
@@ -57,5 +63,5 @@ def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None
         )
     text = log.read_text()
     assert proc.returncode == 0, f"molecule test {role}:{scenario} failed:\n{text[-6000:]}"
-    for step in ("converge", "idempotence", "verify"):
+    for step in ("create", "converge", "idempotence", "check", "verify"):
         assert f"{step}: Executed: Successful" in text, f"{step} did not run:\n{text[-3000:]}"
