@@ -84,6 +84,12 @@ def test_up_launches_and_bootstraps(grown) -> None:
     assert stats["failed"] == 0 and stats["unreachable"] == 0 and stats["changed"] > 0, stats
     # progress was reported per node while the playbook ran
     assert f"{name}-node-1: gpu_preflight" in stderr
+    # The bootstrap installed about 2 GiB of packages (driver, CUDA's toolkit); the preflight's
+    # DPkg::Post-Invoke hook removed each download once dpkg had installed it.
+    node = f"{name}-node-1"
+    assert node_sh(node, "test -f /etc/apt/apt.conf.d/90gpuprov-clean-downloads && echo yes").strip() == "yes"
+    assert node_sh(node, "dpkg-query -W -f '${Status}' nvidia-cuda-toolkit").endswith("installed")
+    assert node_sh(node, "find /var/cache/apt/archives -name '*.deb' | wc -l").strip() == "0"
 
 
 def test_a_node_added_from_the_baked_image_has_nothing_to_change(grown, env) -> None:
