@@ -207,9 +207,13 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
         run.console.say(f"{run.name}: already {cluster.state}; nothing to resume "
                         f"(`gpuprov provision {run.name}` converges again)")
         return up_result(run, nodes, Bootstrap(ok=True, hosts={}, errors={}, resumed_from=cluster.state))
+    # A cluster that existed before this run (grown, or resumed after a stop) converges in the
+    # size of the change, as `provision` does: its nodes whose manifest holds for the same
+    # inputs run no play, the new ones (no manifest) run the whole site.
     try:
         outcome = pull.bootstrap(run, cluster, nodes, push=run_site) if run.mode == "pull" else run_site(
-            run.store, cluster, run.provider, run.files, nodes, console=run.console, tags=run.tags or None)
+            run.store, cluster, run.provider, run.files, nodes, console=run.console, tags=run.tags or None,
+            use_manifest=run.existing is not None)
     except BaseException:
         if run.rollback:
             rollback(run, nodes, whole=run.created_record)

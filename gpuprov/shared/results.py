@@ -1,9 +1,9 @@
 """What the commands return: frozen dataclasses, turned into JSON in one place (``serialise``).
 
-The JSON shapes are documented for users in docs/json-output.md;
-tests/unit/test_json_shapes.py holds the two equal, both ways. A field's JSON name is its
-own unless its metadata says otherwise (``pass``, ``from`` are Python keywords); an
-``OPTIONAL`` field is left out of the JSON while it is None (present only when it applies).
+The JSON shapes are documented for users in docs/json-output.md; tests/unit/test_json_shapes.py
+holds the two equal, both ways. A field's JSON name is its own unless its metadata says otherwise
+(``pass``, ``from`` are Python keywords); an ``OPTIONAL`` field is left out of the JSON while it
+is None (present only when it applies).
 
 This module imports nothing heavy: the CLI's `-o json` path loads it.
 """
@@ -30,8 +30,7 @@ def json_name(f: dataclasses.Field[Any]) -> str:
 
 
 def serialise(obj: Any) -> Any:
-    """The JSON form of a result (dataclasses, their lists and maps, plain data): the one path
-    every `--output json` takes."""
+    """The JSON form of a result (dataclasses, their lists and maps, plain data): every `-o json`."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         values = vars(obj)
         return {json_name(f): serialise(values[f.name]) for f in dataclasses.fields(obj)
@@ -166,8 +165,7 @@ class Replacement:
 
 @dataclass(frozen=True)
 class KeptNode:
-    """A node `up --min-count K --keep-failed` set aside: running, out of the node list, removed
-    by `gpuprov down` with the cluster."""
+    """A node `up --min-count K --keep-failed` set aside: running, out of the node list; `down` removes it."""
 
     name: str
     id: str
@@ -244,10 +242,12 @@ class Bootstrap:
     resumed_from: str | None = field(default=None, metadata={OPTIONAL: True})
     # A pull bootstrap (`up --bootstrap pull`): the bundle and the nodes' own probe runs.
     pull: PullReport | None = field(default=None, metadata={OPTIONAL: True})
+    # A cluster that existed before (grown, resumed): each node's manifest verdict, as provision's.
+    manifest: dict[str, ManifestCheck] | None = field(default=None, metadata={OPTIONAL: True})
 
     @classmethod
     def of(cls, done: ProvisionResult, pull: PullReport | None = None) -> Bootstrap:
-        return cls(ok=done.ok, hosts=done.hosts, errors=done.errors, pull=pull)
+        return cls(ok=done.ok, hosts=done.hosts, errors=done.errors, pull=pull, manifest=done.manifest)
 
 
 @dataclass(frozen=True)
@@ -257,8 +257,8 @@ class UpResult:
     nodes: list[NodeRow]
     bootstrap: Bootstrap | None
     dry_run: bool | None = field(default=None, metadata={OPTIONAL: True})
-    # The health checks run after the bootstrap (`--health`), and the image new nodes booted
-    # from (providers with images: docker, aws); each left out when there is none.
+    # The health checks run after the bootstrap (`--health`), and the image new nodes booted from
+    # (providers with images: docker, aws); each left out when there is none.
     health: HealthResult | None = field(default=None, metadata={OPTIONAL: True})
     image: ImageUsed | None = field(default=None, metadata={OPTIONAL: True})
     # --min-count: the nodes this run set aside (failed bootstrap or health) and their

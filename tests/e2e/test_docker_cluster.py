@@ -94,17 +94,23 @@ def test_up_launches_and_bootstraps(grown) -> None:
 
 def test_a_node_added_from_the_baked_image_has_nothing_to_change(grown, env) -> None:
     """Issue 15: `up --count 2` on the baked cluster picks the image baked for its lock and
-    says so; the new node boots from it and the whole site converges with changed 0 on both
-    nodes (every stack role: the image carries exactly the lock); health passes; status shows
-    which node came from which image."""
+    says so; the new node boots from it and the whole site converges there with changed 0
+    (every stack role: the image carries exactly the lock); health passes; status shows which
+    node came from which image. Issue 34: the grown cluster converges in the size of the
+    change: node 1, whose manifest holds, runs no play."""
     name, _, (image, _), (data, stderr) = grown
-    assert [n["name"] for n in data["nodes"]] == [f"{name}-node-1", f"{name}-node-2"]
+    first, second = f"{name}-node-1", f"{name}-node-2"
+    assert [n["name"] for n in data["nodes"]] == [first, second]
     assert data["image"] == {"ref": image["ref"], "baked_for": image["lock_hash"], "reason": data["image"]["reason"]}
     assert f"image: {image['ref']} (baked for lock {image['lock_hash']}" in stderr
-    hosts = data["bootstrap"]["hosts"]
-    assert set(hosts) == {f"{name}-node-1", f"{name}-node-2"}
-    assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == dict.fromkeys(hosts, (0, 0)), hosts
-    assert all(s["tasks"] > 50 for s in hosts.values()), hosts  # the whole site ran, not a subset
+    hosts, manifest = data["bootstrap"]["hosts"], data["bootstrap"]["manifest"]
+    assert set(hosts) == {first, second}
+    assert (hosts[second]["changed"], hosts[second]["failed"]) == (0, 0), hosts
+    assert hosts[second]["tasks"] > 50, hosts  # the whole site ran, not a subset
+    assert (manifest[second]["state"], manifest[second]["action"]) == ("no manifest recorded", "full run")
+    assert (manifest[first]["state"], manifest[first]["action"]) == ("held", "unchanged"), manifest
+    assert hosts[first] == {"ok": 0, "changed": 0, "failed": 0, "unreachable": 0, "tasks": 0}
+    assert f"{first}: unchanged (manifest held, {manifest[first]['items']} items checked)" in stderr
     assert data["health"]["ok"] is True
     assert f"{name}-node-2: gpu_preflight" in stderr
     status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
@@ -288,10 +294,15 @@ def test_up_again_resumes_where_it_stopped_and_is_idempotent(cluster, env) -> No
     after it ran) leaves the cluster at "reachable", not "running"; `up` again bootstraps
     from there, and once bootstrapped has nothing to resume."""
     name, data, _ = cluster
+    from gpuprov.manifest import steps as manifests
     from gpuprov.state import Store
 
+    first, second = (n["name"] for n in data["nodes"])
     store = Store(Path(env["GPUPROV_HOME"]) / "state.db")
     store.set_cluster_state(name, "reachable")  # where a killed `up` leaves it
+    # ... and node 1's manifest record dropped, as a run does for the nodes it converges until
+    # they succeed (killed in node 1's play, after node 2's had ended).
+    manifests.forget(store, name, [n for n in store.get_cluster(name).nodes if n.name == first])
     status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
     assert status["state"] == "reachable"
     proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "-o", "json",
@@ -299,8 +310,13 @@ def test_up_again_resumes_where_it_stopped_and_is_idempotent(cluster, env) -> No
     assert proc.returncode == 0, proc.stderr
     again = json.loads(proc.stdout)
     assert [n["id"] for n in again["nodes"]] == [n["id"] for n in data["nodes"]]
-    assert set(again["bootstrap"]["hosts"]) == {n["name"] for n in data["nodes"]}
-    assert all(s["changed"] == 0 and s["tasks"] > 0 for s in again["bootstrap"]["hosts"].values())
+    hosts, manifest = again["bootstrap"]["hosts"], again["bootstrap"]["manifest"]
+    assert set(hosts) == {first, second}
+    # Node 1, converged from scratch, runs the whole site again and changes nothing (the
+    # site's idempotence on a real from-scratch node); node 2's manifest holds: no play.
+    assert manifest[first]["action"] == "full run" and manifest[second]["action"] == "unchanged", manifest
+    assert hosts[first]["changed"] == 0 and hosts[first]["tasks"] > 50, hosts
+    assert hosts[second]["tasks"] == 0, hosts
     assert store.get_cluster(name).state == "bootstrapped"
     proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "-o", "json",
                    env=env)

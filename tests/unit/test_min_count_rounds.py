@@ -66,7 +66,7 @@ def fleet(gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
     provider = Fleet()
     monkeypatch.setattr(launching, "get_provider", lambda name: provider)
 
-    def provision(store, cluster, prov, files, nodes, *, console, check=False, tags=None):
+    def provision(store, cluster, prov, files, nodes, *, console, check=False, tags=None, use_manifest=False):
         bad = {n.name for n in nodes if n.id in provider.bad_bootstrap}
         hosts = {n.name: HostStats(ok=3, changed=1, failed=int(n.name in bad), unreachable=0, tasks=4) for n in nodes}
         ok = not bad
