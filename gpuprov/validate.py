@@ -93,6 +93,18 @@ def count(value: Any, where: str, *, minimum: int = 0) -> int:
     return int(text)
 
 
+def flag(value: Any, where: str) -> bool:
+    """true or false: YAML's booleans, or the words an INI inventory gives as text."""
+    if isinstance(value, bool):
+        return value
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in ("true", "yes"):
+        return True
+    if word in ("false", "no"):
+        return False
+    raise BadInput(f"{where}: expected true or false, not {value!r}")
+
+
 def text(value: Any, where: str) -> str:
     """A plain one-line string (numbers, lists and maps are refused: they are not what was meant)."""
     if not isinstance(value, str) or not value or any(c in value for c in "\n\r\0"):

@@ -78,6 +78,7 @@ def render(
                 "expected_efa": bool(expectations.get(n.name, {}).get("efa")),
                 "monitoring_server": n.name == monitoring_host,
                 "root_free_gib": n.extra.get("root_free_gib"),
+                "apt_keep_downloads": n.extra.get("apt_keep_downloads"),
             }
             for n in nodes
         ],
@@ -158,6 +159,8 @@ def host_vars(node: Mapping[str, Any]) -> dict[str, Any]:
         # A host's own free-space floor (an existing host's hosts file), over the group's.
         **({"gpu_preflight_root_free_gib": int(node["root_free_gib"])}
            if node.get("root_free_gib") is not None else {}),
+        **({"gpu_preflight_apt_keep_downloads": node["apt_keep_downloads"] is True}
+           if node.get("apt_keep_downloads") is not None else {}),
     }
 
 

@@ -195,6 +195,7 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
             "address": "", "ssh_port": 0, "user": "", "key_file": None, "instance_type": node.instance_type,
             "expected_gpus": expect.get("gpus"), "expected_nvswitch": bool(expect.get("nvswitch")),
             "expected_efa": bool(expect.get("efa")), "root_free_gib": node.extra.get("root_free_gib"),
+            "apt_keep_downloads": node.extra.get("apt_keep_downloads"),
         })
         profile = {"hostvars": {k: v for k, v in hostvars.items() if k not in record.CONNECTION_VARS},
                    "expect": expect}

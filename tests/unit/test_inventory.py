@@ -97,6 +97,16 @@ def test_no_value_becomes_inventory_syntax_or_a_template(tmp_path: Path) -> None
                            "gpuprov_provider", "gpu_preflight_root_free_gib"}  # (docker: local nodes' need)
 
 
+def _ansibles_hostvars(files: ClusterFiles) -> dict:
+    """Every host's variables as ansible-inventory itself reads the rendered inventory."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(files.inventory), "--list"],
+        capture_output=True, text=True, check=True,
+        env={"ANSIBLE_CONFIG": str(files.ansible_cfg), "PATH": "/usr/bin:/bin"},
+    )
+    return json.loads(out.stdout)["_meta"]["hostvars"]
+
+
 def test_a_hosts_own_free_space_floor_is_the_one_ansible_uses(tmp_path: Path) -> None:
     """An existing host's root_free_gib (its hosts file) reaches the preflight as a host variable,
     over the group's (a local node's 20); a host that gives none keeps the group's or the role's."""
@@ -104,12 +114,7 @@ def test_a_hosts_own_free_space_floor_is_the_one_ansible_uses(tmp_path: Path) ->
     nodes = _nodes()
     nodes[0].extra["root_free_gib"] = 7
     context = render("c1", "docker", nodes, {}, files)
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(files.inventory), "--list"],
-        capture_output=True, text=True, check=True,
-        env={"ANSIBLE_CONFIG": str(files.ansible_cfg), "PATH": "/usr/bin:/bin"},
-    )
-    real = json.loads(out.stdout)["_meta"]["hostvars"]
+    real = _ansibles_hostvars(files)
     ours = to_json(context)["_meta"]["hostvars"]
     assert real["c1-node-1"]["gpu_preflight_root_free_gib"] == ours["c1-node-1"]["gpu_preflight_root_free_gib"] == 7
     assert real["c1-node-2"]["gpu_preflight_root_free_gib"] == ours["c1-node-2"]["gpu_preflight_root_free_gib"] == 20
@@ -117,3 +122,21 @@ def test_a_hosts_own_free_space_floor_is_the_one_ansible_uses(tmp_path: Path) ->
     static = ClusterFiles(tmp_path / "s")
     render("c2", "static", _nodes(), {}, static)
     assert "gpu_preflight_root_free_gib" not in static.inventory.read_text()
+
+
+def test_a_host_that_keeps_apts_downloads_says_so_to_ansible(tmp_path: Path) -> None:
+    """apt_keep_downloads (an existing host's hosts file) reaches the preflight as a boolean host
+    variable; a host that gives none has no such variable (the role's default applies)."""
+    files = ClusterFiles(tmp_path)
+    nodes = _nodes()
+    nodes[0].extra["apt_keep_downloads"] = True
+    nodes[1].extra["apt_keep_downloads"] = False
+    context = render("c1", "static", nodes, {}, files)
+    real = _ansibles_hostvars(files)
+    ours = to_json(context)["_meta"]["hostvars"]
+    for node, keep in (("c1-node-1", True), ("c1-node-2", False)):
+        assert real[node]["gpu_preflight_apt_keep_downloads"] is ours[node]["gpu_preflight_apt_keep_downloads"] is keep
+    (tmp_path / "s").mkdir()
+    plain = ClusterFiles(tmp_path / "s")
+    render("c2", "static", _nodes(), {}, plain)
+    assert "gpu_preflight_apt_keep_downloads" not in plain.inventory.read_text()

@@ -357,3 +357,13 @@ def test_a_pulled_nodes_inputs_digest_is_the_one_push_computes(tmp_path: Path, m
     assert push["c-node-1"] != push["c-node-2"]
     bundle, profiles = bundle_for(provider, spec, lock, play_vars(cluster, lock), [], own)
     assert {n.name: bundle.inputs[profiles[n.name]] for n in own} == push
+    # So is a host that keeps apt's downloads.
+    kept = [NodeRecord(name=n.name, id=n.id, address=n.address, ssh_port=n.ssh_port, user=n.user, state=n.state,
+                       instance_type=n.instance_type, extra={"apt_keep_downloads": True} if i else {})
+            for i, n in enumerate(nodes)]
+    context = render("c", "docker", kept, expectations(provider, kept, lock), files, monitoring_host(cluster.spec))
+    _, push = steps.inputs_of(context, extravars, None)
+    assert to_json(context)["_meta"]["hostvars"]["c-node-2"]["gpu_preflight_apt_keep_downloads"] is True
+    assert push["c-node-1"] != push["c-node-2"]
+    bundle, profiles = bundle_for(provider, spec, lock, play_vars(cluster, lock), [], kept)
+    assert {n.name: bundle.inputs[profiles[n.name]] for n in kept} == push

@@ -52,6 +52,20 @@ def test_a_host_sets_its_own_free_space_floor(tmp_path: Path, key: Path) -> None
     assert [(h.name, h.root_free_gib) for h in parse_hosts_file(str(f))[0]] == [("node1", 30), ("node2", 12)]
 
 
+def test_a_host_keeps_apts_downloads_when_it_says_so(tmp_path: Path, key: Path) -> None:
+    """apt_keep_downloads (gpuprov's YAML) or gpu_preflight_apt_keep_downloads (an inventory):
+    YAML's booleans, or the words an INI file gives as text; unset: the role's default."""
+    f = tmp_path / "hosts.yml"
+    f.write_text(f"user: u\nkey: {key}\nhosts:\n  - name: a\n    address: 10.1.0.1\n    apt_keep_downloads: true\n"
+                 "  - name: b\n    address: 10.1.0.2\n    apt_keep_downloads: false\n"
+                 "  - name: c\n    address: 10.1.0.3\n")
+    assert [h.apt_keep_downloads for h in parse_hosts_file(str(f))[0]] == [True, False, None]
+    f = tmp_path / "hosts.ini"
+    f.write_text("[gpu]\nnode1 ansible_host=10.0.0.1\nnode2 ansible_host=10.0.0.2 gpu_preflight_apt_keep_downloads=no\n"
+                 "[gpu:vars]\nansible_user=x\ngpu_preflight_apt_keep_downloads=true\n")
+    assert [(h.name, h.apt_keep_downloads) for h in parse_hosts_file(str(f))[0]] == [("node1", True), ("node2", False)]
+
+
 def test_ansible_yaml_inventory(tmp_path: Path, key: Path) -> None:
     f = tmp_path / "inv.yaml"
     f.write_text(f"""
@@ -116,6 +130,10 @@ ansible_ssh_private_key_file={key}
          "host a: root_free_gib: expected a whole number"),
         ("[gpu]\nnode1 ansible_user=x gpu_preflight_root_free_gib=lots\n", ".ini",
          "host node1: gpu_preflight_root_free_gib: expected a whole number"),
+        ("hosts:\n  - name: a\n    user: u\n    apt_keep_downloads: 1\n", ".yml",
+         "host a: apt_keep_downloads: expected true or false"),
+        ("[gpu]\nnode1 ansible_user=x gpu_preflight_apt_keep_downloads={{lookup('pipe','id')}}\n", ".ini",
+         "host node1: gpu_preflight_apt_keep_downloads: expected true or false"),
         ("hosts:\n  - name: a\n    user: [u, v]\n", ".yml", "host a: user: invalid user"),
         ("hosts:\n  - name: a\n    user: u\n    instance_type: \"{{ lookup('pipe','id') }}\"\n", ".yml",
          "invalid instance type"),

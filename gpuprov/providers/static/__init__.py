@@ -6,7 +6,7 @@ them; ``down`` forgets them and never touches the machines.
 Accepted files (see inventory/static-hosts.example.yml and .ini; hosts_file.py reads them):
 
 - gpuprov YAML: ``hosts: [{name, address, user, port, key, instance_type, gpus,
-  host_key, root_free_gib}]`` plus optional top-level ``known_hosts`` and defaults for every host;
+  host_key, root_free_gib, apt_keep_downloads}]`` plus optional top-level ``known_hosts`` and defaults for every host;
 - any Ansible inventory, YAML or INI, read by ansible-core's own parser (groups, group
   vars, children, host ranges), with ``ansible_host``/``ansible_user``/``ansible_port``/
   ``ansible_ssh_private_key_file`` and ``gpuprov_gpus``/``gpuprov_instance_type``.
@@ -105,6 +105,7 @@ class StaticProvider(Provider):
                     "gpus": h.gpus,
                     "host_key": h.host_key,
                     **({"root_free_gib": h.root_free_gib} if h.root_free_gib is not None else {}),
+                    **({"apt_keep_downloads": h.apt_keep_downloads} if h.apt_keep_downloads is not None else {}),
                     "known_hosts": str(known) if known else None,
                 },
             )

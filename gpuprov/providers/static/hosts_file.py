@@ -54,6 +54,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     # The site's free-space floor for this host's root filesystem (roles/gpu_preflight; 40 GiB
     # unless the host says otherwise: an on-prem machine with a small root and /var elsewhere).
     "root_free_gib": ("root_free_gib", "gpu_preflight_root_free_gib"),
+    # Keep the packages apt downloads after dpkg installed them (roles/gpu_preflight removes them).
+    "apt_keep_downloads": ("apt_keep_downloads", "gpu_preflight_apt_keep_downloads"),
 }
 KNOWN = frozenset(name for names in FIELDS.values() for name in names)
 # Set by Ansible on every host it reads; not the user's.
@@ -73,6 +75,7 @@ class StaticHost:
     gpus: int | None
     host_key: str | None
     root_free_gib: int | None = None
+    apt_keep_downloads: bool | None = None
 
 
 def parse_hosts_file(path: str | None) -> tuple[list[StaticHost], Path | None]:
@@ -196,6 +199,8 @@ def _host(name: str, sources: list[dict[str, Any]], where: str) -> StaticHost:
     gpus = None if gpus is None else validate.count(gpus, f"{at}: {field}")
     field, free = pick("root_free_gib")
     free = None if free is None else validate.count(free, f"{at}: {field}")
+    field, keep = pick("apt_keep_downloads")
+    keep = None if keep is None else validate.flag(keep, f"{at}: {field}")
     field, key = pick("key")
     key = None if key is None else validate.text(key, f"{at}: {field}")
     field, itype = pick("instance_type")
@@ -207,7 +212,8 @@ def _host(name: str, sources: list[dict[str, Any]], where: str) -> StaticHost:
             raise BadInput(f"{at}: {field} must be 'TYPE BASE64' as in known_hosts "
                            f"(ssh-keyscan prints it), not {host_key!r}")
     return StaticHost(name=name, address=address, user=user, port=port, key=key,
-                      instance_type=itype, gpus=gpus, host_key=host_key, root_free_gib=free)
+                      instance_type=itype, gpus=gpus, host_key=host_key, root_free_gib=free,
+                      apt_keep_downloads=keep)
 
 
 def _known_keys(data: Mapping[str, Any], allowed: frozenset[str] | set[str], where: str) -> None:
