@@ -52,5 +52,7 @@ def test_a_real_runs_time_is_read_per_role_and_task(tmp_path: Path) -> None:
     assert 1.2 <= slow["s"] < 30, slow
     assert 0 < loop["s"] < 30, loop
     assert list(host["roles_s"]) == ["(play)"]  # tasks of the play itself, no role
-    assert abs(host["roles_s"]["(play)"] - (slow["s"] + loop["s"])) <= 0.1
+    # each figure is rounded to 0.1 s on its own: the total and the sum of the two may differ by
+    # up to three half-tenths
+    assert abs(host["roles_s"]["(play)"] - (slow["s"] + loop["s"])) <= 0.15 + 1e-9
     assert report["wall_s"] >= slow["s"]
