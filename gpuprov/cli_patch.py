@@ -35,12 +35,16 @@ from gpuprov.shared.console import Console
 @click.option("--onto-image", metavar="REF|newest", help="Replace the nodes, a batch at a time, with new ones "
               "from this baked image of the new lock (newest: the newest one; none yet: baked first) instead "
               "of patching them in place.")
+@click.option("--via", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+              help="Where the plays and probes run: push (Ansible from here over SSH) or pull (each node "
+              "runs the roll's plays and probes itself from this gpuprov's bundle, in the same batches "
+              "behind the same gates; its own run does not reboot it).")
 @output_option
 def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
           all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, grace: int | None,
           force: bool, no_reboot: bool,
           mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, onto_image: str | None,
-          output: str) -> int:
+          via: str, output: str) -> int:
     """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates:
     in place, or by replacing the nodes from a baked image (--onto-image)."""
     from gpuprov.core import patch as patching  # lazy: CLI start-up
@@ -48,7 +52,7 @@ def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool
     req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
                            microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
                            resume=resume, onto_image=onto_image, grace=grace, force=force,
-                           mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint)
+                           mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint, via=via)
     if onto_image is not None:
         from gpuprov.core.onto_image import roll_onto_image  # lazy: CLI start-up
 

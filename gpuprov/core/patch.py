@@ -38,7 +38,7 @@ from gpuprov import paths
 from gpuprov.ansible import runner
 from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir
-from gpuprov.core import health_gate
+from gpuprov.core import health_gate, patch_pull
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-exported)
     REPORT_TASK,
@@ -101,6 +101,8 @@ class Roll:
     ok: bool = False
     health: str = "quick"  # the health gate's level (`--health`), or "off"
     slurm: SlurmDrains | None = None  # a Slurm cluster's drains (gpuprov.shared.slurm_drain)
+    pull: Any = None  # `--via pull`: the rounds' context (gpuprov.core.patch_pull.begin)
+    rows: dict[str, list[Any]] = field(default_factory=dict)  # pull: the probe rows of the last round
 
     def say(self, text: str) -> None:
         self.console.say(text)
@@ -129,6 +131,8 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
     with cluster_lock(name):
         provider, roll.files, nodes = refresh(store, cluster)
         nodes = reachable_nodes(cluster, nodes)
+        if req.via == "pull":
+            roll.pull = patch_pull.begin(store, cluster, provider, roll.files, nodes, console)
         new_expect = expectations(provider, nodes, lock)
         render(cluster.name, cluster.provider, nodes, new_expect, roll.files, monitoring_host(cluster.spec))
         kind = "patch-check" if req.check else "patch"
@@ -158,7 +162,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
                 "request": {"driver": req.driver if req.move_driver else None,
                             "kernel_module": req.kernel_module, "kernel": req.kernel,
                             "microcode": req.microcode, "batch": req.batch, "check": req.check,
-                            "health": roll.health}})
+                            "health": roll.health, "via": req.via}})
             roll.say(f"  artifacts: {roll.run_dir}")
 
 
@@ -206,10 +210,15 @@ def plan(roll: Roll) -> list[str]:
     """1. Check mode on every reachable node at once: each node's plan; the nodes to patch.
     With ``--check`` the roll ends here."""
     hosts = roll.hosts
-    planned = runner.run_playbook(_playbook(), roll.files, list(roll.by_name), _sub(roll.run_dir, "plan"),
-                           title=f"plan {roll.name}", check=True, extravars=roll.extravars,
-                           limit=list(roll.by_name) if roll.down else (), console=roll.console.rich)
-    reports = host_reports(planned.artifact_dir)
+    if roll.pull is not None:
+        planned = patch_pull.plan_round(roll)
+        roll.rows = planned.rows  # the baseline: each node's probes against the lock it runs now
+    else:
+        planned = patch_pull.pushed(runner.run_playbook(
+            _playbook(), roll.files, list(roll.by_name), _sub(roll.run_dir, "plan"), title=f"plan {roll.name}",
+            check=True, extravars=roll.extravars, limit=list(roll.by_name) if roll.down else (),
+            console=roll.console.rich))
+    reports = planned.reports
     todo = []
     for host in list(roll.by_name):
         stats = planned.hosts.get(host, {})
@@ -242,16 +251,18 @@ def plan(roll: Roll) -> list[str]:
 def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect: dict[str, Any]) -> bool:
     """2. The baseline (the probes and health checks against the lock the nodes run now), then
     3. batch by batch: drain, patch, probe and check, resume. True when a node stopped the roll."""
-    baseline = probes_run.run_probes(roll.files.inventory, roll.files.ansible_cfg, todo, old_expect,
-                          _sub(roll.run_dir, "probes-before"), console=roll.console.rich) if todo else {}
+    baseline = dict(roll.rows) if roll.pull is not None else probes_run.run_probes(
+        roll.files.inventory, roll.files.ansible_cfg, todo, old_expect, _sub(roll.run_dir, "probes-before"),
+        console=roll.console.rich) if todo else {}
     well_before = check_health(roll, todo, old_expect, "health-before", "before the patch")
     for number, batch in enumerate(roll.batches, 1):
         roll.say(f"{roll.name}: batch {number}/{len(roll.batches)}: {', '.join(batch)}")
         ready = [host for host in batch if hook(roll, host, "drain")]
         passed = play(roll, number, ready) if ready else []
         if passed:
-            after = probes_run.run_probes(roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
-                               _sub(roll.run_dir, f"probes-batch-{number}"), console=roll.console.rich)
+            after = roll.rows if roll.pull is not None else probes_run.run_probes(
+                roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
+                _sub(roll.run_dir, f"probes-batch-{number}"), console=roll.console.rich)
             well = check_health(roll, passed, new_expect, f"health-batch-{number}", f"after batch {number}")
             for host in passed:
                 judge(roll.hosts[host], regressions(baseline.get(host, []), after.get(host, [])),
@@ -293,10 +304,15 @@ def judge(state: dict[str, Any], broken: list[str], sick: list[Any]) -> None:
 
 def play(roll: Roll, number: int, ready: list[str]) -> list[str]:
     """``patch.yml`` on one batch's drained nodes; the nodes whose play went through."""
-    played = runner.run_playbook(_playbook(), roll.files, ready, _sub(roll.run_dir, f"batch-{number}"),
-                          title=f"patch {roll.name} batch {number}", limit=ready,
-                          extravars=roll.extravars, console=roll.console.rich)
-    reports = host_reports(played.artifact_dir)
+    if roll.pull is not None:
+        played = patch_pull.batch_round(roll, ready)
+        roll.rows = played.rows  # each node's probes against the new lock, after its play
+    else:
+        played = patch_pull.pushed(runner.run_playbook(
+            _playbook(), roll.files, ready, _sub(roll.run_dir, f"batch-{number}"),
+            title=f"patch {roll.name} batch {number}", limit=ready, extravars=roll.extravars,
+            console=roll.console.rich))
+    reports = played.reports
     passed = []
     for host in ready:
         state, stats, report = roll.hosts[host], played.hosts.get(host, {}), reports.get(host, {})

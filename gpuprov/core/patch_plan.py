@@ -42,6 +42,7 @@ class Request:
     onto_image: str | None = None  # roll by replacing nodes from this baked image (or "newest")
     grace: int | None = None  # Slurm clusters: seconds a drained node's jobs get (None: the default)
     force: bool = False  # Slurm clusters: do not wait for the jobs of a drained node
+    via: str = "push"  # where the plays run: push (Ansible from here) or pull (gpuprov.core.patch_pull)
 
 
 def request(*, all_: bool = False, **kw: Any) -> Request:
@@ -64,6 +65,10 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
         raise BadInput(f"--grace must be 0 or more seconds, not {req.grace}")
     if req.force and req.grace is not None:
         raise BadInput("--force does not wait for jobs: leave out --grace, or --force")
+    if req.via not in ("push", "pull"):
+        raise BadInput(f"--via is push or pull, not {req.via!r}")
+    if req.via == "pull" and req.onto_image is not None:
+        raise BadInput("--via pull rolls the plays on the nodes; --onto-image replaces the nodes (leave out one)")
     if req.onto_image is not None and (req.force or req.grace is not None):
         raise BadInput("--grace and --force go with a roll in place, not with --onto-image")
     for flag, hook in (("--drain", req.drain), ("--resume", req.resume)):

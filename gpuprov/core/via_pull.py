@@ -43,6 +43,7 @@ class Round:
     files: ClusterFiles
     tags: list[str]
     pull: Any = None
+    cluster: Any = None  # its record, where a round needs it (gpuprov.core.patch_pull)
 
     @property
     def name(self) -> str:

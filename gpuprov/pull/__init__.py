@@ -1,7 +1,7 @@
 """Pull mode: nodes that bootstrap themselves (`gpuprov up --bootstrap pull`).
 
-Push (the default for small clusters, and always for `provision` and `patch`) runs Ansible on
-this machine over SSH to every node. Pull inverts it, as ansible-pull does: gpuprov builds a
+Push (the default for small clusters and for `provision` and `patch`, which pull with `--via
+pull`) runs Ansible on this machine over SSH to every node. Pull inverts it, as ansible-pull does: gpuprov builds a
 **bootstrap bundle** (bundle.py: the playbooks and roles, the cluster's resolved version lock
 and play variables, the probes, and the very ansible-core and Python packages this controller
 runs them with), content-addressed by its sha256; serves it to the cluster's nodes alone

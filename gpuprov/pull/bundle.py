@@ -5,6 +5,7 @@ Layout (a gzip'd tar, byte-for-byte the same for the same inputs: sorted entries
 owners and modes, no gzip name or time, so its sha256 names its content)::
 
     manifest.json            format, gpuprov and ansible-core versions, the lock's hash, tags
+                             (and a patch's playbook and check mode)
     site/playbooks/ ...      the playbooks site.yml imports
     site/roles/ ...          the roles (their molecule scenarios left out)
     site/vars.yml            the play variables (`-e @vars.yml`, as push passes them: every
@@ -45,6 +46,8 @@ from gpuprov.manifest import record, remote
 from gpuprov.probes.run import groups_of_plays
 
 FORMAT = 1
+PATCH_FORMAT = 2  # a bundle that names its playbook and check mode (node/agent.py's FORMATS)
+PLAYBOOKS = ("site.yml", "patch.yml")  # what a bundle may run (node/agent.py's own list)
 PYTHON_MIN = (3, 11)
 # Top-level import names copied into lib/: ansible-core, what it imports, and the probes' runner.
 PACKAGES = ("ansible", "jinja2", "markupsafe", "yaml", "packaging", "resolvelib", "pytest",
@@ -75,20 +78,26 @@ class Bundle:
 
 def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
           group_vars: Mapping[str, Any], profiles: Mapping[str, Mapping[str, Any]],
-          tags: Sequence[str] = ()) -> Bundle:
+          tags: Sequence[str] = (), playbook: str = "site.yml", check: bool = False) -> Bundle:
     """The bundle for one cluster's bootstrap. ``profiles``: per kind of node (its key is in
     each node's boot configuration), ``hostvars`` (what the push inventory gives such a node)
     and ``expect`` (what its probes expect); ``group``
-    and ``group_vars``: the inventory group the nodes are in and its variables."""
+    and ``group_vars``: the inventory group the nodes are in and its variables. ``playbook``
+    and ``check``: a patch's rounds (`patch --via pull`) run patch.yml, its plan in check mode;
+    such a bundle is format 2, which an agent from before them refuses."""
     import ansible.release
+
+    if playbook not in PLAYBOOKS:
+        raise GpuprovError(f"a pull bundle runs one of {', '.join(PLAYBOOKS)}, not {playbook!r}")
 
     # The node's inventory (the agent writes it from nodes.json) is read by ansible-core as
     # trusted source, with no way to tag a value: one that looks like a template is refused
     # here (validation keeps such values out of node records; this is the second wall).
     _no_templates({"group_vars": group_vars,
                    "hostvars": {kind: profile.get("hostvars", {}) for kind, profile in profiles.items()}})
+    site = playbook == "site.yml" and not check
     manifest = {
-        "format": FORMAT,
+        "format": FORMAT if site else PATCH_FORMAT,
         "gpuprov": __version__,
         "ansible_core": ansible.release.__version__,
         "python_min": list(PYTHON_MIN),
@@ -98,6 +107,7 @@ def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
         # some plays is judged on them, as `verify --only`), every one after the whole site.
         "probes": groups_of_plays(tags),
         "collections": sorted(".".join(c) for c in collections_used()),
+        **({} if site else {"playbook": playbook, "check": check}),
     }
     entries: list[tuple[str, bytes, int]] = [("manifest.json", _json(manifest), 0o644)]
     entries += _tree(paths.playbooks_dir(), "site/playbooks")

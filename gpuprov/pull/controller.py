@@ -18,20 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuprov import paths, ssh
+from gpuprov import ssh
 from gpuprov.ansible import inventory
 from gpuprov.ansible.progress import PlaybookProgress
 from gpuprov.ansible.runner import new_run_dir
 from gpuprov.errors import GpuprovError
 from gpuprov.manifest import record, remote
 from gpuprov.providers import ClusterSpec, Provider
-from gpuprov.pull import Boot
+from gpuprov.pull import Boot, verdicts
 from gpuprov.pull.bundle import Bundle, build
 from gpuprov.pull.objects import ObjectReports
 from gpuprov.pull.server import PullServer
-from gpuprov.shared.cluster import load, phase_at_least, version_lock
+from gpuprov.pull.verdicts import expected_probes
+from gpuprov.shared.cluster import load, version_lock
 from gpuprov.shared.console import Console
-from gpuprov.shared.results import HostStats, ProbeRow, ProvisionResult, PullReport, VerifySummary, serialise
+from gpuprov.shared.results import HostStats, ProvisionResult, PullReport, serialise
 from gpuprov.shared.settings import playbook_vars
 from gpuprov.state import NodeRecord, Store
 
@@ -47,6 +48,19 @@ def play_vars(cluster: Any, lock: Mapping[str, Any]) -> dict[str, Any]:
     with gpuprov.shared.scheduler's ``none``: pull never configures Slurm, refused at launch),
     so that a pulled node's inputs digest is the one the next push `provision` computes."""
     return playbook_vars(cluster, dict(lock)) | {"gpuprov_scheduler": "none"}
+
+
+@dataclass(frozen=True)
+class Plays:
+    """What a round of pull on nodes that are up runs, when not the site of the cluster's
+    stored lock: a patch's rounds (gpuprov.core.patch_pull) run patch.yml with the roll's
+    variables, the nodes' probes held to ``lock`` (the plan in check mode: the lock they run
+    now). Such a round is recorded as its run only: no manifest, no cluster state, no verify run."""
+
+    lock: Mapping[str, Any]
+    extravars: Mapping[str, Any]
+    playbook: str = "patch.yml"
+    check: bool = False
 
 
 @dataclass
@@ -114,37 +128,47 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
                            errors={**result.errors, **pushed.errors})
 
 
-def existing(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str = "bootstrap-pull") -> ProvisionResult:
+def existing(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str = "bootstrap-pull", *,
+             plays: Plays | None = None, outcome: dict[str, Any] | None = None) -> ProvisionResult:
     """Pull on nodes that are up (hosts that exist, a cluster converged again by `provision --via
-    pull`): through the provider's object store (aws: its bucket, each round anew), or served
-    from here; each node handed its configuration over SSH. The run is recorded as ``kind``."""
-    if run.provider.supports("pull_channel"):
-        return _through_channel(run, cluster, nodes, kind)
-    return _existing_hosts(run, cluster, nodes, kind)
+    pull`, a patch's round: ``plays``): through the provider's object store (aws: its bucket,
+    each round anew), or served from here; each node handed its configuration over SSH. The run
+    is recorded as ``kind``; ``outcome`` receives what each node reported (follow's)."""
+    through = _through_channel if run.provider.supports("pull_channel") else _existing_hosts
+    return through(run, cluster, nodes, kind, plays, {} if outcome is None else outcome)
 
 
-def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str) -> ProvisionResult:
+def _bundle(run: Any, cluster: Any, nodes: list[NodeRecord], plays: Plays | None) -> tuple[Bundle, dict[str, str]]:
+    if plays is not None:
+        return bundle_for(run.provider, run.spec, plays.lock, plays.extravars, [], nodes,
+                          playbook=plays.playbook, check=plays.check)
+    lock = version_lock(run.store, load(run.store, run.name))  # as the hosts' buses relocked it
+    return bundle_for(run.provider, run.spec, lock, play_vars(cluster, lock), run.tags, nodes)
+
+
+def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str, plays: Plays | None,
+                    outcome: dict[str, Any]) -> ProvisionResult:
     """Pull on hosts gpuprov did not boot: the bundle is built for what their PCI buses
     showed, served, and each host is handed the agent, its unit and its configuration over
     SSH (pinned host key); the agent starts there and the run goes on as at boot."""
-    lock = version_lock(run.store, load(run.store, run.name))  # as the hosts' buses relocked it
-    bundle, profiles = bundle_for(run.provider, run.spec, lock, play_vars(cluster, lock), run.tags, nodes)
+    bundle, profiles = _bundle(run, cluster, nodes, plays)
     with _served(run, bundle, nodes, "", f"{len(nodes)} host(s)") as session:
         ssh.each_node(nodes, lambda n: _hand_over(n, run.files, session.boot, profiles[n.name]))
         for node in nodes:
             run.console.say(f"  {node.name}: pull agent started over SSH")
         result, session.report = follow(run.store, run.name, session.server, bundle, nodes,
                                         new_run_dir(run.files, kind), console=run.console,
-                                        tags=run.tags, profiles=profiles, kind=kind)
+                                        tags=run.tags, profiles=profiles, kind=kind, site=plays is None,
+                                        outcome=outcome)
     return result
 
 
-def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str) -> ProvisionResult:
+def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str, plays: Plays | None,
+                     outcome: dict[str, Any]) -> ProvisionResult:
     """Pull through the provider's object store (aws: the cluster's S3 bucket): the bundle
     published once under its sha256, each node handed over SSH (pinned host key) its presigned
     GET and its report POST policy, the reports listed and read from the store."""
-    lock = version_lock(run.store, load(run.store, run.name))
-    bundle, profiles = bundle_for(run.provider, run.spec, lock, play_vars(cluster, lock), run.tags, nodes)
+    bundle, profiles = _bundle(run, cluster, nodes, plays)
     channel = run.provider.pull_channel(run.spec, run.console.say)
     new = channel.publish(bundle.data, bundle.sha256)
     run.console.say(f"  pull: bundle {bundle.sha256[:16]} ({bundle.size / 1e6:.1f} MB, ansible-core "
@@ -158,7 +182,7 @@ def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str)
     run.console.say(f"  pull agent handed over SSH to {len(nodes)} node(s)")
     result, run.pull.report = follow(run.store, run.name, reports, bundle, nodes,
                                      new_run_dir(run.files, kind), console=run.console, tags=run.tags,
-                                     profiles=profiles, kind=kind)
+                                     profiles=profiles, kind=kind, site=plays is None, outcome=outcome)
     channel.remove_reports([n.name for n in nodes])  # recorded in the run's directory now
     return result
 
@@ -182,7 +206,8 @@ def _hand_over(node: NodeRecord, files: Any, boot: Boot, profile: str) -> None:
 
 
 def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], extravars: Mapping[str, Any],
-               tags: list[str], nodes: list[NodeRecord]) -> tuple[Bundle, dict[str, str]]:
+               tags: list[str], nodes: list[NodeRecord], *, playbook: str = "site.yml",
+               check: bool = False) -> tuple[Bundle, dict[str, str]]:
     """The bundle of one cluster's pull bootstrap, and each node's profile in it: the host
     variables and probe expectations of each kind of node (named by their digest)."""
     import hashlib
@@ -204,24 +229,27 @@ def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], e
     group_vars = inventory.group_vars({"cluster": spec.name, "provider": spec.provider, "known_hosts": ""})
     bundle = build(lock=lock, extravars=extravars, group=inventory.GROUP,
                    group_vars={k: v for k, v in group_vars.items() if k not in record.CONNECTION_VARS},
-                   profiles=profiles, tags=tags)
+                   profiles=profiles, tags=tags, playbook=playbook, check=check)
     return bundle, chosen
 
 
 def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: Bundle, nodes: list[NodeRecord],
            run_dir: Path, *, console: Console, tags: list[str], profiles: Mapping[str, str] | None = None,
-           kind: str = "bootstrap-pull") -> tuple[ProvisionResult, PullReport]:
+           kind: str = "bootstrap-pull", site: bool = True,
+           outcome: dict[str, Any] | None = None) -> tuple[ProvisionResult, PullReport]:
     """Wait for the nodes' reports, showing them as push progress; record the bootstrap and the
     nodes' own probe runs as a bootstrap run and a verify run, and (a run of every play that
     succeeded) each node's manifest as push records it. ``profiles``: each node's profile in
-    the bundle (whose inputs digest its manifest is recorded with)."""
+    the bundle (whose inputs digest its manifest is recorded with). ``site`` false (a patch's
+    round): the run record alone. ``outcome``: filled with what each node reported."""
     names = [n.name for n in nodes]
     server.add_nodes(names)
-    if not tags:  # as push: until the run succeeds, the nodes it converges hold no record
+    if site and not tags:  # as push: until the run succeeds, the nodes it converges hold no record
         record.write(store, name, dict.fromkeys(names))
     (run_dir / "manifest.json").write_text(json.dumps(bundle.manifest, indent=1) + "\n")
     run_id = store.start_run(name, kind, str(run_dir))
-    outcome: dict[str, dict[str, Any]] = {n: {} for n in names}
+    outcome = {} if outcome is None else outcome
+    outcome.update({n: {} for n in names})
     ok = False
     try:
         with PlaybookProgress(names, title=f"{kind} {name}", console=console.rich) as progress:
@@ -236,7 +264,7 @@ def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: 
             if got.get("rc") != 0 and not why:
                 why = f"the bootstrap ended with exit {got.get('rc')}"
             if not why:
-                why = _unproven(hosts[node], got, expected)
+                why = verdicts.unproven(hosts[node], got, expected)
             if why:
                 errors[node] = why
                 console.say(f"  {node}: FAILED {why}")
@@ -245,12 +273,14 @@ def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: 
     finally:
         store.finish_run(run_id, ok, serialise({"hosts": {n: outcome[n].get("stats") for n in names},
                                                 "errors": {n: outcome[n].get("why") for n in names}}))
+    if not site:
+        return result, PullReport(bundle_sha256=bundle.sha256, bundle_bytes=bundle.size)
     if ok and not tags:
         _record_manifests(store, name, nodes, outcome, bundle, profiles or {}, console)
         store.set_cluster_state(name, "bootstrapped")
     elif not ok:
         store.set_failed_step(name, "bootstrap")
-    verify = _record_probes(store, name, names, outcome, run_dir, console) if ok else None
+    verify = verdicts.record_probes(store, name, names, outcome, run_dir, console) if ok else None
     return result, PullReport(bundle_sha256=bundle.sha256, bundle_bytes=bundle.size, verify=verify)
 
 
@@ -270,45 +300,6 @@ def _record_manifests(store: Store, name: str, nodes: list[NodeRecord], outcome:
             why = answer.get("error") or ("none reported" if inputs else "no inputs digest for its profile")
             console.say(f"  {node.name}: manifest not written ({why}); its next provision runs it")
     record.write(store, name, changes)
-
-
-def expected_probes(probes_dir: Path | None = None, groups: str | None = None) -> set[str]:
-    """The probes a node's quick verification runs (the agent runs them with ``-m "not
-    full"``, and ``groups``: the bundle's "probes", groups_of_plays' "base or rdma ...", when the
-    plays were some): each probe module's test functions, by the name its rows carry
-    (collect.py), read from the probes the bundle carries (this gpuprov's)."""
-    import ast
-    import re
-
-    wanted = set(groups.split(" or ")) if groups else None
-
-    def marks(exprs: list[ast.expr]) -> set[str]:
-        return {m for e in exprs for m in re.findall(r"mark\.(\w+)", ast.unparse(e))}
-
-    names = set()
-    for module in sorted((probes_dir or paths.probes_dir()).glob("test_*.py")):
-        tree = ast.parse(module.read_text(), str(module))
-        own = marks([s.value for s in tree.body if isinstance(s, ast.Assign)
-                     and "pytestmark" in ast.unparse(s.targets[0])])
-        for f in tree.body:
-            if not (isinstance(f, ast.FunctionDef) and f.name.startswith("test_")):
-                continue
-            mine = own | marks(f.decorator_list)
-            if "full" not in mine and (wanted is None or mine & wanted):
-                names.add(f.name.removeprefix("test_"))
-    return names
-
-
-def _unproven(stats: HostStats, got: Mapping[str, Any], expected: set[str]) -> str | None:
-    """Why a node that reported success has proved nothing, as push says it
-    (gpuprov.ansible.runner): no task ran there, or its probes are not all there."""
-    if stats.tasks == 0 and not stats.failed and not stats.unreachable:
-        return "no task ran on this node"
-    missing = sorted(expected - {str(r.get("probe")) for r in got.get("probes") or ()})
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        return f"its report lacks {len(missing)} of the {len(expected)} probes it must run: {shown}"
-    return None
 
 
 def _watch(server: PullServer | ObjectReports, names: list[str], outcome: dict[str, dict[str, Any]], progress: Any,
@@ -350,7 +341,7 @@ def _one(node: str, event: dict[str, Any], got: dict[str, Any], progress: Any) -
                         "failed": data.get("failures", {}).get(node, 0),
                         "unreachable": data.get("dark", {}).get(node, 0),
                         "tasks": progress.hosts[node].tasks}
-        progress.hosts[node].task = "ran site.yml; probes"
+        progress.hosts[node].task = "ran the plays; probes"
     elif kind in ("refused", "agent_failed"):
         got["why"] = str(data.get("msg") or kind)
         progress.hosts[node].error = got["why"]
@@ -362,30 +353,6 @@ def _one(node: str, event: dict[str, Any], got: dict[str, Any], progress: Any) -
             got["manifest"] = data["manifest"]
         progress.hosts[node].done, progress.hosts[node].task = True, "done"
     elif kind.startswith("runner_on_"):
+        if kind == "runner_on_ok" and isinstance((data.get("res") or {}).get("report"), dict):
+            got["report"] = data["res"]["report"]  # a patch's (checked by gpuprov.pull.reports)
         progress.handle(event)
-
-
-def _record_probes(store: Store, name: str, names: list[str], outcome: Mapping[str, Mapping[str, Any]],
-                   run_dir: Path, console: Console) -> VerifySummary | None:
-    """The probes each node ran on itself, recorded as `gpuprov verify` records its own."""
-    rows = {n: [ProbeRow.of(r) for r in outcome[n].get("probes") or ()] for n in names}
-    if not all(rows.values()):
-        return None
-    counts = {"pass": 0, "fail": 0, "skip": 0}
-    for node, found in rows.items():
-        mine = dict.fromkeys(counts, 0)
-        for row in sorted(found, key=lambda r: r.probe):
-            counts[row.status] += 1
-            mine[row.status] += 1
-            if row.status == "fail":
-                console.say(f"  {node}: FAIL {row.probe}: {row.detail}")
-        console.say(f"  {node}: {mine['pass']} pass, {mine['fail']} fail, {mine['skip']} skip (probes run on the node)")
-    (run_dir / "probes.json").write_text(json.dumps(
-        {n: [dataclasses.asdict(r) for r in found] for n, found in rows.items()}, indent=1) + "\n")
-    ok = counts["fail"] == 0
-    run_id = store.start_run(name, "verify-quick", str(run_dir))
-    store.finish_run(run_id, ok, counts)
-    cluster = store.get_cluster(name)
-    if ok and cluster is not None and phase_at_least(cluster, "bootstrapped"):
-        store.set_cluster_state(name, "verified")
-    return VerifySummary(pass_=counts["pass"], fail=counts["fail"], skip=counts["skip"])

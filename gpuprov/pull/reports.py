@@ -98,7 +98,32 @@ def _manifest(value: Any) -> dict[str, Any]:
 def _res(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadReport(f"res must be an object, not {_show(value)}")
-    return _fields(value, {"changed": _flag, "msg": _text}, required=())
+    return _fields(value, {"changed": _flag, "msg": _text, "report": _patch_report}, required=())
+
+
+MAX_REPORT_ITEMS = 500  # entries in one list or mapping of a patch's report
+
+
+def _patch_report(value: Any) -> dict[str, Any]:
+    """node_patch's report (gpuprov.core.patch_plan.REPORT_TASK): a mapping of names to text,
+    flags, counts, lists of text or mappings of text to text (package: version)."""
+    if not isinstance(value, dict) or len(value) > 64:
+        raise BadReport(f"a patch report is an object of at most 64 fields, not {_show(value)}")
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        _text(key, 256)
+        if isinstance(item, bool) or _is_int(item):
+            out[key] = item
+        elif isinstance(item, str):
+            out[key] = _text(item)
+        elif isinstance(item, list) and len(item) <= MAX_REPORT_ITEMS:
+            out[key] = [_text(v) for v in item]
+        elif isinstance(item, dict) and len(item) <= MAX_REPORT_ITEMS:
+            out[key] = {_text(k, 256): _text(v) for k, v in item.items()}
+        else:
+            raise BadReport(f"a patch report's {_show(key)}: text, a flag, a count, or a list or map of "
+                            f"at most {MAX_REPORT_ITEMS} texts, not {_show(item)}")
+    return out
 
 
 def _counts(value: Any) -> dict[str, int]:

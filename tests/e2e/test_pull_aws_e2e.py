@@ -10,8 +10,9 @@ under its own prefix; `up` lists and reads them as per-node progress and records
 node is given a tampered bundle (the front's FIXTURE fault: one byte changed on the way): it
 refuses it, unpacks nothing, says so, and fails alone; `--min-count` replaces it, and the
 replacement round uploads nothing new (the same bundle, new URLs). `provision --via pull`
-converges the three nodes again through the same bucket. `down` leaves no instance, no object
-and no bucket.
+converges the three nodes again through the same bucket, and `patch --via pull --check` plans a
+roll through it (a patch's bundle, each node's own verdict read back). `down` leaves no
+instance, no object and no bucket.
 
 What it costs, and why: four node containers boot (three launched, one replacement), and
 three of them run `--tags spot` (the cheapest play that writes on every node: its common
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +108,22 @@ def test_up_pulls_through_s3_refuses_a_tampered_bundle_and_down_leaves_nothing(
     assert f"in {bucket} for 3 node(s)" in proc.stderr and "pull agent handed over SSH to 3 node(s)" in proc.stderr
     runs = [(r["kind"], r["ok"]) for r in json.loads(run_cli("status", "ps3", "-o", "json", check=True).stdout)["runs"]]
     assert ("provision-pull", True) in runs, runs
+    # `patch --via pull --check`: the plan of a roll through the same channel, each node running
+    # a patch's bundle (patch.yml in check mode) fetched from the bucket and reporting through
+    # its objects. The nodes ran the spot play alone, so their apt sources lack the component
+    # of this host's CPU microcode (the preflight adds it): each node's own run says so, and the
+    # plan fails on each, by name, as push's would (a plan read from a node's patch report, on
+    # nodes that have the sources: tests/e2e/test_pull_e2e.py).
+    package = "intel-microcode" if "GenuineIntel" in Path("/proc/cpuinfo").read_text() else "amd64-microcode"
+    proc = run_cli("patch", "ps3", "--microcode", "--via", "pull", "--check", "-o", "json", timeout=600)
+    assert proc.returncode == 1, proc.stderr[-5000:]
+    planned = json.loads(proc.stdout)["hosts"]
+    assert sorted(planned) == sorted(n["name"] for n in result["nodes"]), planned
+    assert all(f"no {package} in the apt sources of the node" in (h.get("plan_error") or "")
+               for h in planned.values()), planned
+    assert f"uploaded to {bucket} for 3 node(s)" in proc.stderr  # a bundle of its own: a patch's
+    kinds = [r["kind"] for r in json.loads(run_cli("status", "ps3", "-o", "json", check=True).stdout)["runs"]]
+    assert {"patch-check", "patch-pull-plan"} <= set(kinds), kinds
     assert s3_front.refused == []
     keys = [o["Key"] for o in boto3.client("s3", region_name="us-east-1").list_objects_v2(
         Bucket=bucket).get("Contents", [])]

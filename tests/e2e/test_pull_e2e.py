@@ -199,6 +199,47 @@ def test_provision_via_pull_repairs_a_node_on_the_node_and_leaves_the_other_as_i
     assert "provision-pull" in runs, runs
 
 
+def test_patch_via_pull_rolls_the_plays_on_the_nodes_behind_the_same_gates(clusters, env) -> None:
+    """`patch NAME --microcode --via pull`: the roll's plan and its batch run on the nodes
+    themselves (patch.yml from this gpuprov's bundle, the plan in check mode, the probes after
+    each), the controller publishing a bundle per round and reading the reports. One node lost
+    its CPU microcode package (removed by hand): the plan finds it there alone, `--check` moves
+    nothing, the roll puts the lock's release back, and the other node is never drained or run."""
+    (name, _, _), _ = clusters
+    first, second = _node(name, 1), _node(name, 2)
+    short = first.removeprefix("gpuprov-")
+    # The microcode play installs the package of the host's CPU vendor (the node's /proc/cpuinfo).
+    package = _in(first, "grep -q GenuineIntel /proc/cpuinfo && echo intel-microcode || echo amd64-microcode").strip()
+    _in(first, f"dpkg -r {package} >/dev/null")
+    absent = f"dpkg-query -W -f='${{Status}}' {package} 2>/dev/null | grep -q ' installed' && echo installed || echo absent"
+
+    check = run_cli("patch", name, "--microcode", "--via", "pull", "--check", "-o", "json", env=env, timeout=900)
+    assert check.returncode == 0, check.stderr[-3000:]
+    planned = json.loads(check.stdout)["hosts"]
+    assert any(line.startswith(f"{package} not installed -> ") for line in planned[short]["plan"]), planned
+    assert planned[f"{name}-node-2"]["plan"] == [] and planned[f"{name}-node-2"]["status"] == "unchanged", planned
+    assert _in(first, absent).strip() == "absent"  # check mode: nothing moved
+
+    proc = run_cli("patch", name, "--microcode", "--via", "pull", "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["ok"] is True and result["batches"] == [[short]], result
+    assert result["hosts"][short]["status"] == "patched" and result["hosts"][short]["changed"] > 0, result["hosts"]
+    assert any(package in line for line in result["hosts"][short]["moved"]), result["hosts"][short]
+    assert result["hosts"][f"{name}-node-2"]["status"] == "unchanged", result["hosts"]
+    assert _in(first, absent).strip() == "installed"
+    version = f"dpkg-query -W -f='${{Version}}' {package}"
+    assert _in(first, version).strip() == _in(second, version).strip() != ""  # the lock's, as the other node's
+    # both rounds were pulls: handed over SSH, the plan to both nodes, the batch to the one
+    assert "pull agent handed over SSH to 2 node(s)" in proc.stderr or \
+        re.search(r"served on http://[0-9.]+:\d+ to 2 host\(s\)", proc.stderr), proc.stderr
+    assert re.search(r"served on http://[0-9.]+:\d+ to 1 host\(s\)", proc.stderr), proc.stderr
+    runs = [r["kind"] for r in json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["runs"]]
+    assert {"patch-check", "patch", "patch-pull-plan", "patch-pull"} <= set(runs), runs
+    for node in (first, second):
+        assert _in(node, "test -e /etc/gpuprov/pull.json && echo present || echo gone").strip() == "gone"
+
+
 def test_an_existing_host_is_handed_the_agent_over_ssh_and_pulls(env, tmp_path) -> None:
     """On-prem: the static provider's host is reached at its own address (the bridge, not a
     port forward on this machine's loopback), so the bundle server listens on the address

@@ -9,7 +9,8 @@ gpuprov-pull.service. Python's standard library only: it runs before anything is
    unpacked) unless its sha256 is the one the boot configuration carries.
 2. Unpack it, check its format and this Python, and write a one-host inventory for this node
    (its profile's host variables, a local connection).
-3. Run the bundle's site.yml with the bundle's ansible-core; the bundle's callback writes each
+3. Run the bundle's site.yml (or a patch's patch.yml, in check mode for its plan: the bundle's
+   manifest says which) with the bundle's ansible-core; the bundle's callback writes each
    task's start and outcome to the event file. After a run of every play (no tags) that
    succeeded, write the node's manifest (write_manifest: the bundle's manifest program, as
    push runs it over SSH, on the items the callback kept of the run's own results) and
@@ -45,6 +46,9 @@ from pathlib import Path
 STATE = Path("/var/lib/gpuprov/pull")
 MAX_BUNDLE = 1 << 30
 FORMAT = 1
+# The bundle formats this agent reads: 1, a site run; 2, a patch's round (its playbook, check
+# mode), which an agent from before them refuses.
+FORMATS = (1, 2)
 MAX_BATCH = 500  # events in one report batch, and characters in one string: what the
 MAX_TEXT = 4096  # controller takes (gpuprov/pull/reports.py)
 HEARTBEAT_S = 60.0  # through an object store, an empty batch at most this often (the node lives)
@@ -217,8 +221,8 @@ def unpack(data: bytes, root: Path) -> dict:
             if member.mode & 0o777 != 0o644:
                 os.chmod(target, member.mode & 0o755)
     manifest = json.loads((root / "manifest.json").read_text())
-    if manifest.get("format") != FORMAT:
-        raise RuntimeError(f"bundle format {manifest.get('format')}, this agent reads {FORMAT}")
+    if manifest.get("format") not in FORMATS:
+        raise RuntimeError(f"bundle format {manifest.get('format')}, this agent reads {', '.join(map(str, FORMATS))}")
     if sys.version_info[:2] < tuple(manifest["python_min"]):
         need = ".".join(map(str, manifest["python_min"]))
         raise RuntimeError(f"the bundle's ansible-core {manifest['ansible_core']} needs Python >= {need}; "
@@ -289,14 +293,27 @@ def write_manifest(root: Path, manifest: dict, items: Path, node_root: str | Non
         return {"error": clip(f"the manifest was not written: {type(exc).__name__}: {exc}")}
 
 
+PLAYBOOKS = ("site.yml", "patch.yml")  # what a bundle may run: the site, or a patch's roll
+
+
+def playbook(root: Path, manifest: dict) -> Path:
+    """The bundle's playbook (site.yml unless a patch's): one of PLAYBOOKS, never a path."""
+    name = manifest.get("playbook", "site.yml")
+    if name not in PLAYBOOKS:
+        raise RuntimeError(f"the bundle asks for playbook {str(name)[:80]!r}; this agent runs {', '.join(PLAYBOOKS)}")
+    return root / "site" / "playbooks" / name
+
+
 def converge(root: Path, manifest: dict, env: dict[str, str], log: Path) -> int:
     cmd = [sys.executable, "-c", "import sys; from ansible.cli.playbook import main; "
            "sys.argv[0] = 'ansible-playbook'; main()",
            # The play variables, every string tagged !unsafe by the controller: data, never a template.
            "-i", str(root / "inventory.yml"), "-e", f"@{root / 'site' / 'vars.yml'}",
-           str(root / "site" / "playbooks" / "site.yml")]
+           str(playbook(root, manifest))]
     if manifest.get("tags"):
         cmd += ["--tags", ",".join(manifest["tags"])]
+    if manifest.get("check") is True:  # a patch's plan: check mode, nothing changed
+        cmd += ["--check"]
     with log.open("a") as out:
         return subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root, check=False).returncode
 
@@ -340,8 +357,11 @@ def main(config_path: str) -> int:
         manifest = unpack(data, root)
         del data
         inventory(root, config)
-        # A run of some plays (--tags) writes no manifest (as push): a manifest covers the site.
-        items = None if manifest.get("tags") else root / "items.jsonl"
+        # A run of some plays (--tags), a patch's or one in check mode writes no manifest (as
+        # push): a manifest covers the site, converged.
+        whole = not manifest.get("tags") and manifest.get("playbook", "site.yml") == "site.yml" \
+            and manifest.get("check") is not True
+        items = root / "items.jsonl" if whole else None
         env = environment(root, events, config, items)
         began = time.monotonic()
         rc = converge(root, manifest, env, log)

@@ -5,7 +5,8 @@ shape (``runner_on_start``, ``runner_on_ok``, ... ``playbook_on_stats``), so tha
 controller shows them with the same per-node progress as a push run. Each event is appended
 to the agent's event file (GPUPROV_PULL_EVENTS); the agent sends them to the controller.
 Only what the progress shows leaves the node: task and role names, changed, and a failed
-task's message; never a task's arguments or full result.
+task's message; never a task's arguments or full result, but for one task: a patch's report
+(REPORT_TASK), which `patch --via pull` reads as push reads it.
 
 For the node's manifest (gpuprov.manifest: the agent writes it after a run of every play), each
 successful task's items, the names of the files, packages and services it managed as
@@ -34,6 +35,11 @@ short_description: report a pull bootstrap's tasks to the gpuprov agent
 description: Appends each task's start and outcome as a JSON line to GPUPROV_PULL_EVENTS.
 """
 MAX_ITEMS = 20_000  # distinct items of one run (the full site names about 100)
+# The one task whose result leaves the node whole: node_patch's report of what a patch moved
+# (gpuprov.core.patch_plan.REPORT_TASK, read by `patch --via pull` as push reads it from its
+# events): package names and versions, kernel names, the reboot's reasons. Bounded by
+# gpuprov/pull/reports.py's check of it.
+REPORT_TASK = "Report the patch"
 MAX_NAME = 4096  # characters in one name (a path's limit)
 
 
@@ -108,7 +114,11 @@ class CallbackModule(CallbackBase):
                     out.writelines(json.dumps(line) + "\n" for line in lines)
 
     def v2_runner_on_ok(self, result) -> None:
-        self._result("runner_on_ok", result, {"changed": bool(result._result.get("changed"))})
+        res = {"changed": bool(result._result.get("changed"))}
+        report = result._result.get("msg")
+        if result._task.name == REPORT_TASK and isinstance(report, dict):
+            res["report"] = json.loads(json.dumps(report, default=str))  # plain JSON, not Ansible's types
+        self._result("runner_on_ok", result, res)
         self._keep_items(result)
 
     def v2_runner_on_failed(self, result, ignore_errors: bool = False) -> None:
