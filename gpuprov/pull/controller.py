@@ -262,7 +262,7 @@ def follow(store: Store, name: str, server: PullServer | ObjectReports, bundle: 
             hosts[node] = HostStats.of(got.get("stats") or summary[node])
             why = got.get("why") or progress.errors().get(node)
             if got.get("rc") != 0 and not why:
-                why = f"the bootstrap ended with exit {got.get('rc')}"
+                why = f"the {'bootstrap' if site else 'patch play'} ended with exit {got.get('rc')}"
             if not why:
                 why = verdicts.unproven(hosts[node], got, expected)
             if why:

@@ -120,10 +120,10 @@ def test_a_batch_round_reads_each_nodes_report_rows_and_stats_and_says_why_no_re
         seen.update(kind=kind, plays=plays, nodes=[n for n in nodes])
         outcome.update({"n1": {"report": {"reboot_skipped": "reboot not allowed (node_patch_reboot false)"},
                                "probes": [{"probe": "p", "status": "pass", "detail": ""}]},
-                        "n2": {"why": "the bootstrap ended with exit 2"}})
+                        "n2": {"why": "the patch play ended with exit 2"}})
         return ProvisionResult(cluster="c", ok=False, hosts={"n1": HostStats.of({"ok": 9, "changed": 2, "tasks": 9}),
                                                              "n2": HostStats.of({"failed": 1})},
-                               errors={"n2": "the bootstrap ended with exit 2"})
+                               errors={"n2": "the patch play ended with exit 2"})
 
     monkeypatch.setattr(patch_pull.controller, "existing", existing)
     roll = type("Roll", (), {"pull": type("R", (), {"cluster": "rec"})(), "by_name": {"n1": "N1", "n2": "N2"},
@@ -132,7 +132,7 @@ def test_a_batch_round_reads_each_nodes_report_rows_and_stats_and_says_why_no_re
     assert seen["kind"] == patch_pull.BATCH_KIND and seen["nodes"] == ["N1", "N2"]
     assert seen["plays"].lock == {"hash": "new"} and seen["plays"].check is False
     assert seen["plays"].extravars["gpuprov_patch_reboot"] is False and seen["plays"].playbook == "patch.yml"
-    assert played.hosts["n1"]["changed"] == 2 and played.errors == {"n2": "the bootstrap ended with exit 2"}
+    assert played.hosts["n1"]["changed"] == 2 and played.errors == {"n2": "the patch play ended with exit 2"}
     assert played.reports == {"n1": {"reboot_skipped": patch_pull.NO_REBOOT}}
     assert played.rows == {"n1": [{"probe": "p", "status": "pass", "detail": ""}], "n2": []}
     plan = patch_pull.plan_round(roll)
