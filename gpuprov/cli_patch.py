@@ -1,4 +1,4 @@
-"""`gpuprov patch`: roll driver, kernel and microcode updates, or replace nodes from a baked image."""
+"""`gpuprov patch`: roll driver, CUDA, kernel and microcode updates, or replace nodes from a baked image."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from gpuprov.shared.console import Console
               "(checked by the resolver; fabric manager follows).")
 @click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
               help="Move the driver's kernel module flavour (old packages out, new ones in).")
+@click.option("--cuda", metavar="LINE", help="Move the CUDA line (11.8, 13, ...): the toolkit, cuDNN and NCCL "
+              "of the new line in, the old line's out (checked by the resolver against the driver).")
 @click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
 @click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
 @click.option("--all", "all_", is_flag=True, help="Driver (the lock's branch pin), kernel and microcode.")
@@ -40,16 +42,16 @@ from gpuprov.shared.console import Console
               "runs the roll's plays and probes itself from this gpuprov's bundle, in the same batches "
               "behind the same gates; its own run does not reboot it).")
 @output_option
-def patch(name: str, driver: str | None, kernel_module: str | None, kernel: bool, microcode: bool,
+def patch(name: str, driver: str | None, kernel_module: str | None, cuda: str | None, kernel: bool, microcode: bool,
           all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, grace: int | None,
           force: bool, no_reboot: bool,
           mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, onto_image: str | None,
           via: str, output: str) -> int:
-    """Roll driver, kernel and microcode updates over the nodes, a batch at a time, with health gates:
+    """Roll driver, CUDA, kernel and microcode updates over the nodes, a batch at a time, with health gates:
     in place, or by replacing the nodes from a baked image (--onto-image)."""
     from gpuprov.core import patch as patching  # lazy: CLI start-up
 
-    req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, kernel=kernel,
+    req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, cuda=cuda, kernel=kernel,
                            microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
                            resume=resume, onto_image=onto_image, grace=grace, force=force,
                            mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint, via=via)

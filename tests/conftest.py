@@ -134,7 +134,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_health_e2e.py": 71,  # here
     "tests/e2e/test_pull_aws_e2e.py": 100,  # fresh clone 61 (2026-11-28) and provision --via pull (about 40)
     "tests/e2e/test_debian13_e2e.py": 5,  # its node opt-in since 2026-11-28 (make test-debian13: CI 847)
-    "tests/e2e/test_cuda13_e2e.py": 170,  # here 171 beside other runs (one node, the cuda play)
+    "tests/e2e/test_cuda13_e2e.py": 320,  # here 310 alone (2026-11-28): up on 11.8, patch --cuda 13, verify
 }
 DEFAULT_SECONDS = {"tests/e2e/": 200, "molecule:": 120, "tests/roles/": 60, "tests/aws/": 40}
 

@@ -47,10 +47,12 @@ from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-e
     host_reports,
     moved_of,
     new_lock,
+    patch_vars,
     plan_of,
     regressions,
     request,
     run_hook,
+    what_of,
 )
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.health import run as health_run
@@ -126,7 +128,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
                        "(its drains are --drain and --resume)")
     old = version_lock(store, cluster)
     lock = new_lock(old, req)
-    roll = Roll(name, req, old, lock, patch_vars(playbook_vars(cluster, lock), req, lock), console,
+    roll = Roll(name, req, old, lock, patch_vars(playbook_vars(cluster, lock), req, lock, old), console,
                 health=health)
     with cluster_lock(name):
         provider, roll.files, nodes = refresh(store, cluster)
@@ -140,7 +142,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
         run_id = store.start_run(name, kind, str(roll.run_dir))
         roll.hosts = {n.name: {"status": "not-started", "changed": 0, "rebooted": False} for n in nodes}
         try:
-            roll.say(f"{name}: patch {_what(req, lock)} (lock {old.get('hash')} -> {lock['hash']})")
+            roll.say(f"{name}: patch {what_of(req, lock)} (lock {old.get('hash')} -> {lock['hash']})")
             reach(roll, nodes)
             if roll.by_name:
                 todo = plan(roll)
@@ -161,27 +163,9 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
                 "batches": done["batches"], "hosts": done["hosts"], "lock": done["lock"],
                 "request": {"driver": req.driver if req.move_driver else None,
                             "kernel_module": req.kernel_module, "kernel": req.kernel,
-                            "microcode": req.microcode, "batch": req.batch, "check": req.check,
+                            "microcode": req.microcode, "cuda": req.cuda, "batch": req.batch, "check": req.check,
                             "health": roll.health, "via": req.via}})
             roll.say(f"  artifacts: {roll.run_dir}")
-
-
-def patch_vars(extravars: dict[str, Any], req: Request, lock: dict[str, Any]) -> dict[str, Any]:
-    """The playbook variables of a roll (``BadInput`` for a mirror lock without its mirror)."""
-    if req.move_driver and lock["source"] == "mirror" and not (
-            req.mirror_url or extravars["gpuprov_mirror_url"]):
-        raise BadInput("this cluster's packages come from a mirror: give --mirror-url and "
-                       "--mirror-key-fingerprint for the driver move")
-    extravars = extravars | {
-        "gpuprov_patch_driver": req.move_driver,
-        "gpuprov_patch_kernel": req.kernel,
-        "gpuprov_patch_microcode": req.microcode,
-        "gpuprov_patch_reboot": req.reboot,
-    }
-    if req.mirror_url:
-        extravars["gpuprov_mirror_url"] = req.mirror_url
-        extravars["gpuprov_mirror_key_fingerprint"] = req.mirror_key_fingerprint or ""
-    return extravars
 
 
 def reach(roll: Roll, nodes: list[NodeRecord]) -> None:
@@ -385,15 +369,3 @@ def _sub(run_dir: Path, part: str) -> Path:
     path = run_dir / part
     path.mkdir(mode=0o700)
     return path
-
-
-def _what(req: Request, lock: dict[str, Any]) -> str:
-    parts = []
-    if req.move_driver:
-        parts.append(f"driver {lock['driver']} ({lock.get('kernel_module') or 'proprietary'} kernel modules)"
-                     + (f" + fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else ""))
-    if req.kernel:
-        parts.append("kernel")
-    if req.microcode:
-        parts.append("microcode")
-    return ", ".join(parts) + (" [check]" if req.check else "") + f", batches of {req.batch}"

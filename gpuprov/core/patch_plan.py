@@ -13,7 +13,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from gpuprov import stack
+from gpuprov import cuda_lines, stack
 from gpuprov.errors import BadInput
 from gpuprov.stack_choice import StackChoice
 from gpuprov.state import NodeRecord
@@ -43,6 +43,7 @@ class Request:
     grace: int | None = None  # Slurm clusters: seconds a drained node's jobs get (None: the default)
     force: bool = False  # Slurm clusters: do not wait for the jobs of a drained node
     via: str = "push"  # where the plays run: push (Ansible from here) or pull (gpuprov.core.patch_pull)
+    cuda: str | None = None  # target CUDA line (toolkit, cuDNN and NCCL move with it); None: the lock's
 
 
 def request(*, all_: bool = False, **kw: Any) -> Request:
@@ -55,10 +56,12 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
                          mirror_url=kw.get("mirror_url"), mirror_key_fingerprint=kw.get("mirror_key_fingerprint")).checked()
     kw.update(driver=choice.driver, kernel_module=choice.kernel_module, mirror_url=choice.mirror_url,
               mirror_key_fingerprint=choice.mirror_key_fingerprint)
+    if kw.get("cuda") is not None:
+        kw["cuda"] = cuda_lines.spelled(kw["cuda"])
     req = Request(**kw)
-    if not (req.move_driver or req.kernel or req.microcode or req.onto_image):
-        raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel-module, --kernel, "
-                       "--microcode, --all or --onto-image")
+    if not (req.move_driver or req.kernel or req.microcode or req.onto_image or req.cuda):
+        raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel-module, --cuda LINE, "
+                       "--kernel, --microcode, --all or --onto-image")
     if req.batch < 1:
         raise BadInput(f"--batch must be at least 1, not {req.batch}")
     if req.grace is not None and req.grace < 0:
@@ -77,12 +80,30 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
     return req
 
 
+# What a CUDA line puts in a lock (gpuprov.cuda_lines.pieces): they move together, and with
+# them the package names of the toolkit, cuDNN and NCCL (the lock's packages.cuda*, cudnn*).
+CUDA_KEYS = ("cuda", "cuda_version", "cuda_archives", "cudnn", "cudnn_archive", "cudnn_archive_sha256", "nccl",
+             "nccl_tests", "nccl_tests_sha256", "base_images", "site_pip_requirements", "notes")
+
+
+def moves_cuda(lock: dict[str, Any], req: Request) -> bool:
+    """Whether the roll moves the CUDA line (``--cuda`` naming another line than the lock's)."""
+    return req.cuda is not None and req.cuda != lock.get("cuda")
+
+
 def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
     """The lock after the patch: a new driver through the resolver (fabric manager moves
-    with it); microcode pins from the current stack data; everything else as it was."""
+    with it); a new CUDA line through it too (its toolkit, cuDNN, NCCL and base images), held
+    to the driver the cluster will run; microcode pins from the current stack data; everything
+    else as it was."""
+    cuda = req.cuda if moves_cuda(lock, req) else lock["cuda"]
+    if cuda != lock["cuda"]:
+        late = cuda_lines.not_installed_yet(cuda, lock.get("instance_type") or "TYPE", lock["source"], lock.get("os"))
+        if late:
+            raise BadInput(f"--cuda {cuda}: {late}")
     # The kernel module flavour moves only when asked (--kernel-module); else it stays what the
     # cluster runs (a lock from before flavours installed the proprietary one).
-    fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock["cuda"], os=lock.get("os"),
+    fresh = stack.resolve_types(stack.kinds_of(lock), cuda=cuda, os=lock.get("os"),
                                 driver=req.driver or lock["driver_branch"], source=lock["source"],
                                 label=lock.get("instance_type") or "unknown",
                                 kernel_module=req.kernel_module or lock.get("kernel_module")
@@ -97,11 +118,56 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
         out = {**lock, **moved, "packages": packages}
     else:
         out = dict(lock)
+    if cuda != lock["cuda"]:
+        out.update({k: fresh[k] for k in CUDA_KEYS if k in fresh})
+        for gone in [k for k in out if k in CUDA_KEYS and k not in fresh]:
+            del out[gone]
+        packages = {k: v for k, v in out["packages"].items() if not k.startswith(("cuda", "cudnn", "nccl"))}
+        packages.update({k: v for k, v in fresh["packages"].items() if k.startswith(("cuda", "cudnn", "nccl"))})
+        out["packages"] = packages
     if req.microcode or "microcode" not in out:
         out["microcode"] = fresh["microcode"]
     body = {k: v for k, v in out.items() if k != "hash"}
     out["hash"] = stack.from_dict(body).short_hash()
     return out
+
+
+def patch_vars(extravars: dict[str, Any], req: Request, lock: dict[str, Any],
+               old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The playbook variables of a roll (``BadInput`` for a mirror lock without its mirror);
+    ``old``: the lock the nodes run now (a CUDA move names the line it leaves)."""
+    # --cuda: the line is (re)applied, and what the line the nodes run now left behind is taken out.
+    cuda_move = str(old["cuda"]) if old is not None and req.cuda is not None else None
+    if (req.move_driver or cuda_move) and lock["source"] == "mirror" and not (
+            req.mirror_url or extravars["gpuprov_mirror_url"]):
+        raise BadInput("this cluster's packages come from a mirror: give --mirror-url and "
+                       f"--mirror-key-fingerprint for the {'driver' if req.move_driver else 'CUDA'} move")
+    extravars = extravars | {
+        "gpuprov_patch_driver": req.move_driver,
+        "gpuprov_patch_kernel": req.kernel,
+        "gpuprov_patch_microcode": req.microcode,
+        "gpuprov_patch_reboot": req.reboot,
+        "gpuprov_patch_cuda": cuda_move is not None,
+        "gpuprov_patch_cuda_from": cuda_move or "",
+    }
+    if req.mirror_url:
+        extravars["gpuprov_mirror_url"] = req.mirror_url
+        extravars["gpuprov_mirror_key_fingerprint"] = req.mirror_key_fingerprint or ""
+    return extravars
+
+
+def what_of(req: Request, lock: dict[str, Any]) -> str:
+    parts = []
+    if req.move_driver:
+        parts.append(f"driver {lock['driver']} ({lock.get('kernel_module') or 'proprietary'} kernel modules)"
+                     + (f" + fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else ""))
+    if req.cuda:
+        parts.append(f"CUDA {lock['cuda']} (cuDNN {lock.get('cudnn')}, NCCL {lock.get('nccl')})")
+    if req.kernel:
+        parts.append("kernel")
+    if req.microcode:
+        parts.append("microcode")
+    return ", ".join(parts) + (" [check]" if req.check else "") + f", batches of {req.batch}"
 
 
 # -- what the playbook reports ------------------------------------------------------------
@@ -134,6 +200,8 @@ def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request,
         plan += driver_moves
         if driver_moves and "container" in report:
             plan.append(_reboot_plan(report))
+    if moves_cuda(old or {}, req):
+        plan += _cuda_plan(report, lock)
     if req.kernel:
         plan += [f"{name} -> newest" for name in report.get("kernel_upgradable") or []]
     if req.microcode:
@@ -171,6 +239,28 @@ def _driver_plan(before: dict[str, str], lock: dict[str, Any], old: dict[str, An
     return moves + [f"{name} {before[name]} -> removed" for name in dict.fromkeys(leaving) if name in before]
 
 
+def _cuda_plan(report: dict[str, Any], lock: dict[str, Any]) -> list[str]:
+    """A CUDA move on one node, from its check-mode report: the line it runs (where /usr/local/cuda
+    points) to the lock's, how the new one comes, and what of the old one is taken out."""
+    if "cuda_line" not in report:  # no report: the node's check run failed (its plan_error says why)
+        return []
+    have = str(report.get("cuda_line") or "")
+    if have == lock["cuda"]:
+        return []
+    packages = lock.get("packages") or {}
+    if lock.get("cuda_archives"):
+        how = "NVIDIA's redist archives from the artifact mirror: " + ", ".join(
+            a["component"] for a in lock["cuda_archives"])
+    else:
+        how = f"{packages.get('cuda')} {packages.get('cuda_version')}"
+    plan = [f"CUDA {have or 'none'} -> {lock['cuda']} ({how}; cuDNN {lock.get('cudnn')}, NCCL {lock.get('nccl')})"]
+    leaving: dict[str, str] = report.get("cuda_leaving") or {}
+    plan += [f"{name} {version} -> removed" for name, version in sorted(leaving.items())]
+    if report.get("cuda_old_prefix"):
+        plan.append(f"{report['cuda_old_prefix']} -> removed")
+    return plan
+
+
 def _reboot_plan(report: dict[str, Any]) -> str:
     if report.get("container"):
         return "reboot: none (container node: it shares the kernel of its host)"
@@ -183,7 +273,13 @@ def moved_of(report: dict[str, Any]) -> list[str]:
     before: dict[str, str] = report.get("before") or {}
     after: dict[str, str] = report.get("after") or {}
     moved = [f"{k} {before.get(k, 'none')} -> {v}" for k, v in sorted(after.items()) if before.get(k) != v]
-    return moved + [f"{k} {v} -> removed" for k, v in sorted(before.items()) if k not in after]
+    moved += [f"{k} {v} -> removed" for k, v in sorted(before.items()) if k not in after]
+    line, now = str(report.get("cuda_line") or ""), str(report.get("cuda_line_after") or "")
+    if now and line != now:
+        moved.append(f"CUDA {line or 'none'} -> {now}")
+        moved += [f"{k} {v} -> removed" for k, v in sorted((report.get("cuda_leaving") or {}).items())]
+        moved += [f"{report['cuda_old_prefix']} -> removed"] if report.get("cuda_old_prefix") else []
+    return moved
 
 
 def regressions(before: Sequence[dict[str, str]], after: Sequence[dict[str, str]]) -> list[str]:

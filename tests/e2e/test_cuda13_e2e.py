@@ -1,4 +1,6 @@
-"""CUDA 13.0 through the real CLI on a local node: `up --source mirror --cuda 13`.
+"""CUDA 13.0 through the real CLI on a local node: a CUDA 11.8 node moved to 13.0 by
+`patch --cuda 13`, as a fleet moves its line (`up --source mirror --cuda 13` runs the same
+cuda and cudnn roles with the same lock; its lock is held by the unit and CLI tests).
 
 What is real: the lock (driver R580, CUDA 13.0.2, cuDNN 9.17.1.4, NCCL 2.27.7), the SSH and
 Ansible path, and CUDA itself: NVIDIA's redist archives from the local artifact mirror (rebuilt
@@ -6,13 +8,22 @@ from NVIDIA's wheels, each pinned by sha256), unpacked by the cuda and cudnn rol
 by the probes (nvcc V13.0.88 compiles for sm_75 and sm_120, cuDNN 9 and NCCL load and report
 their versions). The cluster's mirror (`--source mirror` needs one) is the signed FIXTURE
 repository with NVIDIA's package names (tests/fixtures/patchrepo.py), whose R580 driver is
-what the lock names; the driver play is not run: CUDA needs no driver to compile, and the
-driver plays are proven in test_docker_cluster.py and test_patch_e2e.py.
+what the lock names. The driver play runs for the repository it configures (the 11.8 toolkit's
+packages come from it; its fake driver packages are what test_patch_e2e.py moves), and the
+preflight for the node's package lists, as a site run leaves them (`patch --check` plans with
+the lists the node has).
 
-One node, the cuda play only (`--tags cuda`; the rest of the site runs for CUDA 11.8 in
-test_docker_cluster.py and would prove nothing of CUDA 13 here): about three minutes on two
-cores. `provision --check` and a second `provision` prove the archives' path changes nothing
-on a converged node, as the cuda role's `archives` molecule scenario does for the role alone.
+The node starts on CUDA 11.8 from the mirror: the FIXTURE repository's cuda-toolkit-11-8 (a
+marker, no compiler: its nvcc probes fail before the move, which the roll's baseline records),
+its NCCL 2.16.5 packages, and the real cuDNN 8.9.6 archive. `patch --cuda 13 --check` plans the
+move and changes nothing; `patch --cuda 13` rolls it: the archives in, the 11.8 packages
+unheld and removed, /usr/local/cuda-11.8 gone, the lock moved only then.
+
+One node, the preflight, driver and cuda plays only (`--tags preflight,driver,cuda`; the rest
+of the site runs for CUDA 11.8 in test_docker_cluster.py and would prove nothing of CUDA 13
+here): about six minutes on two cores. A second `patch --cuda 13 --check` and a second
+`provision` prove the moved node is what a converge of the new lock leaves (nothing to
+change), as the cuda role's `archives` molecule scenario does for the role alone.
 """
 
 from __future__ import annotations
@@ -45,20 +56,63 @@ def repo():
 def cluster(env, repo):
     name = f"cu13-{secrets.token_hex(3)}"
     try:
-        proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--cuda", "13",
-                       "--source", "mirror", "--mirror-url", repo.url, "--mirror-key-fingerprint", repo.fingerprint,
-                       "--tags", "cuda", "--health", "off", "--no-baked", "-o", "json",
-                       env=env, timeout=1800)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        yield name, json.loads(proc.stdout), proc.stderr
+        up = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--cuda", "11.8",
+                     "--source", "mirror", "--mirror-url", repo.url, "--mirror-key-fingerprint", repo.fingerprint,
+                     "--tags", "preflight,driver,cuda", "--health", "off", "--no-baked", "-o", "json",
+                     env=env, timeout=1800)
+        assert up.stdout.startswith("{"), up.stderr[-3000:]
+        assert json.loads(up.stdout)["bootstrap"]["hosts"][f"{name}-node-1"]["failed"] == 0, up.stdout[-3000:]
+        check = run_cli("patch", name, "--cuda", "13", "--check", "--health", "off", "-o", "json", env=env, timeout=900)
+        assert check.returncode == 0, check.stderr[-3000:]
+        moved = run_cli("patch", name, "--cuda", "13", "--health", "off", "-o", "json", env=env, timeout=1800)
+        assert moved.returncode == 0, moved.stdout[-3000:] + moved.stderr[-3000:]
+        yield name, json.loads(check.stdout), json.loads(moved.stdout)
     finally:
         run_cli("down", name, "--yes", env=env)
         cleanup_labels(name)
 
 
-def test_up_locks_cuda_13_from_the_mirrors_archives(cluster, env) -> None:
-    name, data, _ = cluster
-    assert data["bootstrap"]["ok"] is True, data["bootstrap"]
+def test_patch_check_plans_the_move_and_changes_nothing(cluster) -> None:
+    name, check, _ = cluster
+    node = f"{name}-node-1"
+    plan = check["hosts"][node]["plan"]
+    assert plan[0].startswith("CUDA 11.8 -> 13.0 (NVIDIA's redist archives from the artifact mirror: cuda_nvcc"), plan
+    assert [p.split()[0] for p in plan[1:]] == ["cuda-toolkit-11-8", "libnccl-dev", "libnccl2",
+                                                "/usr/local/cuda-11.8"], plan
+    assert check["lock"]["from"] != check["lock"]["to"]
+
+
+def test_patch_moves_the_node_and_then_the_lock(cluster) -> None:
+    name, check, moved = cluster
+    node = f"{name}-node-1"
+    assert moved["ok"] is True and moved["hosts"][node]["status"] == "patched", moved["hosts"][node]
+    assert moved["lock"] == check["lock"]
+    assert "cuda-toolkit-11-8 11.8.0-1 -> removed" in moved["hosts"][node]["moved"], moved["hosts"][node]
+
+
+def test_the_old_line_is_gone_and_the_linker_finds_the_new_one(cluster) -> None:
+    name, _, _ = cluster
+    node = f"{name}-node-1"
+    left = node_sh(node, "dpkg-query -W -f='${Package} ${Status}\\n' 'cuda-toolkit-11-8' 'libnccl*' 2>/dev/null "
+                         "| grep ' installed$' || true")
+    assert left.strip() == "", left
+    assert node_sh(node, "test -e /usr/local/cuda-11.8 && echo present || echo absent").strip() == "absent"
+    # The 13.0 libraries are what the dynamic linker finds now.
+    libs = node_sh(node, "ldconfig -p | grep -E 'libnccl.so.2|libcudart.so' || true")
+    assert "/usr/local/cuda/lib64/libnccl.so.2" in libs and "libcudart.so.13" in libs, libs
+
+
+def test_a_second_move_to_the_same_line_has_nothing_to_do(cluster, env) -> None:
+    name, _, _ = cluster
+    proc = run_cli("patch", name, "--cuda", "13", "--check", "--health", "off", "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["lock"]["from"] == data["lock"]["to"]
+    assert {h: s["status"] for h, s in data["hosts"].items()} == {f"{name}-node-1": "unchanged"}, data["hosts"]
+
+
+def test_the_lock_is_cuda_13_from_the_mirrors_archives(cluster, env) -> None:
+    name, _, _ = cluster
     lock = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["stack"]
     assert (lock["cuda"], lock["cuda_version"], lock["cudnn"], lock["nccl"]) == ("13.0", "13.0.2", "9.17.1.4", "2.27.7")
     assert (lock["driver_branch"], lock["source"]) == ("580", "mirror")
@@ -98,10 +152,10 @@ def test_verify_passes_the_cuda_probes(cluster, env) -> None:
     assert "pins no base image for CUDA 13.0" in rows["base_images_present"]["detail"]
 
 
-def test_check_and_a_second_provision_of_the_cuda_play_change_nothing(cluster, env) -> None:
+def test_a_second_provision_of_the_cuda_play_changes_nothing(cluster, env) -> None:
+    """The patched node is what a converge of the new lock leaves (check mode said so above)."""
     name, _, _ = cluster
-    for extra in (["--check"], []):
-        proc = run_cli("provision", name, "--tags", "cuda", *extra, "-o", "json", env=env, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        hosts = json.loads(proc.stdout)["hosts"]
-        assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == {f"{name}-node-1": (0, 0)}, (extra, hosts)
+    proc = run_cli("provision", name, "--tags", "cuda", "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert {h: (s["changed"], s["failed"]) for h, s in hosts.items()} == {f"{name}-node-1": (0, 0)}, hosts
