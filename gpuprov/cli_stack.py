@@ -138,7 +138,8 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
               show_default=True, help="Package source the nodes install from.")
 @click.option("--os", "os_name", type=click.Choice(defaults.LOCK_OS), default=defaults.DEFAULT_OS, show_default=True,
               help="Whose packages the lock names: Debian 12's, Debian 13's (trixie: --source distro only; "
-              "proven here on local nodes for the preflight, driver and cuda plays), or Ubuntu 24.04's "
+              "proven here on local nodes for the preflight, driver and cuda plays and the gpu_preflight, rdma and slurm "
+              "roles), or Ubuntu 24.04's "
               "(noble: NVIDIA's ubuntu2404 repository, --source nvidia or mirror; claimed, not proven here).")
 @output_option
 def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_module: str | None, source: str,
@@ -146,7 +147,7 @@ def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_modul
     """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA.
 
     Also which operating systems the roles are proven on here (Debian 12, and Debian 13 for the
-    preflight, driver and cuda plays) and which they only claim (Ubuntu)."""
+    preflight, driver and cuda plays and three roles) and which they only claim (Ubuntu)."""
     from gpuprov import platforms  # lazy: CLI start-up
     from gpuprov import stack as stack_mod  # lazy: CLI start-up
 

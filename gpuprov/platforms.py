@@ -4,7 +4,8 @@ One table, read by the aws provider (`up --os`, its default image), `gpuprov sta
 tests that keep the roles' meta/main.yml and the READMEs honest. "Proven" means a run here
 installs and verifies on it, as ``how`` names: for Debian 12 every role's molecule scenario and
 the end-to-end suite (the node image gpuprov/node:bookworm); for Debian 13 one end-to-end test on
-a local node (gpuprov/node:trixie) of the plays ``where`` names. A platform that is only "claimed"
+a local node (gpuprov/node:trixie) of the plays ``where`` names, and the molecule scenarios of the
+roles it names (the same image). A platform that is only "claimed"
 is named by the roles' metadata and accepted by their asserts, but no scenario here runs on it.
 """
 
@@ -18,10 +19,14 @@ PROVEN_BY = ("every role's molecule scenario and the docker end-to-end suite run
 # The one test that proves Debian 13, and what it proves (the roles whose meta/main.yml names
 # trixie are those of its plays).
 DEBIAN13_TEST = "tests/e2e/test_debian13_e2e.py"
+# The roles whose molecule scenario runs on gpuprov/node:trixie too (tests/molecule/scenarios.py
+# DEBIAN13, its OS matrix; every other scenario there says why it runs on Debian 12 alone).
+DEBIAN13_MOLECULE = ("gpu_preflight", "rdma", "slurm")
 PROVEN_BY_DEBIAN13 = (f"{DEBIAN13_TEST}: a local node of the image gpuprov/node:trixie gets the preflight, "
                       "driver and cuda plays from Debian 13's archive (nvidia-kernel-dkms 550.163.01 built by "
-                      "DKMS, CUDA 12.4.131, NCCL 2.22.3) and verifies with no failure; the other plays and the "
-                      "roles' molecule scenarios run on Debian 12 only")
+                      "DKMS, CUDA 12.4.131, NCCL 2.22.3) and verifies with no failure; the molecule scenarios of "
+                      f"{', '.join(DEBIAN13_MOLECULE)} run on that image too (converge, idempotence, check, "
+                      "probes); the other plays and scenarios run on Debian 12 only")
 CLAIMED = "claimed by the roles' metadata; no scenario here runs on it"
 
 
@@ -58,9 +63,11 @@ PLATFORMS: tuple[Platform, ...] = (
     Platform("debian12", "Debian", "12", "bookworm", proven=True, slurm="22.05.8", how=PROVEN_BY),
     # Debian 13: its archive's packages are lock data (gpuprov.os_lines; slurm-wlm 24.11.5-4+deb13u1,
     # checked on the test machine's package cache 2026-11-26), installed for real on a local node
-    # by DEBIAN13_TEST (2026-11-27); not on AWS, and not its Slurm, Docker or other plays yet.
+    # by DEBIAN13_TEST (2026-11-27), and the Slurm and RDMA roles' scenarios (2026-11-28); not on AWS,
+    # and not its Docker or other plays yet.
     Platform("debian13", "Debian", "13", "trixie", proven=True, slurm="24.11.5", how=PROVEN_BY_DEBIAN13,
-             where="local nodes: the preflight, driver and cuda plays"),
+             where="local nodes: the preflight, driver and cuda plays; the " + ", ".join(DEBIAN13_MOLECULE[:-1])
+             + f" and {DEBIAN13_MOLECULE[-1]} roles"),
     Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False, slurm="19.05.5"),
     Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False, slurm="21.08.5"),
     # Ubuntu 24.04: a lock OS (`stack --os ubuntu24.04`, gpuprov.os_lines) whose package names are read

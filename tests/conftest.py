@@ -123,6 +123,9 @@ UNIT_SECONDS = {
     "tests/e2e/test_pull_e2e.py": 300,  # fresh clone 215 (2026-11-28) and provision --via pull (about 80)
     "tests/e2e/test_unreachable.py": 261,  # here
     "molecule:slurm:default": 200,  # here 165 to 264
+    "molecule:slurm:default:debian13": 200,  # the OS matrix (2026-11-28): five trixie scenarios 521 s together
+    "molecule:rdma:default:debian13": 110,
+    "molecule:gpu_preflight:default:debian13": 90,
     "molecule:nvidia_fabricmanager:default": 228,  # CI
     "molecule:cuda:default": 209,  # CI
     "molecule:cuda:archives": 240,  # here 315 beside two helpers' e2e runs (load 11 on 2 cores)

@@ -15,18 +15,77 @@ SCENARIOS = sorted(
     (p.parent.parent.parent.name, p.parent.name)
     for p in (ROOT / "roles").glob("*/molecule/*/molecule.yml")
 )
+
+# The OS matrix: every scenario runs on Debian 12's node image; those below run on Debian 13's
+# (gpuprov/node:trixie) too, where the role's tasks, packages or services differ there (the
+# preflight's OS and kernel header rules; trixie's own rdma-core; Slurm 24.11.5 against 22.05.8).
+# Every other scenario says here why it runs on Debian 12 alone. A role whose scenario runs on
+# Debian 13 lists trixie in its meta/main.yml platforms (test_scenarios.py holds it so), and
+# gpuprov/platforms.py DEBIAN13_MOLECULE names the same roles.
+DEBIAN13 = ("gpu_preflight:default", "rdma:default", "slurm:default")
+_E2E = ("Debian 13's real {what} is installed and proven by tests/e2e/test_debian13_e2e.py "
+        "(`make test-debian13`: its DKMS build and 2.5 GB toolkit are past `make test`'s time)")
+DEBIAN12_ONLY = {
+    "base_images:default": "pulls and builds images with the node's Docker: nothing of it reads the OS",
+    "container_runtime:default": "Docker from Debian's archive and the toolkit from the FIXTURE repository, by the "
+                                 "same tasks; Debian 13's docker.io is installed by tests/e2e/test_debian13_e2e.py",
+    "cuda:archives": "NVIDIA's redist archives are the same files on every OS, unpacked by the same tasks",
+    "cuda:default": _E2E.format(what="CUDA 12.4 toolkit and NCCL"),
+    "cudnn:default": "cuDNN's archive is the same files on every OS, unpacked by the same tasks; Debian 13's "
+                     "CUDA 12.4 line pins no cuDNN",
+    "dcgm:default": "DCGM comes from NVIDIA's repository layout (the FIXTURE repository here): the same packages "
+                    "on every Debian",
+    "gpuprov_base:default": "its facts and its pinned-key repository tasks read the OS's release files and run "
+                            "apt's own commands alike on every Debian; Debian 13 runs it through the preflight "
+                            "scenario here and tests/e2e/test_debian13_e2e.py",
+    "gpuprov_lock:default": "maps the lock's fields to the roles' variables: no task reads the OS",
+    "microcode:default": "the lock pins Debian 12's microcode releases (stack data [microcode]); Debian 13's are "
+                         "not pinned yet",
+    "monitoring:default": "Prometheus and its exporters run as containers of pinned images: the same on every Debian",
+    "nccl_tests:default": "builds NVIDIA's nccl-tests against the lock's NCCL and MPI: Debian 13's NCCL line "
+                          "(2.22.3, CUDA 12.4) pins no nccl-tests release",
+    "node_patch:default": "its kernel and microcode moves are apt's on every Debian; Debian 13's kernel headers "
+                          "are the driver role's (tests/e2e/test_debian13_e2e.py)",
+    "nvidia_driver:default": _E2E.format(what="R550 driver with its DKMS build"),
+    "nvidia_fabricmanager:default": "fabric manager comes from NVIDIA's repository layout (the FIXTURE repository "
+                                    "here): the same packages and unit on every Debian",
+    "spot_interruption:default": "one Python program and its systemd unit, no package of the OS's: the same files on "
+                                 "every Debian",
+}
+OS_IMAGES = {"debian12": "gpuprov/node:bookworm", "debian13": "gpuprov/node:trixie"}
+MATRIX = [(role, scenario, os_name) for role, scenario in SCENARIOS for os_name in OS_IMAGES
+          if os_name == "debian12" or f"{role}:{scenario}" in DEBIAN13]
+
+
+def unit_of(role: str, scenario: str, os_name: str) -> str:
+    """The scenario's name in test ids and xdist groups: ROLE:SCENARIO, :debian13 on Debian 13."""
+    return f"{role}:{scenario}" + ("" if os_name == "debian12" else f":{os_name}")
+
+
 # Molecule finds it on its own at the repository root; the runner passes it anyway,
 # so a copy of the tree without its .git (molecule's root search) runs the same.
 BASE_CONFIG = ROOT / ".config" / "molecule" / "config.yml"
 
 
-def node_name(role: str, scenario: str) -> str:
-    """The scenario's node container: gpuprov-molecule-ROLE, or -ROLE-SCENARIO past `default`."""
+def node_name(role: str, scenario: str, os_name: str = "debian12") -> str:
+    """The scenario's node container: gpuprov-molecule-ROLE, or -ROLE-SCENARIO past `default`,
+    and -debian13 on Debian 13."""
     name = "gpuprov-molecule-" + role.replace("_", "-")
-    return name if scenario == "default" else f"{name}-{scenario.replace('_', '-')}"
+    name = name if scenario == "default" else f"{name}-{scenario.replace('_', '-')}"
+    return name if os_name == "debian12" else f"{name}-{os_name}"
 
 
-def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None:
+def node_image(os_name: str) -> str:
+    """The node image of ``os_name``; Debian 13's is built when missing or stale (`make node-image-trixie`,
+    about a minute), as tests/e2e/test_debian13_e2e.py builds it."""
+    if os_name != "debian12":
+        proc = subprocess.run(["make", "-s", "-C", str(ROOT), "node-image-trixie"], capture_output=True,
+                              text=True, check=False, timeout=1800)
+        assert proc.returncode == 0, f"make node-image-trixie failed: {proc.stderr[-2000:]}"
+    return OS_IMAGES[os_name]
+
+
+def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo, os_name: str = "debian12") -> None:
     require_docker()
     if not os.environ.get("GPUPROV_ARTIFACT_MIRROR"):
         raise AssertionError("GPUPROV_ARTIFACT_MIRROR is not set: run through `make test` or `make molecule`")
@@ -47,8 +106,10 @@ def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None
     env["NO_COLOR"] = "1"
     # The node's container name (the base config's platform): one per scenario, since the
     # scenarios of one role are separate xdist groups and may run side by side.
-    node = node_name(role, scenario)
+    node = node_name(role, scenario, os_name)
     env["GPUPROV_MOLECULE_NODE"] = node
+    env["GPUPROV_MOLECULE_IMAGE"] = node_image(os_name)
+    env["GPUPROV_MOLECULE_OS"] = os_name
     # What the leading destroy the shared sequence no longer runs made sure of: no container
     # of this name (one left by an interrupted run), and molecule's state of this run alone
     # (a state left saying "created" would make molecule skip its create step).
@@ -62,6 +123,6 @@ def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None
             check=False, timeout=1800,
         )
     text = log.read_text()
-    assert proc.returncode == 0, f"molecule test {role}:{scenario} failed:\n{text[-6000:]}"
+    assert proc.returncode == 0, f"molecule test {unit_of(role, scenario, os_name)} failed:\n{text[-6000:]}"
     for step in ("create", "converge", "idempotence", "check", "verify"):
         assert f"{step}: Executed: Successful" in text, f"{step} did not run:\n{text[-3000:]}"

@@ -15,7 +15,16 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.molecule.scenarios import BASE_CONFIG, SCENARIOS, node_name, run_scenario
+from tests.molecule.scenarios import (
+    BASE_CONFIG,
+    DEBIAN12_ONLY,
+    DEBIAN13,
+    MATRIX,
+    SCENARIOS,
+    node_name,
+    run_scenario,
+    unit_of,
+)
 
 # Steps every scenario's effective sequence runs, in this order (house rule: every
 # role idempotent and honouring --check).
@@ -77,7 +86,8 @@ def missing_steps(config: dict[str, Any]) -> list[str]:
 def test_base_config_holds_the_shared_settings() -> None:
     base = _load(BASE_CONFIG)
     assert base["driver"]["name"] == "docker"
-    assert len(base["platforms"]) == 1 and base["platforms"][0]["image"] == "gpuprov/node:bookworm"
+    assert len(base["platforms"]) == 1
+    assert base["platforms"][0]["image"] == "${GPUPROV_MOLECULE_IMAGE:-gpuprov/node:bookworm}"
     assert base["verifier"]["name"] == "testinfra"
     assert not missing_steps(base), missing_steps(base)
 
@@ -134,9 +144,32 @@ def test_every_scenario_has_a_node_of_its_own() -> None:
     # The scenarios are separate xdist groups: two that shared a container name would create,
     # converge into and destroy one node between them (a CI failure: cuda:default destroyed
     # cuda:archives' node mid-converge, "OCI runtime exec failed").
-    names = [node_name(role, scenario) for role, scenario in SCENARIOS]
-    assert len(set(names)) == len(names) == len(SCENARIOS)
+    names = [node_name(role, scenario, os) for role, scenario, os in MATRIX]
+    assert len(set(names)) == len(names) == len(MATRIX)
     assert node_name("cuda", "default") != node_name("cuda", "archives")
+    assert node_name("slurm", "default", "debian13") == "gpuprov-molecule-slurm-debian13"
+
+
+def test_every_scenario_runs_on_debian_13_or_says_why_not() -> None:
+    names = {f"{role}:{scenario}" for role, scenario in SCENARIOS}
+    assert set(DEBIAN13) | set(DEBIAN12_ONLY) == names and not set(DEBIAN13) & set(DEBIAN12_ONLY)
+    assert all(len(why) > 40 for why in DEBIAN12_ONLY.values())
+    assert {unit_of(r, s, os) for r, s, os in MATRIX if os == "debian13"} == {f"{n}:debian13" for n in DEBIAN13}
+
+
+@pytest.mark.parametrize("role", sorted({role for role, _ in SCENARIOS}))
+def test_a_roles_meta_claims_the_debian_releases_its_scenarios_run_on(role: str) -> None:
+    """Galaxy meta lists the Debian releases the role's scenarios prove (trixie may also be
+    proven by tests/e2e/test_debian13_e2e.py, as the meta's comment then says)."""
+    meta = ROOT / "roles" / role / "meta" / "main.yml"
+    platforms = _load(meta)["galaxy_info"]["platforms"]
+    debian = next(p["versions"] for p in platforms if p["name"] == "Debian")
+    assert "bookworm" in debian
+    if any(r == role and os == "debian13" for r, _, os in MATRIX):
+        assert "trixie" in debian
+        assert "molecule scenario runs on bookworm only" not in meta.read_text()
+    else:
+        assert "trixie" not in debian or "test_debian13_e2e.py" in meta.read_text()
 
 
 def test_every_role_has_a_scenario() -> None:
@@ -146,8 +179,10 @@ def test_every_role_has_a_scenario() -> None:
 
 # The scenarios themselves, each a unit of work of its own for the suite's two workers
 # (tests/conftest.py: the longest start first, so that both workers end together).
-@pytest.mark.parametrize(("role", "scenario"), [
-    pytest.param(role, scenario, id=f"{role}:{scenario}", marks=pytest.mark.xdist_group(f"molecule:{role}:{scenario}"))
-    for role, scenario in SCENARIOS])
-def test_molecule_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo) -> None:
-    run_scenario(role, scenario, tmp_path, fixture_repo)
+# Debian 13's, where the OS matrix runs them there too (tests/molecule/scenarios.py DEBIAN13).
+@pytest.mark.parametrize(("role", "scenario", "os_name"), [
+    pytest.param(role, scenario, os, id=unit_of(role, scenario, os),
+                 marks=pytest.mark.xdist_group(f"molecule:{unit_of(role, scenario, os)}"))
+    for role, scenario, os in MATRIX])
+def test_molecule_scenario(role: str, scenario: str, os_name: str, tmp_path: Path, fixture_repo) -> None:
+    run_scenario(role, scenario, tmp_path, fixture_repo, os_name)

@@ -19,7 +19,12 @@ ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "main
 def test_proven_is_what_molecule_runs() -> None:
     config = yaml.safe_load((ROOT / ".config" / "molecule" / "config.yml").read_text())
     images = {p["image"] for p in config["platforms"]}
-    assert images == {"gpuprov/node:bookworm"}
+    assert images == {"${GPUPROV_MOLECULE_IMAGE:-gpuprov/node:bookworm}"}
+    from tests.molecule.scenarios import MATRIX, OS_IMAGES, SCENARIOS
+
+    assert OS_IMAGES == {"debian12": "gpuprov/node:bookworm", "debian13": "gpuprov/node:trixie"}
+    assert [(r, s) for r, s, os_name in MATRIX if os_name == "debian12"] == SCENARIOS
+    assert sorted({r for r, _, os_name in MATRIX if os_name == "debian13"}) == list(platforms.DEBIAN13_MOLECULE)
     # Proven everywhere (every role, every play): what molecule runs.
     assert [p.key for p in platforms.PLATFORMS if p.proven and not p.where] == ["debian12"]
 
@@ -28,13 +33,15 @@ def test_debian13_is_proven_by_its_end_to_end_test_for_what_it_runs() -> None:
     """Debian 13 is proven for the plays its one end-to-end file runs on a trixie node, and the
     roles whose meta/main.yml names trixie are exactly those plays' roles."""
     trixie = platforms.get("debian13")
-    assert trixie.proven and trixie.where == "local nodes: the preflight, driver and cuda plays"
+    assert trixie.proven
+    assert trixie.where == "local nodes: the preflight, driver and cuda plays; the gpu_preflight, rdma and slurm roles"
     test = (ROOT / platforms.DEBIAN13_TEST).read_text()
     assert 'PLAYS = "preflight,driver,cuda"' in test and '"--os", "debian13"' in test
     named = {role for role in ROLES if ("Debian", "trixie") in {
         (p["name"], v) for p in yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text())
         ["galaxy_info"]["platforms"] for v in p["versions"]}}
-    assert named == {"gpuprov_base", "gpuprov_lock", "gpu_preflight", "nvidia_driver", "cuda"}
+    assert named == {"gpuprov_base", "gpuprov_lock", "gpu_preflight", "nvidia_driver", "cuda"} | set(
+        platforms.DEBIAN13_MOLECULE)
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -46,10 +53,12 @@ def test_role_meta_names_only_known_platforms_and_says_which_are_proven(role: st
     assert ("Debian", "bookworm") in {(p["name"], v) for p in named for v in p["versions"]}
     before = text.split("  platforms:")[0]
     assert "claimed, not proven here" in before
+    flat = " ".join(line.strip(" #") for line in before.splitlines())
     if ("Debian", "trixie") in {(p["name"], v) for p in named for v in p["versions"]}:
-        assert "Proven here: Debian bookworm (this role's molecule scenario" in before
-        assert f"and trixie ({platforms.DEBIAN13_TEST} runs this role's play" in " ".join(
-            line.strip(" #") for line in before.splitlines())
+        assert ("Proven here: Debian bookworm (this role's molecule scenario" in before
+                and f"and trixie ({platforms.DEBIAN13_TEST} runs this role's play" in flat) or (
+            role in platforms.DEBIAN13_MOLECULE and "Proven here: Debian bookworm and trixie (this role's molecule "
+            "scenario runs on the node images gpuprov/node:bookworm and gpuprov/node:trixie" in flat)
     else:
         assert "Proven here: Debian bookworm only" in before
 
@@ -61,8 +70,10 @@ def test_role_readme_lists_the_metas_platforms_as_proven_or_claimed(role: str) -
     section = (base / "README.md").read_text().split("## Platforms", 1)[1].split("\n## ", 1)[0]
     assert "Proven here on Debian 12 (bookworm)" in section
     if any(p["name"] == "Debian" and "trixie" in p["versions"] for p in named):
-        assert "Proven here on Debian 13 (trixie) too, on a local node" in " ".join(section.split())
-        assert f"`{platforms.DEBIAN13_TEST}`" in section
+        assert ("Proven here on Debian 13 (trixie) too, on a local node" in " ".join(section.split())
+                and f"`{platforms.DEBIAN13_TEST}`" in section) or (
+            role in platforms.DEBIAN13_MOLECULE and "Proven here on Debian 13 (trixie) too: the same scenario runs "
+            "on the node image `gpuprov/node:trixie`" in " ".join(section.split()))
     for p in named:
         for codename in p["versions"]:
             platform = platforms.BY_CODENAME[(p["name"], codename)]
@@ -118,5 +129,5 @@ def test_stack_shows_the_platforms(capsys) -> None:
         main(["stack", "--type", "g5.xlarge"])
     out, _ = capsys.readouterr()
     assert ("proven here: Debian 12 (bookworm), Debian 13 (trixie) (local nodes: the preflight, driver and cuda "
-            "plays); claimed, not proven here: Ubuntu 20.04") in " ".join(out.split())
+            "plays; the gpu_preflight, rdma and slurm roles); claimed, not") in " ".join(out.split())
     assert "the OS's own slurm-wlm): Debian 12 22.05.8, Debian 13 24.11.5, Ubuntu 20.04 19.05.5" in " ".join(out.split())
