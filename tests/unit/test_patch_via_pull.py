@@ -80,7 +80,10 @@ def test_the_patch_report_is_the_one_result_that_leaves_a_node_and_is_bounded() 
     callback = (Path(bundle_mod.NODE_DIR) / "gpuprov_pull.py").read_text()
     assert f'REPORT_TASK = "{patch_plan.REPORT_TASK}"' in callback  # the name the controller reads
     report = {"before": {"intel-microcode": "3.20250512.1~deb12u1"}, "after": {}, "kernel_upgradable": [],
-              "cpu_vendor": "intel", "reboot_reasons": [], "rebooted": False, "gpus": 0, "container": True}
+              "cpu_vendor": "intel", "reboot_reasons": [], "rebooted": False, "gpus": 0, "container": True,
+              # a CUDA move's fields (`patch --cuda`): the line before and after, what left
+              "cuda_line": "11.8", "cuda_line_after": "13.0", "cuda_old_prefix": "/usr/local/cuda-11.8",
+              "cuda_leaving": {"cuda-toolkit-11-8": "11.8.0-1", "libnccl2": "2.16.5-1+cuda11.8"}}
     _, events = check_report(_report_batch({"changed": False, "report": report}))
     assert events[0]["event_data"]["res"]["report"] == report
     for bad, why in (({"x": {"a": {"b": "c"}}}, "a string expected"), ({"x": ["a"] * 501}, "a list or map of"),
