@@ -55,7 +55,7 @@ demo-down: $(STAMP)
 # longest first (tests/conftest.py), so that both end together: the molecule scenarios run
 # beside the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
 test: $(STAMP) host-setup mirror registry settings lint
-	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
+	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=60
 
 ## test-driver-move: the whole-stack e2e file with its opt-in real driver move (a second DKMS build)
 test-driver-move: $(STAMP) host-setup mirror registry settings
