@@ -193,6 +193,8 @@ def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request,
     """What would move on a node, read from its report of the check-mode run: packages in
     (the new lock's, at its release), packages out (the old lock's and NVIDIA release pins that
     the new lock does not name), and for a driver move the reboot it needs (or why none)."""
+    if "before" not in report:  # no report: the node's check run failed (its plan_error says why)
+        return []
     before: dict[str, str] = report.get("before") or {}
     plan = []
     if req.move_driver:
@@ -242,7 +244,7 @@ def _driver_plan(before: dict[str, str], lock: dict[str, Any], old: dict[str, An
 def _cuda_plan(report: dict[str, Any], lock: dict[str, Any]) -> list[str]:
     """A CUDA move on one node, from its check-mode report: the line it runs (where /usr/local/cuda
     points) to the lock's, how the new one comes, and what of the old one is taken out."""
-    if "cuda_line" not in report:  # no report: the node's check run failed (its plan_error says why)
+    if "cuda_line" not in report:  # a report without the CUDA fields (a node_patch before them)
         return []
     have = str(report.get("cuda_line") or "")
     if have == lock["cuda"]:

@@ -81,10 +81,10 @@ def test_plan_names_the_line_how_it_comes_and_what_leaves() -> None:
         "libnccl2 2.16.5-1+cuda11.8 -> removed",
         "/usr/local/cuda-11.8 -> removed"]
     # The way back comes as packages; a node already on the line has nothing to move.
-    back = patch.plan_of({"cuda_line": "13.0", "cuda_old_prefix": "/usr/local/cuda-13.0"}, old,
+    back = patch.plan_of({"before": {}, "cuda_line": "13.0", "cuda_old_prefix": "/usr/local/cuda-13.0"}, old,
                          patch.request(cuda="11.8"), new)
     assert back[0] == "CUDA 13.0 -> 11.8 (cuda-toolkit-11-8 11.8.0-*; cuDNN 8.9.6.50, NCCL 2.16.5)"
-    assert patch.plan_of({"cuda_line": "13.0"}, new, patch.request(cuda="13"), old) == []
+    assert patch.plan_of({"before": {}, "cuda_line": "13.0"}, new, patch.request(cuda="13"), old) == []
 
 
 def test_playbook_variables_name_the_line_left() -> None:

@@ -79,6 +79,9 @@ def test_plan_lists_what_would_move() -> None:
                     f"intel-microcode 3.20230808.1~deb12u1 -> {lock['microcode']['intel']}"]
     converged = {"before": {"nvidia-driver-535": f"{lock['driver']}-1", "nvidia-dkms-535": f"{lock['driver']}-1"}}
     assert patch.plan_of(converged, lock, patch.request(driver="535")) == []
+    # A node whose check run failed has no report: no plan lines (its plan_error says why), not
+    # every package of the lock as "not installed".
+    assert patch.plan_of({}, lock, patch.request(all_=True)) == []
 
 
 def test_kernel_module_alone_moves_the_driver_and_is_checked() -> None:
