@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 
@@ -53,11 +54,24 @@ def test_dpkg_consistent(host, report):
     report("dpkg --audit: nothing to report")
 
 
-def test_unattended_upgrades_leave_gpu_packages(host, report):
+def locked_packages(lock: dict[str, Any] | None) -> list[str]:
+    """The package names the node's lock installs (driver, pinning, fabric manager, CUDA,
+    cuDNN; a line that comes as archives names none): what the families above stand for on this
+    node, checked by name."""
+    packages = (lock or {}).get("packages") or {}
+    names: list[str] = []
+    for key in ("driver", "pinning", "fabricmanager", "cuda", "cudnn"):
+        value = packages.get(key) or []
+        names.extend([value] if isinstance(value, str) else value)
+    return [n for n in dict.fromkeys(names) if n]
+
+
+def test_unattended_upgrades_leave_gpu_packages(host, report, expect):
     dump = host.run(f"apt-config dump {BLACKLIST_KEY}")
     assert dump.rc == 0, f"apt-config failed: {dump.stderr.strip()}"
     patterns = blacklist_patterns(dump.stdout)
-    unguarded = [p for p in GPU_PACKAGES if not blocked(patterns, p)]
+    own = [p for p in locked_packages(expect.stack) if p not in GPU_PACKAGES]
+    unguarded = [p for p in GPU_PACKAGES + own if not blocked(patterns, p)]
     assert not unguarded, f"expected unattended-upgrades to skip {unguarded}; its blacklist is {patterns}"
     overreach = {p: blocked(patterns, p) for p in MUST_STAY_UPGRADABLE if blocked(patterns, p)}
     assert not overreach, (
@@ -65,7 +79,8 @@ def test_unattended_upgrades_leave_gpu_packages(host, report):
         f"upgradable and are blocked: {overreach}"
     )
     installed = host.package("unattended-upgrades").is_installed
-    report(f"blacklist {patterns}; {len(MUST_STAY_UPGRADABLE)} other packages stay upgradable "
+    report(f"blacklist {patterns} (the lock's {len(own)} package names besides the families); "
+           f"{len(MUST_STAY_UPGRADABLE)} other packages stay upgradable "
            f"(unattended-upgrades {'installed' if installed else 'not installed'})")
 
 
