@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuprov.state import Store
-
 if TYPE_CHECKING:
     from gpuprov.shared.results import (
         Bootstrap,
@@ -172,6 +170,7 @@ def images_lines(data: StatusResult) -> None:
 
 def monitoring_line(name: str) -> None:
     """Where the cluster's Prometheus answers, from its last `gpuprov monitor` run (none: nothing)."""
+    from gpuprov.state import Store  # lazy: CLI start-up (sqlite3)
 
     run = next((r for r in Store().runs(name, limit=200) if r.kind == "monitor" and r.ok), None)
     if run is None or not run.summary.get("prometheus"):
@@ -183,6 +182,7 @@ def monitoring_line(name: str) -> None:
 
 def health_line(name: str) -> None:
     """The cluster's last `gpuprov health` run, in one line (none yet: says so)."""
+    from gpuprov.state import Store  # lazy: CLI start-up (sqlite3)
 
     run = next((r for r in Store().runs(name, limit=200) if r.kind == "health"), None)
     if run is None:
@@ -286,6 +286,7 @@ def eol_warning(lock: dict[str, Any] | None) -> None:
 
 def eol_warning_of(name: str) -> None:
     """``eol_warning`` for the lock recorded with cluster ``name`` (none recorded: nothing)."""
+    from gpuprov.state import Store  # lazy: CLI start-up (sqlite3)
 
     record = Store().get_cluster(name)
     eol_warning(record.lock if record is not None else None)

@@ -10,14 +10,8 @@ import click
 from gpuprov import cli_output, defaults
 from gpuprov.cli_options import output_option
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.pricing import PURPOSES, SORTS
 from gpuprov.shared.console import Console
-
-
-def select_names(name: str) -> tuple[str, ...]:
-    """A closed list of choices from gpuprov.pricing.select (light: no AWS)."""
-    from gpuprov.pricing import select  # lazy: CLI start-up
-
-    return tuple(getattr(select, name))
 
 
 @click.command()
@@ -30,9 +24,9 @@ def select_names(name: str) -> tuple[str, ...]:
 @click.option("--efa", is_flag=True, help="Only types with EFA.")
 @click.option("--nvswitch", is_flag=True, help="Only types whose GPUs sit on NVSwitch (all-to-all NVLink).")
 @click.option("--cuda", metavar="LINE", help="Only types whose GPUs this CUDA line drives (11.8, 12.9, 13.0).")
-@click.option("--sort", type=click.Choice(select_names("SORTS")), help="Order: price per GPU-hour (gpu-price, "
+@click.option("--sort", type=click.Choice(SORTS), help="Order: price per GPU-hour (gpu-price, "
               "the default), per instance-hour (price), most GPUs first (gpus).")
-@click.option("--for", "purpose", type=click.Choice(select_names("PURPOSES")), help="training: NVSwitch and EFA "
+@click.option("--for", "purpose", type=click.Choice(PURPOSES), help="training: NVSwitch and EFA "
               "first, then price per GPU-hour; inference: the cheapest type whose GPU memory fits --min-gpu-mem. "
               "Each row says why it is there (docs/cost.md).")
 @click.option("--region", help="aws: whose prices (and EC2 facts) to show (default: AWS_DEFAULT_REGION, "

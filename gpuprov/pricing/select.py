@@ -15,11 +15,8 @@ from dataclasses import dataclass, field
 
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput
-from gpuprov.pricing import prices
+from gpuprov.pricing import PURPOSES, SORTS, prices
 from gpuprov.pricing.prices import Price
-
-SORTS = ("gpu-price", "price", "gpus")
-PURPOSES = ("training", "inference")
 
 
 @dataclass(frozen=True)

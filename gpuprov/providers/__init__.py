@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov import __version__
 from gpuprov.errors import BadInput, NotSupported
@@ -34,7 +34,9 @@ from gpuprov.providers.spec import (
     options_for,
     options_type,
 )
-from gpuprov.state import NodeRecord
+
+if TYPE_CHECKING:  # annotations only: the CLI's start-up does not pay for the state's sqlite3
+    from gpuprov.state import NodeRecord
 
 
 @dataclass(frozen=True)
