@@ -203,10 +203,14 @@ def _node_sh(cid: str, script: str) -> str:
 def _hold_dpkg_lock(cid: str, until: str) -> str:
     """A real process in the node holds dpkg's frontend lock until ``until`` exists there, as a
     first boot's unattended-upgrades would; its pid (in the node)."""
-    subprocess.run(["docker", "exec", "-d", cid, "flock", "/var/lib/dpkg/lock-frontend", "sh", "-c",
-                    f"while [ ! -e {until} ]; do sleep 0.2; done"], check=True)
+    script = f"while [ ! -e {until} ]; do sleep 0.2; done"
+    subprocess.run(["docker", "exec", "-d", cid, "flock", "/var/lib/dpkg/lock-frontend", "sh", "-c", script],
+                   check=True)
+    # This holder by its own script (an earlier holder, released a moment ago, may still be
+    # exiting on a loaded machine: the oldest flock is not always this one), once it has the lock.
+    mine = f"for p in $(pgrep -x flock); do tr '\\0' ' ' < /proc/$p/cmdline | grep -qF -- '{until} ]' && echo $p; done; true"
     for _ in range(100):
-        pid = _node_sh(cid, "pgrep -xo flock || true").strip()
+        pid = _node_sh(cid, mine).strip()
         if pid and f" {pid} " in f" {_node_sh(cid, 'cat /proc/locks')} ":
             return pid
         subprocess.run(["sleep", "0.1"], check=True)
