@@ -1,5 +1,5 @@
 """The quick level's node checks: Xid errors in the kernel log since boot, EFA devices,
-memlock and nvidia-peermem as the rdma role sets them (roles/rdma/tasks/limits.yml,
+memlock and nvidia-peermem as the rdma role sets them (roles/rdma/tasks/memlock.yml,
 gpudirect.yml)."""
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ def test_a_real_runs_time_is_read_per_role_and_task(tmp_path: Path) -> None:
     - name: Slow
       ansible.builtin.command: sleep 1.2
       changed_when: false
+    - name: Never here
+      ansible.builtin.command: "false"
+      when: false
 """)
     run = ansible_runner.run(private_data_dir=str(tmp_path), playbook="p.yml", ident="ansible", quiet=True,
                              envvars={"ANSIBLE_LOCALHOST_WARNING": "False",
@@ -41,13 +44,16 @@ def test_a_real_runs_time_is_read_per_role_and_task(tmp_path: Path) -> None:
     assert run.rc == 0, run.stdout.read()
     report = _module().profile(tmp_path, top=5)
     host = report["hosts"]["localhost"]
-    assert host["task_results"] == 2  # the loop counts once, by its own result
+    assert host["task_results"] == 3  # the loop counts once, by its own result
+    # the skipped task, counted by the file it is in (a play here, not a role's)
+    assert host["skipped"] == 1
+    assert host["skipped_by_file"] == {str(tmp_path / "project" / "p.yml"): 1}
     tasks = host["slowest_tasks"]
     assert [t["s"] for t in tasks] == sorted((t["s"] for t in tasks), reverse=True), tasks
     # which of the two is slower depends on the machine's load (three forks of `true` against
     # one sleep), so each is found by name and held to what it cannot be below
     by_name = {t["task"]: t for t in tasks}
-    assert set(by_name) == {"Slow", "Loop"}, tasks
+    assert set(by_name) == {"Slow", "Loop", "Never here"}, tasks
     slow, loop = by_name["Slow"], by_name["Loop"]
     assert 1.2 <= slow["s"] < 30, slow
     assert 0 < loop["s"] < 30, loop
