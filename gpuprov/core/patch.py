@@ -14,8 +14,8 @@ The roll, in order:
    ``--grace`` for its jobs: gpuprov.shared.slurm_drain; then the drain hook), ``patch.yml`` on
    the batch (the kernel guard and the reboot decision are in the playbook), the probes
    against the new lock, the health checks (``--health``, gpuprov.core.health_gate),
-   resume hook, Slurm resume. A node whose play fails, or whose probes or health checks fail
-   where they did not fail before the patch, stops the roll: nodes already done
+   resume hook, Slurm resume. A node whose play fails, whose probes or health checks fail
+   where they did not fail before the patch, or whose checks could not run, stops the roll: nodes already done
    stay done, the failing node is reported (and stays drained), nodes not yet
    started are not touched.
 
@@ -243,14 +243,19 @@ def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect
         roll.say(f"{roll.name}: batch {number}/{len(roll.batches)}: {', '.join(batch)}")
         ready = [host for host in batch if hook(roll, host, "drain")]
         passed = play(roll, number, ready) if ready else []
-        if passed:
-            after = roll.rows if roll.pull is not None else probes_run.run_probes(
-                roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
-                _sub(roll.run_dir, f"probes-batch-{number}"), console=roll.console.rich)
-            well = check_health(roll, passed, new_expect, f"health-batch-{number}", f"after batch {number}")
-            for host in passed:
-                judge(roll.hosts[host], regressions(baseline.get(host, []), after.get(host, [])),
-                      health_gate.new_failures(well_before.get(host, []), well.get(host, [])))
+        try:
+            if passed:
+                after = roll.rows if roll.pull is not None else probes_run.run_probes(
+                    roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
+                    _sub(roll.run_dir, f"probes-batch-{number}"), console=roll.console.rich)
+                well = check_health(roll, passed, new_expect, f"health-batch-{number}", f"after batch {number}")
+                for host in passed:
+                    judge(roll.hosts[host], regressions(baseline.get(host, []), after.get(host, [])),
+                          health_gate.new_failures(well_before.get(host, []), well.get(host, [])))
+        except Exception as exc:
+            unchecked(roll, batch, passed, exc)
+            if not isinstance(exc, GpuprovError):
+                raise
         if not all([finish(roll, host) for host in batch]):
             rest = [h for b in roll.batches[number:] for h in b]
             if rest:
@@ -272,6 +277,18 @@ def check_health(roll: Roll, hosts: list[str], expect: dict[str, Any], part: str
     rows = health_run.check_nodes([roll.by_name[h] for h in hosts], expected, roll.files, _sub(roll.run_dir, part),
                        roll.console, roll.health)
     return health_gate.by_node(rows)
+
+
+def unchecked(roll: Roll, batch: list[str], passed: list[str], exc: Exception) -> None:
+    """The probes or health checks after a batch's play could not run: each node the play
+    changed is failed with the reason (it stays drained, the roll stops), never left as
+    not-started; an unexpected error still ends the command, its batch recorded first."""
+    why = str(exc) if isinstance(exc, GpuprovError) else f"{type(exc).__name__}: {exc}"
+    for host in passed:
+        roll.hosts[host].update(status="failed", error=f"not checked after the patch: {why}")
+    if not isinstance(exc, GpuprovError):
+        for host in batch:
+            finish(roll, host)
 
 
 def judge(state: dict[str, Any], broken: list[str], sick: list[Any]) -> None:

@@ -136,6 +136,13 @@ def check_groups(expr: str) -> str:
     return " ".join(tokens)
 
 
+def complete_lines(text: str) -> list[str]:
+    """The lines of ``text`` that end in a newline. The probes' pytest appends to the results
+    file while this process reads it: what follows the last newline is a line still being
+    written (a read can land between the writer's bytes), read whole at the next poll."""
+    return text.split("\n")[:-1]
+
+
 def _run(
     targets: list[str],
     hosts: Sequence[str],
@@ -192,7 +199,7 @@ def _run(
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(run_dir))
         while True:
             done = proc.poll() is not None
-            lines = results_file.read_text().splitlines()
+            lines = complete_lines(results_file.read_text())
             for line in lines[seen:]:
                 item = json.loads(line)
                 item["host"] = rename.get(item["host"], item["host"])

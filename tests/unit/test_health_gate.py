@@ -182,6 +182,45 @@ def test_health_off_reads_nothing(tmp_path: Path, monkeypatch) -> None:
     assert parts == [] and roll.hosts["n1"]["status"] == "patched"
 
 
+def test_checks_that_cannot_run_after_a_batch_fail_its_played_nodes(tmp_path: Path, monkeypatch) -> None:
+    """CI of cc5032a: the probes after a batch of three (one node left out by a running job)
+    could not be read, and the two nodes the play had moved were recorded not-started and left
+    drained without a reason. A checking step that fails fails each played node with the
+    reason, and the roll stops there."""
+    import gpuprov.probes.run
+    from gpuprov.errors import GpuprovError
+
+    nodes = ["n1", "n2", "n3"]
+    roll = a_roll(tmp_path, nodes)
+    roll.batches = [nodes, ["n4"]]
+    roll.by_name["n4"] = SimpleNamespace(name="n4")
+    roll.hosts["n4"] = {"status": "not-started", "changed": 0, "rebooted": False}
+    fake_readers(monkeypatch, {n: [[row(n, "xid", "pass")]] for n in nodes})
+    monkeypatch.setattr(patching, "hook", lambda r, host, phase: host != "n3" or phase != "drain")
+
+    def no_probes(*_: Any, **__: Any) -> None:
+        raise GpuprovError("the probes did not run (pytest exit 3): boom")
+
+    monkeypatch.setattr(gpuprov.probes.run, "run_probes", lambda inventory, cfg, hosts, *a, **k: (
+        {h: [] for h in hosts} if "before" in str(a[1]) else no_probes()))
+    assert patching.roll_out(roll, nodes, expect(nodes, "old"), expect(nodes, "new")) is True
+    assert {h: s["status"] for h, s in roll.hosts.items()} == {
+        "n1": "failed", "n2": "failed", "n3": "not-started", "n4": "not-started"}
+    assert roll.hosts["n1"]["error"] == "not checked after the patch: the probes did not run (pytest exit 3): boom"
+    assert "c: roll stopped; not started: n4" in roll.console.lines
+    # An error of gpuprov's own still ends the command, each played node failed first.
+    (tmp_path / "second").mkdir()
+    roll = a_roll(tmp_path / "second", ["n1"])
+    fake_readers(monkeypatch, {"n1": [[row("n1", "xid", "pass")]]})
+    monkeypatch.setattr(patching, "check_health", lambda r, hosts, *a: (_ for _ in ()).throw(KeyError("x"))
+                        if hosts and "after" in a[-1] else {})
+    with pytest.raises(KeyError):
+        patching.roll_out(roll, ["n1"], expect(["n1"], "old"), expect(["n1"], "new"))
+    assert roll.hosts["n1"]["status"] == "failed" and roll.hosts["n1"]["error"].startswith(
+        "not checked after the patch: KeyError")
+    assert "  n1: FAILED: not checked after the patch: KeyError: 'x'" in roll.console.lines
+
+
 def test_a_probe_regression_and_a_health_failure_are_both_named() -> None:
     state = {"status": "not-started", "changed": 1}
     temperature = row("n1", "temperature", "fail", "GPU 3 at 91 C", "drain and check cooling")
