@@ -281,6 +281,13 @@ def test_the_agents_reporter_signs_each_batch_and_the_server_takes_them_once(tmp
         # The agent started again (a reboot mid-run) numbers its batches on from the last one sent.
         again = _reporter(agent, server, "n1", tmp_path)
         assert again.seq == 3 and again.send() is True and server.seq["n1"] == 4 and len(kept) == MAX_BATCH + 23
+        # A line the plays' callback (another process) is still writing waits for the next send.
+        with again.events.open("a") as out:
+            out.write('{"event": "runner_on_start", "event_data": {"host": "n1", "ta')
+        assert again.send() is True and len(kept) == MAX_BATCH + 23
+        with again.events.open("a") as out:
+            out.write('sk": "t", "role": "r", "task_action": "apt"}}\n')
+        assert again.send() is True and len(kept) == MAX_BATCH + 24 and kept[-1]["event_data"]["task"] == "t"
         # A node with its token but not its report secret sends nothing that is kept.
         forger = _reporter(agent, server, "n2", tmp_path, report_secret=node_token(KEY, "n2"))
         forger.add("done", rc=0)

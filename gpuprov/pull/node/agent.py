@@ -93,7 +93,9 @@ class Reporter:
         with self.lock:
             if self.refused:
                 return True  # nothing more to say: the controller has failed this node
-            lines = self.events.read_text(encoding="utf-8").splitlines() if self.events.exists() else []
+            # Whole lines only: the plays' callback (another process) appends while this reads, and
+            # what follows the last newline may be a line still being written.
+            lines = self.events.read_text(encoding="utf-8").split("\n")[:-1] if self.events.exists() else []
             if self.config.get("channel") == "s3" and self.acked >= len(lines) \
                     and time.monotonic() - self.last_sent < HEARTBEAT_S:
                 return True  # an object store: an empty batch only now and then, to say it lives
