@@ -51,11 +51,14 @@ demo-down: $(STAMP)
 	gpuprov down demo --yes
 
 ## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
-# Two workers, one unit of work each at a time (a test file, or one molecule scenario), the
-# longest first (tests/conftest.py), so that both end together: the molecule scenarios run
-# beside the end-to-end files (most of their time is waiting on apt, dpkg and SSH).
+# One worker more than the machine has CPUs (at most one per 6 GiB of memory, at least two),
+# each on one unit of work at a time (a test file, or one molecule scenario), the longest
+# first (tests/conftest.py), so that they end together. A worker drives one node's Ansible at
+# a time, controller and node taking turns, and waits on SSH, Docker and apt between: two
+# workers left about a fifth of two cores idle (docs/performance.md); a third takes it up.
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; m = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30; print(max(2, min(len(os.sched_getaffinity(0)) + 1, m // 6)))')
 test: $(STAMP) host-setup mirror registry settings lint
-	$(ENV) python -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=60
+	$(ENV) python -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=60
 
 ## test-driver-move: the whole-stack e2e file with its opt-in real driver move (a second DKMS build)
 test-driver-move: $(STAMP) host-setup mirror registry settings

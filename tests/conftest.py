@@ -104,12 +104,12 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
         run_cli("down", name, "--yes", env=env)
 
 
-# -- the schedule of `make test`'s two workers (pytest-xdist, --dist loadgroup) ----------------
+# -- the schedule of `make test`'s workers (pytest-xdist, --dist loadgroup; Makefile TEST_WORKERS) --
 # A unit of work goes to one worker whole: by default a test file (its module fixtures, a
 # cluster most of the time, are made once); a test may name another unit with
 # @pytest.mark.xdist_group (each molecule scenario is a unit of its own: tests/molecule). The
 # units start longest first (then in collection order), so that the long ones run beside each
-# other and the short ones fill in at the end: the two workers end together. Only the order of
+# other and the short ones fill in at the end: the workers end together. Only the order of
 # the figures matters. Seconds on the 2-core test machine: "CI", make test's --durations on the
 # last CI run; "here", the unit run alone while two or three other suites ran on the machine
 # (2026-11-27). A run of make test prints every unit's figure at its end (below): copy them
