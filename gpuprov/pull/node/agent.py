@@ -89,12 +89,10 @@ class Reporter:
         while not self.stop.wait(float(self.config.get("report_every_s", 2.0))):
             self.send()
 
-    def send(self) -> bool:
+    def send(self) -> bool:  # whole lines only: the plays' callback (another process) may be mid-line
         with self.lock:
             if self.refused:
                 return True  # nothing more to say: the controller has failed this node
-            # Whole lines only: the plays' callback (another process) appends while this reads, and
-            # what follows the last newline may be a line still being written.
             lines = self.events.read_text(encoding="utf-8").split("\n")[:-1] if self.events.exists() else []
             if self.config.get("channel") == "s3" and self.acked >= len(lines) \
                     and time.monotonic() - self.last_sent < HEARTBEAT_S:
