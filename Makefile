@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
-.PHONY: demo demo-down test lint unit molecule e2e test-driver-move test-debian13 bench host-setup mirror registry settings venv clean node-image-trixie
+.PHONY: demo demo-down test test-extended lint unit molecule e2e test-driver-move test-debian13 bench host-setup mirror registry settings venv clean node-image-trixie
 
 # The package cache and artifact mirror of this machine (scripts/env.sh).
 ENV = eval "$$(scripts/env.sh)" &&
@@ -51,14 +51,17 @@ demo-down: $(STAMP)
 	gpuprov down demo --yes
 
 ## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
-# One worker more than the machine has CPUs (at most one per 6 GiB of memory, at least two),
-# each on one unit of work at a time (a test file, or one molecule scenario), the longest
-# first (tests/conftest.py), so that they end together. A worker drives one node's Ansible at
-# a time, controller and node taking turns, and waits on SSH, Docker and apt between: two
-# workers left about a fifth of two cores idle (docs/performance.md); a third takes it up.
-TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; m = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30; print(max(2, min(len(os.sched_getaffinity(0)) + 1, m // 6)))')
+# One worker per CPU (at most one per 6 GiB of memory, at least two), each on one unit of work
+# at a time (a test file, or one molecule scenario), the longest first (tests/conftest.py), so
+# that they end together. A worker more than the CPUs was tried: each unit ran 1.5 to 2 times
+# as long, no gain (docs/performance.md, 2026-11-29 (3)).
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; m = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30; print(max(2, min(len(os.sched_getaffinity(0)), m // 6)))')
 test: $(STAMP) host-setup mirror registry settings lint
 	$(ENV) python -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=60
+
+## test-extended: the heavy variants `make test` skips, each with its reason (tests/conftest.py, `extended`)
+test-extended: $(STAMP) host-setup mirror registry settings
+	$(ENV) GPUPROV_TEST_EXTENDED=1 python -m pytest tests -p no:cacheprovider -m extended -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 ## test-driver-move: the whole-stack e2e file with its opt-in real driver move (a second DKMS build)
 test-driver-move: $(STAMP) host-setup mirror registry settings

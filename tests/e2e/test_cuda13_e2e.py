@@ -36,7 +36,10 @@ import pytest
 from tests.conftest import run_cli
 from tests.e2e.nodes import cleanup_labels, node_sh
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended(why=(
+    "CUDA 11.8 -> 13.0 by `patch --cuda 13` on a local node (about 8 minutes of two cores); in `make test` "
+    "the 13.0 archives are installed, converged again and probed by the cuda role's scenario "
+    "(roles/cuda/molecule/archives), and the move's plan and lock by tests/unit/test_patch_cuda.py"))]
 
 CUDA_PROBES = ("nvcc_reports_the_locked_cuda", "nvcc_compiles_for_the_locked_architectures",
                "cuda_prefix_and_environment", "cudnn_matches_the_lock", "nccl_matches_the_lock")

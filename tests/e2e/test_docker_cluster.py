@@ -514,6 +514,10 @@ def _move_the_driver(env: dict[str, str], name: str, nodes: list[str]) -> None:
     assert "not the cluster's lock" in run_cli("status", name, env=env, check=True).stdout
 
 
+@pytest.mark.extended(why=(
+    "`patch --onto-image`: both nodes replaced from the baked image (about 4 minutes of two cores); in "
+    "`make test` a node boots from that image and converges with changed 0 (the test of `up --count 2` "
+    "above), and a roll's batches, drains and resumes are tests/e2e/test_patch_e2e.py's"))
 def test_patch_rolls_the_nodes_onto_the_baked_image(cluster, env, baked, tmp_path) -> None:
     """`patch --onto-image`: a bad image is one line and exit 2; --check says what would be
     replaced from which image and changes nothing; the roll drains the old nodes, boots new ones

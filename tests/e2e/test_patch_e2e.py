@@ -247,6 +247,11 @@ def test_a_noop_patch_changes_nothing(env, repo, fleet):
     assert {n: state(n) for n in nodes} == before
 
 
+@pytest.mark.extended(why=(
+    "R535 proprietary -> R580 open by `patch` on the Slurm fleet, and a job past --grace, then --force "
+    "(about 8 minutes of two cores); in `make test` the driver role makes the same package move "
+    "(tests/roles/test_repo_trust.py), its plan is tests/unit/test_patch_unit.py's, and a roll that waits "
+    "for a job is test_a_failing_node_stops_the_roll; --grace and --force on a real fleet are proven here only"))
 def test_branch_and_flavour_move(env, repo, fleet):
     """`patch --driver 580 --kernel-module open`: the plan names what comes (NVIDIA's release pin,
     the open flavour's packages) and what goes (the R535 packages), then the roll does it; the

@@ -32,7 +32,11 @@ from gpuprov.probes.run import groups_of_plays
 from gpuprov.pull.controller import expected_probes
 from tests.conftest import run_cli, unbootstrapped_cluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended(why=(
+    "pull mode over the controller's own HTTP channel on local nodes: pull and push nodes compared, "
+    "provision and patch --via pull, a static host handed the agent (about 10 minutes of two cores); in "
+    "`make test` pull mode runs end to end through S3 on emulated EC2 (tests/e2e/test_pull_aws_e2e.py), "
+    "and the agent, the bundle and the reports in tests/unit/test_pull*.py"))]
 
 TAGS = "preflight,spot,rdma,microcode"
 # Files under /etc that differ between any two nodes whatever bootstraps them (each node's

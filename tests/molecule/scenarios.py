@@ -52,6 +52,18 @@ DEBIAN12_ONLY = {
     "spot_interruption:default": "one Python program and its systemd unit, no package of the OS's: the same files on "
                                  "every Debian",
 }
+# Scenarios `make test` leaves to `make test-extended` (tests/conftest.py, the extended suite),
+# each with what proves the same code in `make test`.
+EXTENDED = {
+    "cuda:default": "Debian 12's nvidia-cuda-toolkit by the cuda role alone (a 2 GB install, about 4 minutes of "
+                    "two cores); in `make test` the same role installs the same package on "
+                    "tests/e2e/test_docker_cluster.py's node from scratch, whose whole site converges again with "
+                    "changed 0 (a node from its baked image) and in check mode, and the cuda probes pass there; "
+                    "the cuda role's scenario in `make test` is cuda:archives",
+    "slurm:default:debian13": "the slurm role on Debian 13 (Slurm 24.11.5, about 4 minutes of two cores); in "
+                              "`make test` Debian 13's node runs the gpu_preflight and rdma scenarios, and the "
+                              "slurm role runs on Debian 12 (its scenario, and tests/e2e/test_slurm_e2e.py)",
+}
 OS_IMAGES = {"debian12": "gpuprov/node:bookworm", "debian13": "gpuprov/node:trixie"}
 MATRIX = [(role, scenario, os_name) for role, scenario in SCENARIOS for os_name in OS_IMAGES
           if os_name == "debian12" or f"{role}:{scenario}" in DEBIAN13]

@@ -19,6 +19,7 @@ from tests.molecule.scenarios import (
     BASE_CONFIG,
     DEBIAN12_ONLY,
     DEBIAN13,
+    EXTENDED,
     MATRIX,
     SCENARIOS,
     node_name,
@@ -177,12 +178,21 @@ def test_every_role_has_a_scenario() -> None:
     assert roles and roles == sorted({role for role, _ in SCENARIOS})
 
 
-# The scenarios themselves, each a unit of work of its own for the suite's two workers
-# (tests/conftest.py: the longest start first, so that both workers end together).
+# The scenarios themselves, each a unit of work of its own for the suite's workers
+# (tests/conftest.py: the longest start first, so that the workers end together).
 # Debian 13's, where the OS matrix runs them there too (tests/molecule/scenarios.py DEBIAN13).
 @pytest.mark.parametrize(("role", "scenario", "os_name"), [
     pytest.param(role, scenario, os, id=unit_of(role, scenario, os),
-                 marks=pytest.mark.xdist_group(f"molecule:{unit_of(role, scenario, os)}"))
+                 marks=[pytest.mark.xdist_group(f"molecule:{unit_of(role, scenario, os)}")]
+                 + ([pytest.mark.extended(why=EXTENDED[unit_of(role, scenario, os)])]
+                    if unit_of(role, scenario, os) in EXTENDED else []))
     for role, scenario, os in MATRIX])
 def test_molecule_scenario(role: str, scenario: str, os_name: str, tmp_path: Path, fixture_repo) -> None:
     run_scenario(role, scenario, tmp_path, fixture_repo, os_name)
+
+
+def test_the_extended_scenarios_are_scenarios_of_the_matrix() -> None:
+    """A scenario left to `make test-extended` names a unit that exists (a misspelt one would
+    leave `make test` running it and the extended suite without it)."""
+    assert set(EXTENDED) <= {unit_of(r, s, os) for r, s, os in MATRIX}
+    assert all(len(why) > 80 for why in EXTENDED.values())
