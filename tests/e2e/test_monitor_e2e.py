@@ -18,7 +18,11 @@ import pytest
 
 from tests.conftest import run_cli, unbootstrapped_cluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended(why=(
+    "Prometheus on the monitoring host scraping every node, a recorded DCGM exporter's row remap firing to "
+    "Alertmanager (about 3 minutes of two cores); in `make test` the monitoring role's scenario installs, "
+    "re-runs and probes the same stack (roles/monitoring/molecule/default), and the rules and tunnel are "
+    "tests/unit/test_monitoring_unit.py's"))]
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,11 @@ EXTENDED = {
                     "tests/e2e/test_docker_cluster.py's node from scratch, whose whole site converges again with "
                     "changed 0 (a node from its baked image) and in check mode, and the cuda probes pass there; "
                     "the cuda role's scenario in `make test` is cuda:archives",
+    "gpu_preflight:default:debian13": "the preflight on Debian 13's node image (about 2 minutes of two cores); in "
+                                      "`make test` the same tasks on Debian 12, and Debian 13's kernel-header and "
+                                      "OS rules in tests/unit (test_stack_os.py, test_kernel_compiler.py)",
+    "rdma:default:debian13": "the rdma role on Debian 13's own rdma-core (about 2 minutes of two cores); in `make "
+                             "test` the same tasks on Debian 12",
     "slurm:default:debian13": "the slurm role on Debian 13 (Slurm 24.11.5, about 4 minutes of two cores); in "
                               "`make test` Debian 13's node runs the gpu_preflight and rdma scenarios, and the "
                               "slurm role runs on Debian 12 (its scenario, and tests/e2e/test_slurm_e2e.py)",

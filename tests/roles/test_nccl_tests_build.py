@@ -30,7 +30,9 @@ from tests.conftest import ROOT, run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import copy_in, play, sh
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended(why=(
+    "NVIDIA's nccl-tests release built with MPI on a node (about 3 minutes of two cores); in `make test` "
+    "the nccl_tests role's scenario runs its tasks, a re-run and check mode (roles/nccl_tests/molecule/default)"))]
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nccl-tests"
 DEFAULTS = yaml.safe_load((ROOT / "roles" / "nccl_tests" / "defaults" / "main.yml").read_text())
