@@ -66,8 +66,9 @@ def test_the_wheels_docker_provider_names_its_own_node_image_build(installed, tm
     require_docker()
     _, site = installed
     missing = f"gpuprov-wheel-test/missing:{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]}"
+    # --no-baked: an image baked on this machine before (gpuprov image bake) would be booted instead.
     up = _run(site, tmp_path, "-m", "gpuprov", "up", "--provider", "docker", "--count", "1", "--name", "wheel",
-              "--dry-run", env={"GPUPROV_NODE_IMAGE": missing})
+              "--no-baked", "--dry-run", env={"GPUPROV_NODE_IMAGE": missing})
     script = site / "gpuprov/share/node-image/build-node-image.sh"
     assert up.returncode == 2 and len(up.stderr.strip().splitlines()) == 1, up.stdout + up.stderr
     assert f"node image {missing} not found" in up.stderr and f"`bash {script}`" in up.stderr, up.stderr

@@ -90,7 +90,9 @@ def test_no_value_becomes_inventory_syntax_or_a_template(tmp_path: Path) -> None
         if "{{" in value:  # tagged unsafe: Ansible will never evaluate it as a template
             assert hv["gpuprov_instance_type"] == {"__ansible_unsafe": value}
         assert "StrictHostKeyChecking=no" not in str(hv["ansible_ssh_common_args"])
-        assert set(hv) == {"ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
+        # ansible_local: Ansible's own local facts (none here), which it always lists beside the
+        # inventory's variables when facts are not injected as variables (inject_facts_as_vars).
+        assert set(hv) - {"ansible_local"} == {"ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
                            "gpuprov_instance_type", "gpuprov_expected_gpus", "gpuprov_expected_nvswitch",
                            "gpuprov_expected_efa", "ansible_become",
                            "ansible_python_interpreter", "ansible_ssh_common_args", "gpuprov_cluster",

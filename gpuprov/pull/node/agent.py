@@ -259,7 +259,7 @@ def environment(root: Path, events: Path, config: dict, items: Path | None = Non
         "ANSIBLE_CALLBACKS_ENABLED": "gpuprov_pull",
         "ANSIBLE_HOME": str(root / "ansible-home"), "ANSIBLE_LOCAL_TEMP": str(root / "ansible-tmp"),
         "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_GATHERING": "smart",
-        "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
+        "ANSIBLE_INJECT_FACT_VARS": "False", "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
         "GPUPROV_PULL_EVENTS": str(events), "GPUPROV_PULL_NODE": config["node"],
         **({"GPUPROV_PULL_ITEMS": str(items)} if items is not None else {}),
     }
