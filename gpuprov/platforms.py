@@ -21,7 +21,7 @@ PROVEN_BY = ("every role's molecule scenario and the docker end-to-end suite run
 DEBIAN13_TEST = "tests/e2e/test_debian13_e2e.py"
 # The roles whose molecule scenario runs on gpuprov/node:trixie too (tests/molecule/scenarios.py
 # DEBIAN13, its OS matrix; every other scenario there says why it runs on Debian 12 alone).
-DEBIAN13_MOLECULE = ("gpu_preflight", "rdma", "slurm")
+DEBIAN13_MOLECULE = ("container_runtime", "gpu_preflight", "rdma", "slurm")
 PROVEN_BY_DEBIAN13 = (f"{DEBIAN13_TEST}: a local node of the image gpuprov/node:trixie gets the preflight, "
                       "driver and cuda plays from Debian 13's archive (nvidia-kernel-dkms 550.163.01 built by "
                       "DKMS, CUDA 12.4.131, NCCL 2.22.3) and verifies with no failure; the molecule scenarios of "

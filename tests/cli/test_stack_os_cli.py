@@ -37,7 +37,7 @@ def test_stack_os_debian13_table_says_proven_on_local_nodes(capsys, gpuprov_home
     flat = " ".join(out.split())
     assert code == 0
     assert ("os: Debian 13 (trixie), proven here (local nodes: the preflight, driver and cuda plays; the "
-            "gpu_preflight, rdma and slurm roles)") in flat
+            "container_runtime, gpu_preflight, rdma and slurm roles)") in flat
     assert "does not install it yet" not in flat
     assert "NVIDIA's own debian13 repository gives R580 on trixie" in flat
     assert "Debian 13 24.11.5" in flat  # its archive's Slurm

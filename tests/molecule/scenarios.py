@@ -18,17 +18,16 @@ SCENARIOS = sorted(
 
 # The OS matrix: every scenario runs on Debian 12's node image; those below run on Debian 13's
 # (gpuprov/node:trixie) too, where the role's tasks, packages or services differ there (the
-# preflight's OS and kernel header rules; trixie's own rdma-core; Slurm 24.11.5 against 22.05.8).
+# preflight's OS and kernel header rules; trixie's docker.io, whose command line is a package of its
+# own, and its own rdma-core; Slurm 24.11.5 against 22.05.8).
 # Every other scenario says here why it runs on Debian 12 alone. A role whose scenario runs on
 # Debian 13 lists trixie in its meta/main.yml platforms (test_scenarios.py holds it so), and
 # gpuprov/platforms.py DEBIAN13_MOLECULE names the same roles.
-DEBIAN13 = ("gpu_preflight:default", "rdma:default", "slurm:default")
+DEBIAN13 = ("container_runtime:default", "gpu_preflight:default", "rdma:default", "slurm:default")
 _E2E = ("Debian 13's real {what} is installed and proven by tests/e2e/test_debian13_e2e.py "
         "(`make test-debian13`: its DKMS build and 2.5 GB toolkit are past `make test`'s time)")
 DEBIAN12_ONLY = {
     "base_images:default": "pulls and builds images with the node's Docker: nothing of it reads the OS",
-    "container_runtime:default": "Docker from Debian's archive and the toolkit from the FIXTURE repository, by the "
-                                 "same tasks; Debian 13's docker.io is installed by tests/e2e/test_debian13_e2e.py",
     "cuda:archives": "NVIDIA's redist archives are the same files on every OS, unpacked by the same tasks",
     "cuda:default": _E2E.format(what="CUDA 12.4 toolkit and NCCL"),
     "cudnn:default": "cuDNN's archive is the same files on every OS, unpacked by the same tasks; Debian 13's "
@@ -60,6 +59,9 @@ EXTENDED = {
                     "tests/e2e/test_docker_cluster.py's node from scratch, whose whole site converges again with "
                     "changed 0 (a node from its baked image) and in check mode, and the cuda probes pass there; "
                     "the cuda role's scenario in `make test` is cuda:archives",
+    "container_runtime:default:debian13": "Docker from Debian 13's archive (docker.io and its docker-cli) and the "
+                                          "toolkit from the FIXTURE repository on Debian 13's node image (about a "
+                                          "minute and a half); in `make test` the same tasks on Debian 12",
     "gpu_preflight:default:debian13": "the preflight on Debian 13's node image (about 2 minutes of two cores); in "
                                       "`make test` the same tasks on Debian 12, and Debian 13's kernel-header and "
                                       "OS rules in tests/unit (test_stack_os.py, test_kernel_compiler.py)",

@@ -172,7 +172,7 @@ def test_every_debian13_fact_names_its_source_beside_it() -> None:
 def test_debian13_is_proven_on_local_nodes_by_its_end_to_end_test() -> None:
     trixie = platforms.get("debian13")
     assert (trixie.title, trixie.proven, trixie.slurm) == ("Debian 13 (trixie)", True, "24.11.5")
-    assert trixie.where == "local nodes: the preflight, driver and cuda plays; the gpu_preflight, rdma and slurm roles"
+    assert trixie.where == "local nodes: the preflight, driver and cuda plays; the container_runtime, gpu_preflight, rdma and slurm roles"
     assert trixie.proof == f"proven here ({trixie.where})"
     assert (ROOT / platforms.DEBIAN13_TEST).is_file()
     row = next(r for r in stack.resolve("g5.xlarge", source="distro", os="debian13", on=ON).public()["platforms"]
