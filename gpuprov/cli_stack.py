@@ -132,8 +132,7 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
               show_default=True, help="Package source the nodes install from.")
 @click.option("--os", "os_name", type=click.Choice(defaults.LOCK_OS), default=defaults.DEFAULT_OS, show_default=True,
               help="Whose packages the lock names: Debian 12's, Debian 13's (trixie: --source distro only; "
-              "proven here on local nodes for the preflight, driver and cuda plays and the gpu_preflight, rdma and slurm "
-              "roles), or Ubuntu 24.04's "
+              "proven here on local nodes: its os note names the plays and roles), or Ubuntu 24.04's "
               "(noble: NVIDIA's ubuntu2404 repository, --source nvidia or mirror; claimed, not proven here).")
 @output_option
 def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_module: str | None, source: str,

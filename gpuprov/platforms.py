@@ -16,17 +16,22 @@ from typing import Any
 
 PROVEN_BY = ("every role's molecule scenario and the docker end-to-end suite run on the node "
              "image gpuprov/node:bookworm")
-# The one test that proves Debian 13, and what it proves (the roles whose meta/main.yml names
-# trixie are those of its plays).
+# The tests that prove Debian 13, and what they prove (the roles whose meta/main.yml names trixie
+# are those whose tasks run on a trixie node there).
 DEBIAN13_TEST = "tests/e2e/test_debian13_e2e.py"
+DEBIAN13_EC2_TEST = "tests/aws/test_debian13_ec2.py"
 # The roles whose molecule scenario runs on gpuprov/node:trixie too (tests/molecule/scenarios.py
 # DEBIAN13, its OS matrix; every other scenario there says why it runs on Debian 12 alone).
-DEBIAN13_MOLECULE = ("container_runtime", "gpu_preflight", "rdma", "slurm")
-PROVEN_BY_DEBIAN13 = (f"{DEBIAN13_TEST}: a local node of the image gpuprov/node:trixie gets the preflight, "
-                      "driver and cuda plays from Debian 13's archive (nvidia-kernel-dkms 550.163.01 built by "
-                      "DKMS, CUDA 12.4.131, NCCL 2.22.3) and verifies with no failure; the molecule scenarios of "
+DEBIAN13_MOLECULE = ("base_images", "container_runtime", "gpu_preflight", "microcode", "monitoring", "node_patch", "rdma",
+                     "slurm", "spot_interruption")
+PROVEN_BY_DEBIAN13 = (f"{DEBIAN13_TEST}: a local node of the image gpuprov/node:trixie gets the whole site of "
+                      "source distro from Debian 13's archive (nvidia-kernel-dkms 550.163.01 built by DKMS, CUDA "
+                      "12.4.131, NCCL 2.22.3, Docker 26.1.5 with the container toolkit, rdma-core 56.1, trixie's "
+                      "microcode) and verifies with no failure; the molecule scenarios of "
                       f"{', '.join(DEBIAN13_MOLECULE)} run on that image too (converge, idempotence, check, "
-                      "probes); the other plays and scenarios run on Debian 12 only")
+                      f"probes); {DEBIAN13_EC2_TEST}: a trixie instance of the emulated EC2 boots, hands over its "
+                      "host key and converges; NVIDIA's repository (DCGM, fabric manager, cuDNN, nccl-tests) is not "
+                      "installed on it (no lock of NVIDIA's debian13 repository yet)")
 CLAIMED = "claimed by the roles' metadata; no scenario here runs on it"
 
 
@@ -40,6 +45,7 @@ class Platform:
     slurm: str = ""  # the Slurm its own archive ships (slurm-wlm): what `--scheduler slurm` installs
     how: str = ""  # what proves it here (proven only)
     where: str = ""  # what of gpuprov it proves, where that is not everything (proven only)
+    aws: str = ""  # what of `up --provider aws` is proven on it, where not everything (proven with a where)
 
     @property
     def title(self) -> str:
@@ -63,11 +69,14 @@ PLATFORMS: tuple[Platform, ...] = (
     Platform("debian12", "Debian", "12", "bookworm", proven=True, slurm="22.05.8", how=PROVEN_BY),
     # Debian 13: its archive's packages are lock data (gpuprov.os_lines; slurm-wlm 24.11.5-4+deb13u1,
     # checked on the test machine's package cache 2026-11-26), installed for real on a local node
-    # by DEBIAN13_TEST (2026-11-27), and the Slurm and RDMA roles' scenarios (2026-11-28); not on AWS,
-    # and not its Docker or other plays yet.
+    # by DEBIAN13_TEST (2026-11-27), and the scenarios of DEBIAN13_MOLECULE (Slurm and RDMA 2026-11-28,
+    # the others 2026-12-01);
+    # not on AWS.
     Platform("debian13", "Debian", "13", "trixie", proven=True, slurm="24.11.5", how=PROVEN_BY_DEBIAN13,
-             where="local nodes: the preflight, driver and cuda plays; the " + ", ".join(DEBIAN13_MOLECULE[:-1])
-             + f" and {DEBIAN13_MOLECULE[-1]} roles"),
+             where="local nodes: the whole site of --source distro; the molecule scenarios of the "
+             + ", ".join(DEBIAN13_MOLECULE[:-1]) + f" and {DEBIAN13_MOLECULE[-1]} roles",
+             aws=f"on the emulated EC2 ({DEBIAN13_EC2_TEST}): the launch, its user-data under trixie's cloud-init, "
+                 "the host-key hand-over and the microcode and spot plays; its driver and cuda plays on local nodes"),
     Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False, slurm="19.05.5"),
     Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False, slurm="21.08.5"),
     # Ubuntu 24.04: a lock OS (`stack --os ubuntu24.04`, gpuprov.os_lines) whose package names are read

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov import paths
+from gpuprov import paths, platforms
+from gpuprov.defaults import DEFAULT_OS
 from gpuprov.probes.nodefacts import installed_version, nvidia_pci, require_systemd
 
 pytestmark = pytest.mark.dcgm
@@ -98,8 +99,9 @@ def alert_fields(rules_text: str) -> set[str]:
 def _dcgm_lock(expect) -> dict:
     lock = expect.lock()
     if not lock.get("dcgm"):
-        pytest.skip(f"package source {lock.get('source')!r} carries no DCGM (Debian 12's archive has "
-                    "none): nothing installed; DCGM comes with source nvidia or mirror")
+        os = platforms.get(lock.get("os") or DEFAULT_OS)
+        pytest.skip(f"package source {lock.get('source')!r} carries no DCGM ({os.distribution} {os.version}'s "
+                    "archive has none): nothing installed; DCGM comes with source nvidia or mirror")
     return lock
 
 

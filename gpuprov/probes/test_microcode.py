@@ -23,7 +23,7 @@ def _vendor(host) -> tuple[str, str]:
 @pytest.mark.microcode
 def test_microcode_package_matches_the_pin(host, expect, report):
     vendor, package = _vendor(host)
-    # The lock pins Debian 12's packages; other distributions get their newest.
+    # The lock pins Debian's packages (12's, or 13's); other distributions get their newest.
     debian = host.system_info.distribution == "debian"
     pin = ((expect.stack or {}).get("microcode") or {}).get(vendor) if debian else None
     found = installed_version(host, package)

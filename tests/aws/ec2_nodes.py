@@ -3,7 +3,8 @@
 A test double, never product code. It sits in the moto shim (``moto_shim.Shim.nodes``):
 each instance a RunInstances call starts becomes one systemd node container of an
 image built here from the local node image plus Debian's ``cloud-init``
-(``gpuprov/node-ec2:bookworm``), so that:
+(``gpuprov/node-ec2:bookworm``; ``gpuprov/node-ec2:trixie`` from Debian 13's node image for the
+AMIs a test boots as trixie, ``Ec2Nodes.boot_as``), so that:
 
 - the launch's user-data (what gpuprov wrote: the bootstrap host key, the login user)
   is really executed at boot by cloud-init, fed through the NoCloud datasource (a seed
@@ -51,8 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "ec2_node"
-BASE_IMAGE = "gpuprov/node:bookworm"
-IMAGE = "gpuprov/node-ec2:bookworm"
+BASE_IMAGE = "gpuprov/node:{codename}"
+IMAGE = "gpuprov/node-ec2:{codename}"
 LABEL = "gpuprov.fixture-ec2"
 
 # Where each fixture file goes in the image.
@@ -90,8 +91,8 @@ def _docker(*args: str, input: bytes | None = None, check: bool = True) -> subpr
     return proc
 
 
-def _recipe() -> str:
-    base = _docker("image", "inspect", "-f", "{{.Id}}", BASE_IMAGE).stdout.decode().strip()
+def _recipe(base_image: str) -> str:
+    base = _docker("image", "inspect", "-f", "{{.Id}}", base_image).stdout.decode().strip()
     digest = hashlib.sha256(base.encode() + _INSTALL.encode())
     for name in sorted(IMAGE_FILES):
         digest.update(name.encode() + (HERE / name).read_bytes())
@@ -114,15 +115,17 @@ def _tar(entries: list[tuple[str, bytes | str, int]]) -> bytes:
     return buf.getvalue()
 
 
-def build_image(apt_proxy: str) -> str:
-    """The emulated-EC2 node image, built once per recipe (base image and fixture files)."""
-    recipe = _recipe()
-    have = _docker("image", "inspect", "-f", "{{index .Config.Labels \"gpuprov.fixture-recipe\"}}", IMAGE,
+def build_image(apt_proxy: str, codename: str = "bookworm") -> str:
+    """The emulated-EC2 node image of Debian ``codename`` (its local node image, gpuprov/node:CODENAME,
+    must exist), built once per recipe (base image and fixture files)."""
+    base_image, image = BASE_IMAGE.format(codename=codename), IMAGE.format(codename=codename)
+    recipe = _recipe(base_image)
+    have = _docker("image", "inspect", "-f", "{{index .Config.Labels \"gpuprov.fixture-recipe\"}}", image,
                    check=False)
     if have.returncode == 0 and have.stdout.decode().strip() == recipe:
-        return IMAGE
+        return image
     work = f"gpuprov-ec2-image-{uuid.uuid4().hex[:8]}"
-    _docker("create", "--name", work, BASE_IMAGE, "sh", "-c", _INSTALL, "install", apt_proxy)
+    _docker("create", "--name", work, base_image, "sh", "-c", _INSTALL, "install", apt_proxy)
     try:
         _docker("start", "-a", work)
         files = [(dest, (HERE / name).read_bytes(), mode) for name, (dest, mode) in IMAGE_FILES.items()]
@@ -130,10 +133,10 @@ def build_image(apt_proxy: str) -> str:
                       "/etc/systemd/system/gpuprov-fixture-imds.service", -1))
         _docker("cp", "-", f"{work}:/", input=_tar(files))
         _docker("commit", "--change", 'CMD ["/sbin/init"]', "--change",
-                f"LABEL gpuprov.fixture-recipe={recipe}", work, IMAGE)
+                f"LABEL gpuprov.fixture-recipe={recipe}", work, image)
     finally:
         _docker("rm", "-f", work, check=False)
-    return IMAGE
+    return image
 
 
 @dataclass
@@ -165,6 +168,8 @@ class Ec2Nodes:
     image: str = ""
     # AMI id -> the Docker image CreateImage committed for it.
     amis: dict[str, str] = field(default_factory=dict)
+    # AMI id -> the node image of another OS it boots (``boot_as``); kept on close (built once per recipe).
+    os_images: dict[str, str] = field(default_factory=dict)
     # A /24 of 127.0.0.0/8 of this session's own (chosen at random): two sessions on one
     # machine never publish port 22 on the same address.
     _net: str = field(default_factory=lambda: f"127.{secrets.randbelow(254) + 1}.{secrets.randbelow(254) + 1}")
@@ -214,8 +219,13 @@ class Ec2Nodes:
                     *SYSTEMD_FLAGS, "--tmpfs", "/var/lib/docker:rw,exec,size=6g",
                     "-v", f"{work / 'seed'}:/var/lib/cloud/seed/nocloud:ro",
                     "-v", f"{work / 'imds'}:/var/lib/gpuprov-fixture-imds:ro",
-                    *publish, *faults, self.amis.get(item.get("imageId", ""), self.image), "/sbin/init")
+                    *publish, *faults, self.image_of(item.get("imageId", "")), "/sbin/init")
             self.instances[iid] = Instance(iid, address, name, work)
+
+    def image_of(self, ami: str) -> str:
+        """The Docker image an instance of ``ami`` boots: a baked AMI's commit, an AMI booted as
+        another OS, else Debian 12's."""
+        return self.amis.get(ami) or self.os_images.get(ami) or self.image
 
     def terminated(self, ids: list[str]) -> None:
         for iid in ids:
@@ -267,6 +277,12 @@ class Ec2Nodes:
                 f"<output>{base64.b64encode(text).decode()}</output></GetConsoleOutputResponse>").encode()
 
     # -- what tests call -------------------------------------------------------------------
+    def boot_as(self, ami: str, codename: str) -> str:
+        """Instances of ``ami`` boot Debian ``codename``'s emulated-EC2 image (built here when
+        missing or stale), as an official image of that release would."""
+        self.os_images[ami] = build_image(self.apt_proxy, codename)
+        return self.os_images[ami]
+
     def post_spot_interruption(self, iid: str, action: str = "terminate") -> dict[str, str]:
         """EC2's two-minute notice, as IMDS serves it at spot/instance-action."""
         when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2)

@@ -32,14 +32,16 @@ def _dry(capsys, name: str, *extra: str) -> tuple[int, str, str]:
                   "--dry-run", "--os", "debian13", *extra)
 
 
-def test_os_debian13_reads_trixies_parameter_and_says_it_is_not_proven(capsys, shim: Shim, ami: str) -> None:
+def test_os_debian13_reads_trixies_parameter_and_says_what_is_proven(capsys, shim: Shim, ami: str) -> None:
     shim.ssm_parameters[DEBIAN] = OTHER_X86_AMI
     shim.ssm_parameters[TRIXIE] = ami
     code, _, err = _dry(capsys, "trixie", "--source", "distro")
     assert code == 0, err
     assert asked(shim) == [TRIXIE]
-    assert (f"image {ami}: Debian 13 (trixie), --os debian13 (not proven here: gpuprov's suite runs "
-            f"Debian 12), from SSM {TRIXIE}") in err
+    assert (f"image {ami}: Debian 13 (trixie), --os debian13 (proven here on the emulated EC2 "
+            "(tests/aws/test_debian13_ec2.py): the launch, its user-data under trixie's cloud-init, the host-key "
+            "hand-over and the microcode and spot plays; its driver and cuda plays on local nodes), from SSM "
+            f"{TRIXIE}") in err
     (run,) = [c for c in shim.calls if c.action == "RunInstances" and c.dry_run]
     assert run.params["ImageId"] == ami
 
@@ -84,7 +86,7 @@ def test_trixie_fallback_asks_debians_account_for_debian_13_images(stubbed) -> N
                                             options=AwsOptions(os="debian13"), stack=StackChoice(source="distro")))
     image = preflight.find_image(aws, spec, catalog.get("g5.xlarge"), [], notes)
     assert (image.id, image.os) == ("ami-0000000000000000e", "debian13")
-    assert image.what.startswith("Debian 13 (trixie), --os debian13 (not proven here")
+    assert image.what.startswith("Debian 13 (trixie), --os debian13 (proven here on the emulated EC2")
     assert notes == [f"warning: SSM parameter {TRIXIE} unreadable (AccessDeniedException); took owner "
                      "136693071363's newest image named debian-13-amd64-*"]
 

@@ -18,16 +18,18 @@ SCENARIOS = sorted(
 
 # The OS matrix: every scenario runs on Debian 12's node image; those below run on Debian 13's
 # (gpuprov/node:trixie) too, where the role's tasks, packages or services differ there (the
-# preflight's OS and kernel header rules; trixie's docker.io, whose command line is a package of its
-# own, and its own rdma-core; Slurm 24.11.5 against 22.05.8).
+# preflight's OS and kernel header rules; trixie's docker.io 26.1.5, whose command line is a package
+# of its own, and what runs on it: the base images' pulls and builds, the monitoring containers; its
+# own rdma-core; its microcode pins, installed by the microcode role and moved by the patch play;
+# Python 3.13 for the spot interruption watcher; Slurm 24.11.5 against 22.05.8).
 # Every other scenario says here why it runs on Debian 12 alone. A role whose scenario runs on
 # Debian 13 lists trixie in its meta/main.yml platforms (test_scenarios.py holds it so), and
 # gpuprov/platforms.py DEBIAN13_MOLECULE names the same roles.
-DEBIAN13 = ("container_runtime:default", "gpu_preflight:default", "rdma:default", "slurm:default")
+DEBIAN13 = ("base_images:default", "container_runtime:default", "gpu_preflight:default", "microcode:default",
+            "monitoring:default", "node_patch:default", "rdma:default", "slurm:default", "spot_interruption:default")
 _E2E = ("Debian 13's real {what} is installed and proven by tests/e2e/test_debian13_e2e.py "
         "(`make test-debian13`: its DKMS build and 2.5 GB toolkit are past `make test`'s time)")
 DEBIAN12_ONLY = {
-    "base_images:default": "pulls and builds images with the node's Docker: nothing of it reads the OS",
     "cuda:archives": "NVIDIA's redist archives are the same files on every OS, unpacked by the same tasks",
     "cuda:default": _E2E.format(what="CUDA 12.4 toolkit and NCCL"),
     "cudnn:default": "cuDNN's archive is the same files on every OS, unpacked by the same tasks; Debian 13's "
@@ -38,18 +40,11 @@ DEBIAN12_ONLY = {
                             "apt's own commands alike on every Debian; Debian 13 runs it through the preflight "
                             "scenario here and tests/e2e/test_debian13_e2e.py",
     "gpuprov_lock:default": "maps the lock's fields to the roles' variables: no task reads the OS",
-    "microcode:default": "the lock pins Debian 12's microcode releases (stack data [microcode]); Debian 13's are "
-                         "not pinned yet",
-    "monitoring:default": "Prometheus and its exporters run as containers of pinned images: the same on every Debian",
     "nccl_tests:default": "builds NVIDIA's nccl-tests against the lock's NCCL and MPI: Debian 13's NCCL line "
                           "(2.22.3, CUDA 12.4) pins no nccl-tests release",
-    "node_patch:default": "its kernel and microcode moves are apt's on every Debian; Debian 13's kernel headers "
-                          "are the driver role's (tests/e2e/test_debian13_e2e.py)",
     "nvidia_driver:default": _E2E.format(what="R550 driver with its DKMS build"),
     "nvidia_fabricmanager:default": "fabric manager comes from NVIDIA's repository layout (the FIXTURE repository "
                                     "here): the same packages and unit on every Debian",
-    "spot_interruption:default": "one Python program and its systemd unit, no package of the OS's: the same files on "
-                                 "every Debian",
 }
 # Scenarios `make test` leaves to `make test-extended` (tests/conftest.py, the extended suite),
 # each with what proves the same code in `make test`.
@@ -59,17 +54,30 @@ EXTENDED = {
                     "tests/e2e/test_docker_cluster.py's node from scratch, whose whole site converges again with "
                     "changed 0 (a node from its baked image) and in check mode, and the cuda probes pass there; "
                     "the cuda role's scenario in `make test` is cuda:archives",
+    "base_images:default:debian13": "the base images pulled from the local registry and the site image built by "
+                                    "Debian 13's Docker 26.1.5 (about a minute); in `make test` the same tasks on "
+                                    "Debian 12's Docker 20.10",
     "container_runtime:default:debian13": "Docker from Debian 13's archive (docker.io and its docker-cli) and the "
                                           "toolkit from the FIXTURE repository on Debian 13's node image (about a "
                                           "minute and a half); in `make test` the same tasks on Debian 12",
     "gpu_preflight:default:debian13": "the preflight on Debian 13's node image (about 2 minutes of two cores); in "
                                       "`make test` the same tasks on Debian 12, and Debian 13's kernel-header and "
                                       "OS rules in tests/unit (test_stack_os.py, test_kernel_compiler.py)",
+    "microcode:default:debian13": "the microcode role at Debian 13's pins (stack data [os.debian13.sources.distro] "
+                                  "microcode) on Debian 13's node image; in `make test` the same tasks at Debian 12's "
+                                  "pins",
+    "monitoring:default:debian13": "the exporters and Prometheus as containers of Debian 13's Docker 26.1.5 (about "
+                                   "a minute); in `make test` the same tasks on Debian 12's Docker 20.10",
+    "node_patch:default:debian13": "playbooks/patch.yml's kernel and microcode patch on Debian 13's node image, with "
+                                   "Debian 13's lock (R550, trixie's microcode pins; about 45 s); in `make test` "
+                                   "the same play on Debian 12",
     "rdma:default:debian13": "the rdma role on Debian 13's own rdma-core (about 2 minutes of two cores); in `make "
                              "test` the same tasks on Debian 12",
     "slurm:default:debian13": "the slurm role on Debian 13 (Slurm 24.11.5, about 4 minutes of two cores); in "
-                              "`make test` Debian 13's node runs the gpu_preflight and rdma scenarios, and the "
-                              "slurm role runs on Debian 12 (its scenario, and tests/e2e/test_slurm_e2e.py)",
+                              "`make test` the slurm role runs on Debian 12 (its scenario, and "
+                              "tests/e2e/test_slurm_e2e.py)",
+    "spot_interruption:default:debian13": "the interruption watcher under Debian 13's Python 3.13 and systemd 257 "
+                                          "(about 25 s); in `make test` the same role on Debian 12's Python 3.11",
 }
 OS_IMAGES = {"debian12": "gpuprov/node:bookworm", "debian13": "gpuprov/node:trixie"}
 MATRIX = [(role, scenario, os_name) for role, scenario in SCENARIOS for os_name in OS_IMAGES

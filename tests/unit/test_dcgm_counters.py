@@ -107,3 +107,17 @@ def test_the_exporter_unit_runs_the_digest_on_one_address(address: str, host: st
     found = exporter_unit(text + "\n")
     assert found == {"image": f"registry.invalid/nvidia/dcgm-exporter@{digest}", "address": host, "port": "9400"}
     assert "0.0.0.0" not in text and "--runtime nvidia --gpus all" in text and ":ro" in text
+
+
+@pytest.mark.parametrize(("os", "archive"), [(None, "Debian 12's archive"), ("debian12", "Debian 12's archive"),
+                                             ("debian13", "Debian 13's archive")])
+def test_a_lock_without_dcgm_skips_naming_its_own_os(os: str | None, archive: str) -> None:
+    """The skip reason names the archive of the lock's OS (a Debian 13 node's said Debian 12's once)."""
+    from types import SimpleNamespace
+
+    from gpuprov.probes.test_dcgm import _dcgm_lock
+
+    lock = {"source": "distro", "dcgm": None, **({"os": os} if os else {})}
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        _dcgm_lock(SimpleNamespace(lock=lambda: lock))
+    assert f"package source 'distro' carries no DCGM ({archive} has none)" in str(skipped.value)

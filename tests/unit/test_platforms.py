@@ -34,9 +34,11 @@ def test_debian13_is_proven_by_its_end_to_end_test_for_what_it_runs() -> None:
     roles whose meta/main.yml names trixie are exactly those plays' roles."""
     trixie = platforms.get("debian13")
     assert trixie.proven
-    assert trixie.where == "local nodes: the preflight, driver and cuda plays; the container_runtime, gpu_preflight, rdma and slurm roles"
+    assert trixie.where == ("local nodes: the whole site of --source distro; the molecule scenarios of the base_images, "
+                            "container_runtime, gpu_preflight, microcode, monitoring, node_patch, rdma, slurm and "
+                            "spot_interruption roles")
     test = (ROOT / platforms.DEBIAN13_TEST).read_text()
-    assert 'PLAYS = "preflight,driver,cuda"' in test and '"--os", "debian13"' in test
+    assert '"--os", "debian13"' in test and '"--tags"' not in test  # the whole site
     named = {role for role in ROLES if ("Debian", "trixie") in {
         (p["name"], v) for p in yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text())
         ["galaxy_info"]["platforms"] for v in p["versions"]}}
@@ -86,7 +88,7 @@ def test_role_readme_lists_the_metas_platforms_as_proven_or_claimed(role: str) -
 def test_aws_doc_platforms_paragraph() -> None:
     doc = (ROOT / "docs" / "aws.md").read_text()
     paragraph = doc.split("**Platforms.**", 1)[1].split("\n\n", 1)[0]
-    assert "proven here on Debian 12 (bookworm) only" in paragraph
+    assert "proven here on Debian 12 (bookworm)" in paragraph and "on Debian 12 only" in paragraph
     assert "`--os ubuntu22.04`" in paragraph and "not proven here" in paragraph
     assert "/aws/service/debian/release/12/latest/amd64" in paragraph
     assert "/aws/service/debian/release/13/latest/amd64" in paragraph and "`--os debian13`" in paragraph
@@ -105,7 +107,8 @@ def test_readme_platforms_section() -> None:
     assert "`--os ubuntu22.04`" in words and "not proven here" in words
     assert ("`gpuprov stack --os ubuntu24.04` resolves a lock of NVIDIA's ubuntu2404 repository names (R580, "
             "CUDA 12.9 or 13.0), read off NVIDIA's public documents: claimed, not proven here") in words
-    assert "Debian 13 (trixie) is proven here on local nodes for the preflight, driver and cuda plays" in words
+    assert ("Debian 13 (trixie) is proven here with `--source distro`: `gpuprov up --provider docker --os debian13 "
+            "--source distro` installs the whole site from trixie's own archive") in words
 
 
 def test_stack_shows_the_platforms(capsys) -> None:
@@ -128,7 +131,8 @@ def test_stack_shows_the_platforms(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["stack", "--type", "g5.xlarge"])
     out, _ = capsys.readouterr()
-    assert ("proven here: Debian 12 (bookworm), Debian 13 (trixie) (local nodes: the preflight, driver and cuda "
-            "plays; the container_runtime, gpu_preflight, rdma and slurm roles); claimed, not"
+    assert ("proven here: Debian 12 (bookworm), Debian 13 (trixie) (local nodes: the whole "
+            "site of --source distro; the molecule scenarios of the base_images, container_runtime, gpu_preflight, "
+            "microcode, monitoring, node_patch, rdma, slurm and spot_interruption roles); claimed, not"
             ) in " ".join(out.replace("\u2502", " ").split())  # the table's borders where a cell wraps
     assert "the OS's own slurm-wlm): Debian 12 22.05.8, Debian 13 24.11.5, Ubuntu 20.04 19.05.5" in " ".join(out.split())

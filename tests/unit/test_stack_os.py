@@ -78,7 +78,9 @@ def test_debian13_distro_lock_names_trixies_packages() -> None:
     assert lock.packages["driver_version"] == "550.163.01-*"
     assert (lock.packages["cuda"], lock.packages["cuda_version"]) == ("nvidia-cuda-toolkit", "12.4.131~12.4.1-*")
     assert (lock.packages["nccl"], lock.packages["nccl_version"]) == (["libnccl2"], "2.22.3-1-1")
-    assert lock.fabricmanager is None and lock.microcode == {} and lock.dcgm is None
+    assert lock.fabricmanager is None and lock.dcgm is None
+    # trixie's own microcode releases (non-free-firmware), not Debian 12's
+    assert lock.microcode == {"intel": "3.20260925.1~deb13u1", "amd": "3.20250311.1"}
     notes = " ".join(lock.notes)
     assert "NVIDIA's own debian13 repository gives R580 on trixie" in notes
     assert "cuDNN: the artifact mirror's" in notes and "downloader package" in notes
@@ -172,7 +174,9 @@ def test_every_debian13_fact_names_its_source_beside_it() -> None:
 def test_debian13_is_proven_on_local_nodes_by_its_end_to_end_test() -> None:
     trixie = platforms.get("debian13")
     assert (trixie.title, trixie.proven, trixie.slurm) == ("Debian 13 (trixie)", True, "24.11.5")
-    assert trixie.where == "local nodes: the preflight, driver and cuda plays; the container_runtime, gpu_preflight, rdma and slurm roles"
+    assert trixie.where == ("local nodes: the whole site of --source distro; the molecule scenarios of the base_images, "
+                            "container_runtime, gpu_preflight, microcode, monitoring, node_patch, rdma, slurm and "
+                            "spot_interruption roles")
     assert trixie.proof == f"proven here ({trixie.where})"
     assert (ROOT / platforms.DEBIAN13_TEST).is_file()
     row = next(r for r in stack.resolve("g5.xlarge", source="distro", os="debian13", on=ON).public()["platforms"]

@@ -316,8 +316,10 @@ def _newest(aws: api.Aws, chosen: str, itype: InstanceType, notes: list[str]) ->
     arch = DISTRO_ARCH[itype.cpu_arch]
     ssm_name, owner, pattern = IMAGE_SOURCES[chosen]
     parameter, pattern = ssm_name.format(arch=arch), pattern.format(arch=arch)
-    # A platform proven on local nodes only (Debian 13) is not proven on AWS.
-    proof = "proven here" if platform.proven and not platform.where else "not proven here: gpuprov's suite runs Debian 12"
+    # A platform proven in part (Debian 13) says which part of AWS's path is proven.
+    proof = "proven here" if platform.proven and not platform.where else (
+        f"proven here {platform.aws}" if platform.proven and platform.aws
+        else "not proven here: gpuprov's suite runs Debian 12")
     default = "the default" if chosen == DEFAULT_OS else f"--os {chosen}"
     found: list[dict[str, Any]] = []
     try:
