@@ -22,8 +22,8 @@ DEBIAN13_TEST = "tests/e2e/test_debian13_e2e.py"
 DEBIAN13_EC2_TEST = "tests/aws/test_debian13_ec2.py"
 # The roles whose molecule scenario runs on gpuprov/node:trixie too (tests/molecule/scenarios.py
 # DEBIAN13, its OS matrix; every other scenario there says why it runs on Debian 12 alone).
-DEBIAN13_MOLECULE = ("base_images", "container_runtime", "gpu_preflight", "microcode", "monitoring", "node_patch", "rdma",
-                     "slurm", "spot_interruption")
+DEBIAN13_MOLECULE = ("container_runtime", "gpu_preflight", "microcode", "monitoring", "node_patch", "rdma", "slurm",
+                     "spot_interruption")
 PROVEN_BY_DEBIAN13 = (f"{DEBIAN13_TEST}: a local node of the image gpuprov/node:trixie gets the whole site of "
                       "source distro from Debian 13's archive (nvidia-kernel-dkms 550.163.01 built by DKMS, CUDA "
                       "12.4.131, NCCL 2.22.3, Docker 26.1.5 with the container toolkit, rdma-core 56.1, trixie's "

@@ -37,7 +37,7 @@ def test_stack_os_debian13_table_says_proven_on_local_nodes(capsys, gpuprov_home
     flat = " ".join(out.replace("\u2502", " ").split())  # the table's borders where a cell wraps
     assert code == 0
     assert ("os: Debian 13 (trixie), proven here (local nodes: the whole site of --source distro; the molecule "
-            "scenarios of the base_images, container_runtime, gpu_preflight, microcode, monitoring, node_patch, rdma, "
+            "scenarios of the container_runtime, gpu_preflight, microcode, monitoring, node_patch, rdma, "
             "slurm and spot_interruption roles)") in flat
     assert "does not install it yet" not in flat
     assert "NVIDIA's own debian13 repository gives R580 on trixie" in flat

@@ -19,17 +19,20 @@ SCENARIOS = sorted(
 # The OS matrix: every scenario runs on Debian 12's node image; those below run on Debian 13's
 # (gpuprov/node:trixie) too, where the role's tasks, packages or services differ there (the
 # preflight's OS and kernel header rules; trixie's docker.io 26.1.5, whose command line is a package
-# of its own, and what runs on it: the base images' pulls and builds, the monitoring containers; its
+# of its own, and what runs on it: the monitoring containers; its
 # own rdma-core; its microcode pins, installed by the microcode role and moved by the patch play;
 # Python 3.13 for the spot interruption watcher; Slurm 24.11.5 against 22.05.8).
 # Every other scenario says here why it runs on Debian 12 alone. A role whose scenario runs on
 # Debian 13 lists trixie in its meta/main.yml platforms (test_scenarios.py holds it so), and
 # gpuprov/platforms.py DEBIAN13_MOLECULE names the same roles.
-DEBIAN13 = ("base_images:default", "container_runtime:default", "gpu_preflight:default", "microcode:default",
-            "monitoring:default", "node_patch:default", "rdma:default", "slurm:default", "spot_interruption:default")
+DEBIAN13 = ("container_runtime:default", "gpu_preflight:default", "microcode:default", "monitoring:default",
+            "node_patch:default", "rdma:default", "slurm:default", "spot_interruption:default")
 _E2E = ("Debian 13's real {what} is installed and proven by tests/e2e/test_debian13_e2e.py "
         "(`make test-debian13`: its DKMS build and 2.5 GB toolkit are past `make test`'s time)")
 DEBIAN12_ONLY = {
+    "base_images:default": "Debian 13's CUDA line (12.4) pins no base image (its images are named by tag, not pinned "
+                           "by digest), so the role pulls and builds nothing there; on Debian 12 it pulls and builds "
+                           "with the node's Docker",
     "cuda:archives": "NVIDIA's redist archives are the same files on every OS, unpacked by the same tasks",
     "cuda:default": _E2E.format(what="CUDA 12.4 toolkit and NCCL"),
     "cudnn:default": "cuDNN's archive is the same files on every OS, unpacked by the same tasks; Debian 13's "
@@ -54,9 +57,6 @@ EXTENDED = {
                     "tests/e2e/test_docker_cluster.py's node from scratch, whose whole site converges again with "
                     "changed 0 (a node from its baked image) and in check mode, and the cuda probes pass there; "
                     "the cuda role's scenario in `make test` is cuda:archives",
-    "base_images:default:debian13": "the base images pulled from the local registry and the site image built by "
-                                    "Debian 13's Docker 26.1.5 (about a minute); in `make test` the same tasks on "
-                                    "Debian 12's Docker 20.10",
     "container_runtime:default:debian13": "Docker from Debian 13's archive (docker.io and its docker-cli) and the "
                                           "toolkit from the FIXTURE repository on Debian 13's node image (about a "
                                           "minute and a half); in `make test` the same tasks on Debian 12",

@@ -3,6 +3,8 @@
 - gpu_preflight: NVSwitch functions on the PCI bus and no fabric manager in the lock stop the
   host with the reason; the same bus with a fabric-manager lock, and the node's real bus (no
   NVSwitch) with a lock without one, pass (idempotent, --check clean).
+- gpuprov_base: a lock of another OS (Debian 13's, on this Debian 12 node) stops the node in the
+  run's first play, before anything is written; its own OS's lock passes.
 - nvidia_fabricmanager: a lock that wants fabric manager on a host without NVSwitch stops at
   the start of the role, before anything is installed; with NVSwitches it installs.
 - nvidia_driver: a driver this role did not install (a package installed by hand from the
@@ -85,6 +87,23 @@ def test_preflight_passes_a_lock_that_fits_the_bus(env, node, tmp_path) -> None:
         rc, stats, msgs = play(env, cdir, tmp_path, preflight(PLAIN_LOCK), check=check)
         assert rc == 0 and stats["failures"] == 0, msgs
     assert stats["changed"] == 0, stats
+
+
+def test_a_lock_of_another_os_stops_the_node_before_anything_is_written(env, node, tmp_path) -> None:
+    """One cluster, one OS: a Debian 12 node under a Debian 13 lock (a static host of another OS,
+    or an --image of another OS than the cluster's --os) stops in gpuprov_base, named, with nothing
+    changed; under its own OS's lock it goes on."""
+    _name, cdir = node
+    trixie = stack.resolve(None, source="distro", os="debian13").as_dict()
+    roles = [{"role": "gpuprov_base", "vars": {"gpuprov_stack": trixie}}, *preflight(trixie)]
+    rc, stats, msgs = play(env, cdir, tmp_path, roles)
+    assert rc != 0 and stats["failures"] == 1 and stats["changed"] == 0, (stats, msgs)
+    assert ("runs Debian 12 but the cluster's lock names Debian 13's packages (lock os debian13): a cluster "
+            "runs one OS; boot this node from a Debian 13 image, or give its OS a cluster of its own (up --os)"
+            ) in " ".join(msgs.split()), msgs
+    rc, stats, msgs = play(env, cdir, tmp_path, [{"role": "gpuprov_base", "vars": {"gpuprov_stack": PLAIN_LOCK}},
+                                                 *preflight(PLAIN_LOCK)])
+    assert rc == 0 and stats["failures"] == 0, msgs
 
 
 def fabricmanager(lock: dict, declared_nvswitch: bool = True) -> list[dict]:

@@ -242,3 +242,16 @@ def test_the_mapping_names_only_functions_that_exist() -> None:
     for dotted in names:
         module, _, attr = dotted.rpartition(".")
         assert hasattr(importlib.import_module(module), attr), dotted
+
+
+def test_gpuprov_base_names_every_lock_os_as_the_nodes_facts_spell_it() -> None:
+    """The node-OS check of gpuprov_base (node.yml) knows every OS a lock can name, spelled as the
+    facts give it (distribution and major release for Debian, the release for Ubuntu)."""
+    from gpuprov import defaults, platforms
+
+    names = yaml.safe_load((ROOT / "roles" / "gpuprov_base" / "vars" / "main.yml").read_text())[
+        "__gpuprov_base_lock_os_names"]
+    assert list(names) == list(defaults.LOCK_OS)
+    for key, spelled in names.items():
+        platform = platforms.get(key)
+        assert spelled == f"{platform.distribution} {platform.version}", key

@@ -34,7 +34,7 @@ def test_debian13_is_proven_by_its_end_to_end_test_for_what_it_runs() -> None:
     roles whose meta/main.yml names trixie are exactly those plays' roles."""
     trixie = platforms.get("debian13")
     assert trixie.proven
-    assert trixie.where == ("local nodes: the whole site of --source distro; the molecule scenarios of the base_images, "
+    assert trixie.where == ("local nodes: the whole site of --source distro; the molecule scenarios of the "
                             "container_runtime, gpu_preflight, microcode, monitoring, node_patch, rdma, slurm and "
                             "spot_interruption roles")
     test = (ROOT / platforms.DEBIAN13_TEST).read_text()
@@ -132,7 +132,7 @@ def test_stack_shows_the_platforms(capsys) -> None:
         main(["stack", "--type", "g5.xlarge"])
     out, _ = capsys.readouterr()
     assert ("proven here: Debian 12 (bookworm), Debian 13 (trixie) (local nodes: the whole "
-            "site of --source distro; the molecule scenarios of the base_images, container_runtime, gpu_preflight, "
+            "site of --source distro; the molecule scenarios of the container_runtime, gpu_preflight, "
             "microcode, monitoring, node_patch, rdma, slurm and spot_interruption roles); claimed, not"
             ) in " ".join(out.replace("\u2502", " ").split())  # the table's borders where a cell wraps
     assert "the OS's own slurm-wlm): Debian 12 22.05.8, Debian 13 24.11.5, Ubuntu 20.04 19.05.5" in " ".join(out.split())

@@ -174,7 +174,7 @@ def test_every_debian13_fact_names_its_source_beside_it() -> None:
 def test_debian13_is_proven_on_local_nodes_by_its_end_to_end_test() -> None:
     trixie = platforms.get("debian13")
     assert (trixie.title, trixie.proven, trixie.slurm) == ("Debian 13 (trixie)", True, "24.11.5")
-    assert trixie.where == ("local nodes: the whole site of --source distro; the molecule scenarios of the base_images, "
+    assert trixie.where == ("local nodes: the whole site of --source distro; the molecule scenarios of the "
                             "container_runtime, gpu_preflight, microcode, monitoring, node_patch, rdma, slurm and "
                             "spot_interruption roles")
     assert trixie.proof == f"proven here ({trixie.where})"
