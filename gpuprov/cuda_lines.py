@@ -193,12 +193,15 @@ def pieces(cuda: str, source: str, instance_type: str = "TYPE", os: str | None =
     cudnn, nccl = facts["cudnn"], facts["nccl"]
     mine = "cudnn" in own
     archives = own_archives(cuda) if named.get("cuda_method") == "archives" else []
-    cudnn_own = next((a for a in archives if a["component"] == "cudnn"), None)
+    # cuDNN's archive: the line's own, also for a line whose CUDA comes from packages (Debian 13's
+    # 12.4: its toolkit from trixie's archive, cuDNN 9 from the artifact mirror).
+    cudnn_own = next((a for a in own_archives(cuda) if a["component"] == "cudnn"), None) if (
+        named.get("cudnn_method") == "tarball") else None
     out: dict[str, Any] = {
         "cudnn": own["cudnn"] if mine else cudnn["version"],
         "cudnn_archive": cudnn_own["archive"] if cudnn_own else "" if mine else cudnn["archive"],
         "cudnn_archive_sha256": cudnn_own["sha256"] if cudnn_own else "" if mine else cudnn["archive_sha256"],
-        "cuda_archives": [a for a in archives if a is not cudnn_own],
+        "cuda_archives": [a for a in archives if a["component"] != "cudnn"],
         "nccl": own.get("nccl") or nccl["version"],
         "nccl_tests": own.get("nccl_tests", nccl["tests"]) or None,
         "nccl_tests_sha256": nccl["tests_sha256"] if own.get("nccl_tests", nccl["tests"]) else "",

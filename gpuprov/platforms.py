@@ -27,10 +27,11 @@ DEBIAN13_MOLECULE = ("container_runtime", "gpu_preflight", "microcode", "monitor
 PROVEN_BY_DEBIAN13 = (f"{DEBIAN13_TEST}: a local node of the image gpuprov/node:trixie gets the whole site of "
                       "source distro from Debian 13's archive (nvidia-kernel-dkms 550.163.01 built by DKMS, CUDA "
                       "12.4.131, NCCL 2.22.3, Docker 26.1.5 with the container toolkit, rdma-core 56.1, trixie's "
-                      "microcode) and verifies with no failure; the molecule scenarios of "
+                      "microcode; cuDNN 9.10.2.21 from the artifact mirror) and verifies with no failure; the "
+                      "molecule scenarios of "
                       f"{', '.join(DEBIAN13_MOLECULE)} run on that image too (converge, idempotence, check, "
                       f"probes); {DEBIAN13_EC2_TEST}: a trixie instance of the emulated EC2 boots, hands over its "
-                      "host key and converges; NVIDIA's repository (DCGM, fabric manager, cuDNN, nccl-tests) is not "
+                      "host key and converges; NVIDIA's repository (DCGM, fabric manager, nccl-tests) is not "
                       "installed on it (no lock of NVIDIA's debian13 repository yet)")
 CLAIMED = "claimed by the roles' metadata; no scenario here runs on it"
 

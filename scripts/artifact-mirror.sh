@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The local artifact mirror, as an air-gapped site would run one: build the
-# artifacts gpuprov installs from archives (the cuDNN redist archive and CUDA
+# artifacts gpuprov installs from archives (the cuDNN redist archives and CUDA
 # 13.0's redist archives, rebuilt reproducibly from the pinned PyPI wheels and
 # checked against the lock's sha256s), then serve them over HTTP on the docker bridge gateway, where the
 # local nodes reach it. Idempotent: builds only what is missing, starts only
@@ -23,7 +23,7 @@ if [ "${1:-start}" = stop ]; then
 fi
 
 mkdir -p "$dir/mirror"
-log "building artifacts in $dir/mirror (first time: downloads the cuDNN 8.9 wheel, ~700 MB, and CUDA 13.0's wheels, ~650 MB, and repacks them)"
+log "building artifacts in $dir/mirror (first time: downloads the cuDNN 8.9 wheel, ~700 MB, CUDA 13.0's wheels, ~650 MB, and cuDNN 9's for CUDA 12, ~700 MB, and repacks them)"
 "$python" -m gpuprov.artifacts build "$dir/mirror" --wheel-cache "$dir/wheels" >/dev/null
 
 gateway=$(bridge_gateway)

@@ -8,7 +8,9 @@ older recipe, the first time about two minutes), the lock of Debian 13's own arc
 trixie's archive through the package cache: nvidia-driver with nvidia-kernel-dkms, whose module
 DKMS builds for the kernel headers of trixie (linux-headers-amd64, which a container node has to
 be given: Debian 13's dkms recommends none), nvidia-cuda-toolkit 12.4.131 with its gcc 13
-(nvcc compiles for sm_50 and sm_90), and libnccl2 2.22.3, held; then the rest of the site on trixie:
+(nvcc compiles for sm_50 and sm_90), and libnccl2 2.22.3, held; cuDNN 9.10.2.21 for CUDA 12 from the
+artifact mirror (NVIDIA's redist archive rebuilt from its wheel, checked by sha256); then the rest of
+the site on trixie:
 Docker 26.1.5 (docker.io with its docker-cli) and the container toolkit (the FIXTURE repository),
 rdma-core 56.1, trixie's pinned microcode. The probes prove each.
 
@@ -52,7 +54,7 @@ MUST_PASS = ("os_supported", "dpkg_consistent", "driver_packages_match_the_lock"
              "nvcc_compiles_for_the_locked_architectures", "cuda_prefix_and_environment",
              "nccl_matches_the_lock", "docker_active", "docker_lists_the_nvidia_runtime",
              "container_toolkit_matches_the_lock", "rdma_userspace_present", "nccl_conf_has_the_expected_keys",
-             "microcode_package_matches_the_pin", "microcode_loaded_early")
+             "microcode_package_matches_the_pin", "microcode_loaded_early", "cudnn_matches_the_lock")
 
 
 # The trixie node's bootstrap (its DKMS build and CUDA 12.4, about 13 minutes of two cores on the
@@ -64,7 +66,7 @@ FULL = os.environ.get("GPUPROV_E2E_DEBIAN13") == "1"
 needs_node = pytest.mark.skipif(not FULL, reason=(
     "opt-in: GPUPROV_E2E_DEBIAN13=1 (`make test-debian13`), a Debian 13 node's whole site from scratch "
     "(the R550 DKMS build, CUDA 12.4, Docker), 7 to 13 minutes of two cores; last passed 2026-12-01 (5 passed, "
-    "7.0 min)"))
+    "6.1 min)"))
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +155,9 @@ def test_verify_passes_every_probe_with_no_failure(cluster, env) -> None:
     assert rows["os_supported"]["detail"] == "debian 13 (trixie)"
     assert rows["microcode_package_matches_the_pin"]["detail"] in (
         "intel-microcode 3.20260925.1~deb13u1 (the lock's pin)", "amd64-microcode 3.20250311.1 (the lock's pin)")
-    # No cuDNN for CUDA 12 is pinned yet, and Debian 13's archive has no DCGM: their probes skip and say why.
-    assert rows["cudnn_matches_the_lock"]["status"] == "skip"
+    # cuDNN 9 for CUDA 12, from the artifact mirror's archive (rebuilt from NVIDIA's wheel).
+    assert rows["cudnn_matches_the_lock"]["detail"] == "header 9.10.2, libcudnn.so.9 loads and reports 91002"
+    # Debian 13's archive has no DCGM: its probes skip and say why.
     assert "(Debian 13's archive has none)" in rows["dcgm_matches_the_lock_and_is_held"]["detail"]
 
 

@@ -36,7 +36,7 @@ DEBIAN12_ONLY = {
     "cuda:archives": "NVIDIA's redist archives are the same files on every OS, unpacked by the same tasks",
     "cuda:default": _E2E.format(what="CUDA 12.4 toolkit and NCCL"),
     "cudnn:default": "cuDNN's archive is the same files on every OS, unpacked by the same tasks; Debian 13's "
-                     "CUDA 12.4 line pins no cuDNN",
+                     "(cuDNN 9 for CUDA 12) is installed and proven by tests/e2e/test_debian13_e2e.py",
     "dcgm:default": "DCGM comes from NVIDIA's repository layout (the FIXTURE repository here): the same packages "
                     "on every Debian",
     "gpuprov_base:default": "its facts and its pinned-key repository tasks read the OS's release files and run "

@@ -42,7 +42,7 @@ def test_debian13_is_proven_by_its_end_to_end_test_for_what_it_runs() -> None:
     named = {role for role in ROLES if ("Debian", "trixie") in {
         (p["name"], v) for p in yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text())
         ["galaxy_info"]["platforms"] for v in p["versions"]}}
-    assert named == {"gpuprov_base", "gpuprov_lock", "gpu_preflight", "nvidia_driver", "cuda"} | set(
+    assert named == {"gpuprov_base", "gpuprov_lock", "gpu_preflight", "nvidia_driver", "cuda", "cudnn"} | set(
         platforms.DEBIAN13_MOLECULE)
 
 

@@ -83,7 +83,12 @@ def test_debian13_distro_lock_names_trixies_packages() -> None:
     assert lock.microcode == {"intel": "3.20260925.1~deb13u1", "amd": "3.20250311.1"}
     notes = " ".join(lock.notes)
     assert "NVIDIA's own debian13 repository gives R580 on trixie" in notes
-    assert "cuDNN: the artifact mirror's" in notes and "downloader package" in notes
+    assert "cuDNN 9.10.2.21: the artifact mirror's archive" in notes and "downloader package" in notes
+    # cuDNN 9 for CUDA 12 from the artifact mirror, pinned by the rebuilt archive's sha256; CUDA itself
+    # from trixie's packages (no CUDA archive)
+    assert (lock.cudnn_archive, lock.packages["cudnn_method"], lock.cuda_archives) == (
+        "cudnn-linux-x86_64-9.10.2.21_cuda12-archive.tar", "tarball", ())
+    assert lock.cudnn_archive_sha256 == "49489cccca471f206ea4f9baa8593d6b907c96bfed56c1d87c4540861a7856ad"
     assert "Debian 13 security support (trixie-security) applies" in notes
     assert "Debian's archive has no NCCL" not in notes and "535" not in notes
     assert "does not install it yet" not in notes  # `up` installs CUDA 12.4 from trixie's archive
