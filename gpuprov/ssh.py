@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from gpuprov.errors import GpuprovError
+from gpuprov import validate
+from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.state import NodeRecord
 
 T = TypeVar("T")
@@ -70,8 +71,13 @@ def pin_host_keys(known_hosts: Path, keys: Mapping[tuple[str, int], str]) -> Non
             if line.strip() and host not in names:
                 lines.append(line)
     for name, key in sorted(names.items()):
+        # The last word on what becomes a line, whatever checked the address and key before: no
+        # control character anywhere, and no space, comma or pattern character (* ? !) in the
+        # host field, where it would name other hosts.
+        if any(c.isspace() or c in ",*?!" for c in name):
+            raise BadInput(f"known_hosts: a host {name!r} with a space, ',' or a pattern character")
         keytype, blob = key.split()[:2]
-        lines.append(f"{name} {keytype} {blob}")
+        lines.append(validate.one_line(f"{name} {keytype} {blob}", "known_hosts"))
     tmp = known_hosts.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.chmod(tmp, 0o600)

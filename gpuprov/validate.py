@@ -34,6 +34,12 @@ IMAGE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?(?::[0-9]{1,5})?(?:/[
 # What a URL gpuprov hands a play never holds: a template's braces, a percent sign (Jinja's
 # statements, and an escape that could hide any character), a fragment or a comment.
 URL_REFUSED = "{}%#"
+# An IPv6 zone id (fe80::1%eth0): an interface name or number. ipaddress takes anything after
+# the '%' but '/' and '%', a newline and a space included.
+ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# What ends a line for some reader of a line-based file: C0 controls (newline, carriage return,
+# tab, NUL...), DEL, C1 controls (NEL) and Unicode's line and paragraph separators.
+LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def cluster_name(name: str) -> str:
@@ -65,9 +71,15 @@ def address(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise BadInput(f"{where}: invalid address {value!r} (an IP address or a DNS name)")
     try:
-        return str(ipaddress.ip_address(value))
+        ip = ipaddress.ip_address(value)
     except ValueError:
-        pass
+        ip = None
+    if ip is not None:
+        zone = getattr(ip, "scope_id", None)
+        if zone is not None and not ZONE_ID.fullmatch(zone):
+            raise BadInput(f"{where}: invalid address {value!r} (an IPv6 zone id is an interface: "
+                           "letters, digits, '_', '.', '-')")
+        return str(ip)
     name = value[:-1] if value.endswith(".") else value
     labels = name.split(".")
     if len(name) > 253 or not all(DNS_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
@@ -109,6 +121,25 @@ def text(value: Any, where: str) -> str:
     """A plain one-line string (numbers, lists and maps are refused: they are not what was meant)."""
     if not isinstance(value, str) or not value or any(c in value for c in "\n\r\0"):
         raise BadInput(f"{where}: expected a one-line string, not {value!r}")
+    return value
+
+
+def one_line(value: Any, where: str) -> Any:
+    """What every writer of a line-based file (known_hosts, an inventory, extra variables) says
+    last of each value it writes, whatever checked it before: a string with a control character
+    (a newline, a carriage return, a tab, NUL, NEL, a line separator) is refused. Lists, tuples
+    and mappings are walked (keys too); other values are returned as given."""
+    if isinstance(value, str):
+        if LINE_BREAKING.search(value):
+            raise BadInput(f"{where}: {value!r} holds a control character (a newline or the like); "
+                           "refused, it would end a line of the file written")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            one_line(key, where)
+            one_line(item, f"{where}: {key}")
+    elif isinstance(value, list | tuple):
+        for item in value:
+            one_line(item, where)
     return value
 
 

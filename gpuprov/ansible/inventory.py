@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuprov import defaults, paths, templating
+from gpuprov import defaults, paths, templating, validate
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
 from gpuprov.ssh import node_key
@@ -91,7 +91,12 @@ def render(
         f"-e @{files.dir / 'vars.yml'} {context['site_playbook']}",
         f"Host keys are pinned in {files.known_hosts}; host key checking stays on.",
     ))
-    _write(files.inventory, header + _yaml_dump(inventory_data(context)))
+    # The last word on each value, whatever checked it before: none ends a line (YAML would
+    # quote one, ansible.cfg would not, and a play copies values into files of its own).
+    data = validate.one_line(inventory_data(context), "inventory")
+    validate.one_line([str(context[k]) for k in ("inventory", "roles_path", "known_hosts")
+                       if context.get(k) is not None], "ansible.cfg")
+    _write(files.inventory, header + _yaml_dump(data))
     _write(files.ansible_cfg, templating.render("ansible.cfg.j2", dict(context)))
     return context
 

@@ -54,7 +54,8 @@ def _plain(value):
 
 HOSTILE = [
     "x ansible_ssh_common_args='-o ProxyCommand=touch /tmp/pwned'",
-    "x\n[gpuprov_nodes:vars]\nansible_ssh_common_args=-o StrictHostKeyChecking=no",
+    # (With its newlines this one is refused outright: tests/unit/test_review4_lines.py.)
+    "x [gpuprov_nodes:vars] ansible_ssh_common_args=-o StrictHostKeyChecking=no",
     "{{ lookup('pipe', 'touch /tmp/pwned') }}",
     "x: {ansible_host: 10.9.9.9}",
 ]

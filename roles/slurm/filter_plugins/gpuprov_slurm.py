@@ -52,6 +52,10 @@ _GRES_TYPE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
 _PATH = re.compile(r"/[A-Za-z0-9._/+-]{1,255}")
 # Environment variable names a task may be given.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# An IPv6 zone id (fe80::1%eth0): an interface name or number.
+_ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# What ends a line for some reader: C0 controls, DEL, C1 controls, Unicode's line separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # The most GPUs one node line may claim, and a sane ceiling for CPU counts.
 _MAX_GPUS = 64
 _MAX_CPUS = 16384
@@ -96,11 +100,27 @@ def _addr(value: Any, what: str) -> str:
     if value in (None, ""):
         return ""
     if isinstance(value, str):
+        # ipaddress takes anything after an IPv6 '%' but '/' and '%': a newline, '=', '#'.
+        _, percent, zone = value.partition("%")
+        if percent and not _ZONE_ID.fullmatch(zone):
+            raise SlurmConfError(f"{what} {value!r}: an IPv6 zone id is an interface name "
+                                 "(letters, digits, '_', '.', '-')")
         try:
             return str(ipaddress.ip_address(value))
         except ValueError:
             pass
     return _text(value, what, _HOST_NAME)
+
+
+def _lines(text: str, what: str) -> str:
+    """The last word on a file this module writes, whatever checked its values before: no line
+    holds a control character (a carriage return, NUL, a vertical tab...), so each line written
+    is one line for every reader. (The same rule as gpuprov.validate.one_line: this role stands
+    alone, standard library only, so it keeps its own copy.)"""
+    for number, line in enumerate(text.split("\n"), start=1):
+        if _CONTROL.search(line):
+            raise SlurmConfError(f"{what}: line {number} holds a control character: {line[:80]!r}")
+    return text
 
 
 def real_memory(memtotal_mb: int, gpus: int = 0) -> int:
@@ -270,7 +290,7 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
         per_cpu = min(n["real_memory"] // n["cpus"] for n in members) or 1
         lines.append(f"PartitionName={name} Nodes={','.join(n['name'] for n in members)} "
                      f"Default={'YES' if index == 0 else 'NO'} MaxTime=INFINITE State=UP DefMemPerCPU={per_cpu}")
-    return "\n".join(lines) + "\n"
+    return _lines("\n".join(lines) + "\n", "slurm.conf")
 
 
 def _device_files(gpus: int) -> str:
@@ -290,7 +310,7 @@ def gres_conf(description: Mapping[str, Any]) -> str:
         else:
             kind = f" Type={n['gres_type']}" if n["gres_type"] else ""
             lines.append(f"NodeName={n['name']} AutoDetect=off Name=gpu{kind} File={_device_files(n['gpus'])}")
-    return "\n".join(lines) + "\n"
+    return _lines("\n".join(lines) + "\n", "gres.conf")
 
 
 def cgroup_conf(_description: Any = None) -> str:
@@ -321,7 +341,7 @@ def task_env(env: Any) -> str:
         if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
             raise SlurmConfError(f"task environment {name}: a control character (newline, tab, ...) in {value!r}")
         lines.append(f"export {name}={value}")
-    return "".join(line + "\n" for line in lines)
+    return _lines("".join(line + "\n" for line in lines), "task environment")
 
 
 class FilterModule:
