@@ -27,6 +27,7 @@ from gpuprov.pull.reports import MAX_EVENTS, MAX_REPORT, BadReport, check_report
 
 POLL_S = 5.0  # the reports are listed at most this often (each listing is one request per 1000 objects)
 READERS = 16  # new batches read at once
+MAX_PER_POLL = 8  # a node's batches read at one listing (its agent writes one every 2 s at most)
 _NAME = re.compile(r"(?P<seq>[0-9]{8})-(?P<sig>[0-9a-f]{64})\.json")
 
 
@@ -38,6 +39,7 @@ class ObjectReports:
         self.seen: dict[str, float] = {}
         self.failed: dict[str, str] = {}
         self.taken: dict[str, set[str]] = {}  # node: the keys already taken
+        self.last_seq: dict[str, int] = {}  # node: the sequence number of the last batch taken
         self.next_poll = 0.0
         self.add_nodes(nodes)
 
@@ -55,46 +57,87 @@ class ObjectReports:
             self.poll()
 
     def poll(self) -> None:
-        """One listing; the new batches read (READERS at once), each node's taken in its
-        sequence order, and those taken removed from the store (the run's directory records
-        them), so that the next listing holds only what is new."""
+        """One listing, then for each node: what it listed checked by name and size before
+        anything is read (a refusal fails the node unread), at most MAX_PER_POLL of its new
+        batches read (READERS at once across nodes) and taken in their sequence order up to the
+        first refusal, and those taken removed from the store (the run's directory records
+        them), so that the next listing holds only what is new. Whatever goes wrong with one
+        node's objects fails that node alone, with the reason."""
         from concurrent.futures import ThreadPoolExecutor
 
         self.next_poll = time.monotonic() + self.poll_s
         listed = self.channel.list_reports()
-        new: dict[str, list[tuple[str, int]]] = {}
+        plans: dict[str, list[tuple[int, str, str]]] = {}
+        done: list[str] = []  # keys taken now, or superseded by a batch taken: removed unread
         for node in self.events:
             if node not in self.failed:
-                prefix = self.channel.report_prefix(node)
-                new[node] = sorted((k, size) for k, size in listed.items()
-                                   if k.startswith(prefix) and k not in self.taken[node])
-        wanted = [key for found in new.values() for key, size in found if size <= MAX_REPORT]
+                try:
+                    plans[node] = self._plan(node, listed, done)
+                except Exception as exc:  # noqa: BLE001 - one node's listing fails that node
+                    self._fail(node, exc)
+        wanted = [key for plan in plans.values() for _, key, _ in plan]
         with ThreadPoolExecutor(READERS) as pool:
-            bodies = dict(zip(wanted, pool.map(self.channel.read_object, wanted), strict=True))
-        taken = []
-        for node, found in new.items():
-            prefix = self.channel.report_prefix(node)
-            for key, size in found:
-                why = self._take(node, key[len(prefix):], size, bodies.get(key, b""))
+            bodies = dict(zip(wanted, pool.map(self._read, wanted), strict=True))
+        for node, plan in plans.items():
+            for seq, key, signature in plan:
+                try:
+                    body = bodies[key]
+                    if isinstance(body, Exception):
+                        raise body
+                    why = self._take(node, seq, key, signature, body)
+                except Exception as exc:  # noqa: BLE001 - whatever it is, it is this node's
+                    why = _why(exc)
                 if why:
                     self.failed[node] = f"its report was refused: {why}"
                     break
                 if key in self.taken[node]:
-                    taken.append(key)
-        if taken:
-            self.channel.delete_keys(taken)
+                    done.append(key)
+        if done:
+            self.channel.delete_keys(done)
 
-    def _take(self, node: str, name: str, size: int, body: bytes) -> str | None:
-        """One object of ``node``'s: None once taken (or left for a later listing: a batch past
-        a gap waits for the one before it); else why it fails the node."""
-        found = _NAME.fullmatch(name)
-        if found is None:
-            return f"an object named {name[:80]!r} under its prefix (not a report batch)"
-        if size > MAX_REPORT:
-            return f"a batch of {size} bytes (at most {MAX_REPORT})"
-        seq = int(found["seq"])
+    def _plan(self, node: str, listed: dict[str, int], done: list[str]) -> list[tuple[int, str, str]]:
+        """The new objects under ``node``'s prefix to read now, from the listing alone: each
+        named as a batch and of at most MAX_REPORT bytes (else BadReport, nothing read), those
+        at or below the last sequence number taken left unread (to ``done``), the first
+        MAX_PER_POLL of the rest in sequence order."""
+        prefix = self.channel.report_prefix(node)
+        last = self.last_seq.get(node, 0)
+        found = []
+        for key, size in listed.items():
+            if not key.startswith(prefix):
+                continue
+            if key in self.taken[node]:
+                done.append(key)  # taken before (its removal failed, or it was written again)
+                continue
+            name = key[len(prefix):]
+            match = _NAME.fullmatch(name)
+            if match is None:
+                raise BadReport(f"an object named {name[:80]!r} under its prefix (not a report batch)")
+            if not isinstance(size, int) or not 0 <= size <= MAX_REPORT:
+                raise BadReport(f"batch {int(match['seq'])} of {size} bytes (at most {MAX_REPORT})")
+            if int(match["seq"]) <= last:
+                done.append(key)  # an older batch than one taken: what it says is already held
+            else:
+                found.append((int(match["seq"]), key, match["sig"]))
+        return sorted(found)[:MAX_PER_POLL]
+
+    def _read(self, key: str) -> bytes | Exception:
+        try:
+            return self.channel.read_object(key)
+        except Exception as exc:  # noqa: BLE001 - handed back: it fails the object's node alone
+            return exc
+
+    def _fail(self, node: str, exc: Exception) -> None:
+        self.failed[node] = f"its report was refused: {_why(exc)}"
+
+    def _take(self, node: str, seq: int, key: str, signature: str, body: bytes) -> str | None:
+        """One batch of ``node``'s, its name and size already checked: None once taken (or left
+        for a later listing: a batch past a gap waits for the one before it); else why it
+        fails the node."""
+        if not isinstance(body, bytes) or len(body) > MAX_REPORT:
+            return f"batch {seq} is not what was listed (at most {MAX_REPORT} bytes)"
         expected = report_signature(report_secret(self.key, node), seq, body)
-        if not hmac.compare_digest(found["sig"], expected):
+        if not hmac.compare_digest(signature, expected):
             return f"batch {seq} is not signed with this node's report secret"
         try:
             start, events = check_report(body)
@@ -109,6 +152,12 @@ class ObjectReports:
         for event in new:
             # A node reports as itself, whatever its events say.
             have.append({"event": event["event"], "event_data": {**event["event_data"], "host": node}})
-        self.taken[node].add(self.channel.report_prefix(node) + name)
+        self.taken[node].add(key)
+        self.last_seq[node] = seq
         self.seen[node] = time.monotonic()
         return None
+
+
+def _why(exc: BaseException) -> str:
+    """A refusal's reason: BadReport's own line, else what kind of fault it was."""
+    return str(exc) if isinstance(exc, BadReport) else f"its objects could not be read ({type(exc).__name__})"

@@ -26,7 +26,16 @@ class BadReport(ValueError):
 
 def check_report(body: bytes) -> tuple[int, list[dict[str, Any]]]:
     """A report batch's first event number and its events, each rebuilt from the fields its
-    kind may have; BadReport (one line) for anything else."""
+    kind may have; BadReport (one line) for anything else, whatever went wrong reading it."""
+    try:
+        return _check_report(body)
+    except BadReport:
+        raise
+    except Exception as exc:  # noqa: BLE001  (a node's bytes: no fault in them escapes as another)
+        raise BadReport(f"could not be read ({type(exc).__name__})") from None
+
+
+def _check_report(body: bytes) -> tuple[int, list[dict[str, Any]]]:
     try:
         report = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -192,7 +201,8 @@ def _event(event: Any) -> dict[str, Any]:
     if not isinstance(event, dict) or set(event) != {"event", "event_data"}:
         raise BadReport(f"an event is an object of event and event_data, not {_show(event)}")
     kind, data = event["event"], event["event_data"]
-    if kind not in _KINDS:
+    # The type first: a list or an object is no key to look up (unhashable: TypeError).
+    if not isinstance(kind, str) or kind not in _KINDS:
         raise BadReport(f"unknown event {_show(kind)}")
     if not isinstance(data, dict):
         raise BadReport(f"event_data must be an object, not {_show(data)}")

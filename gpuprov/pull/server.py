@@ -114,13 +114,14 @@ class PullServer:
                 new = events[len(have) - start:] if start <= len(have) else []
                 if len(have) + len(new) > self.max_events:
                     raise BadReport(f"more than {self.max_events} events from one node")
-            except BadReport as exc:
-                self.failed[node] = f"its report was refused: {exc}"
-                self.changed.notify_all()
-                return 400, {"error": str(exc)}
-            for event in new:
                 # A node reports as itself, whatever its events say.
-                have.append({"event": event["event"], "event_data": {**event["event_data"], "host": node}})
+                new = [{"event": e["event"], "event_data": {**e["event_data"], "host": node}} for e in new]
+            except Exception as exc:  # noqa: BLE001  (whatever it is, it is this node's: it fails it alone)
+                why = str(exc) if isinstance(exc, BadReport) else f"could not be read ({type(exc).__name__})"
+                self.failed[node] = f"its report was refused: {why}"
+                self.changed.notify_all()
+                return 400, {"error": why}
+            have.extend(new)
             self.changed.notify_all()
             return 200, {"have": len(have)}
 
