@@ -215,7 +215,7 @@ def srun_command(group: Sequence[Peer], program: Sequence[str], *, ranks_per_nod
                  env: Sequence[str] = (), timeout: int = BUDGET_S) -> str:
     """The one command the first node runs for a run under Slurm (its words gpuprov's constants,
     the nodes' Slurm names, read from them and checked, and ints)."""
-    bad = [p.node.name for p in group if not SLURM_NAME.match(p.slurm_name)]
+    bad = [p.node.name for p in group if not SLURM_NAME.fullmatch(p.slurm_name)]
     if bad:
         raise ValueError(f"no Slurm node name read from {', '.join(bad)}")
     ranks = int(ranks_per_node)

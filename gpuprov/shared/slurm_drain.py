@@ -9,6 +9,10 @@ patch, and resumed after it once healthy.
   (the roll stops), and stays drained, so its jobs end and nothing new starts there.
 - **A node someone else drained** (any Reason that is not gpuprov's own) keeps its state and
   Reason: it is waited for and patched, and never resumed by gpuprov.
+- **A node its own health drained** (the slurm role's health program, Reason ``gpuprov
+  health: ...``): the roll's Reason takes over, the health's kept in it, so that the health
+  program, which resumes only what it drained, cannot resume the node mid-patch; the roll's
+  end decides (resumed once healthy, else left drained with why).
 - **Resume**: a node that passed its probes and health gate, whose Reason is still the roll's,
   is resumed (``State=RESUME``).
 - **Failed**: a node that failed its play, its probes or its health gate stays drained, its
@@ -39,8 +43,10 @@ GRACE_S = 1800  # the default time a drained node's running jobs get to end
 POLL_S = 3.0
 OWN = "gpuprov patch"  # every Reason a roll writes starts with it
 FAILED = f"{OWN} failed"
+# The Reason the slurm role's health program (roles/slurm/files/gpuprov-slurm-health) drains with.
+HEALTH = "gpuprov health: "
 REASON_MAX = 240
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # whole-string: fullmatch
 BUSY_STATES = "RUNNING,COMPLETING,CONFIGURING"
 TIMEOUT_S = 60
 
@@ -93,7 +99,11 @@ class SlurmDrains:
         """Drain ``host`` (unless someone else has), then wait for its jobs: (ok, error)."""
         try:
             state, reason = self.state(host)
-            if "drain" in state and reason and not is_own(reason):
+            if "drain" in state and reason.startswith(HEALTH):
+                # Held by the roll from here: the health program resumes only its own Reason.
+                self._update(host, "DRAIN", one_line(f"{OWN}: {self.run} (was {reason})"))
+                self._note(host, f"drained by its health before the roll ({reason}): the roll holds it")
+            elif "drain" in state and reason and not is_own(reason):
                 self.kept[host] = reason
                 self._note(host, f"drained before the roll ({reason}): left so")
             else:
@@ -187,7 +197,7 @@ def slurm_names(nodes: Sequence[NodeRecord], files: ClusterFiles) -> dict[str, s
 
     def name_of(node: NodeRecord) -> str:
         found = run_on(node, files, ["uname", "-n"]).strip().split(".", 1)[0]
-        if not NAME.match(found):
+        if not NAME.fullmatch(found):
             raise GpuprovError(f"its hostname {found!r} is not a Slurm node name")
         return found
 

@@ -5,6 +5,7 @@ private files beside its SSH key, and copied to every node by the slurm role
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
@@ -19,14 +20,16 @@ def new_key() -> bytes:
 
 
 def write_key(path: Path, key: bytes) -> Path:
-    """Write ``key`` to ``path``, mode 0600, atomically: a temporary file in the same directory
-    (created 0600, never wider), synced, then renamed over ``path``."""
+    """Write ``key`` to ``path``, mode 0600, atomically: a new temporary file in the same
+    directory (created 0600, never wider, named afresh), synced, then renamed over ``path``."""
     if len(key) < MIN_KEY_BYTES:
         raise GpuprovError(f"a munge key of {len(key)} bytes: munged needs at least {MIN_KEY_BYTES}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    # A name of its own (mkstemp: O_EXCL, mode 0600): a stale temporary file left by a process
+    # killed mid-write, under any name, never stops this one.
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(key)

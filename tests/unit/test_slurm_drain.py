@@ -31,7 +31,7 @@ def test_only_the_rolls_own_reasons_are_its_own(reason: str, own: bool) -> None:
 @pytest.mark.parametrize(("name", "ok"), [("ip-10-0-1-5", True), ("node_1.a", True), ("-x", False),
                                           ("a b", False), ("a;reboot", False), ("", False)])
 def test_slurm_node_names_are_checked(name: str, ok: bool) -> None:
-    assert bool(NAME.match(name)) is ok
+    assert bool(NAME.fullmatch(name)) is ok
 
 
 @pytest.mark.parametrize(("kw", "needle"), [
