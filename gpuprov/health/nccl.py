@@ -18,6 +18,7 @@ falls back to TCP sockets.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -102,6 +103,15 @@ def _row(fields: list[str]) -> Row | None:
     return Row(size, count, fields[2], fields[3], *numbers)
 
 
+def _finite(text: str) -> float | None:
+    """A figure a node printed, or None where it is none (``1.2.3``, ``inf``, ``nan``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def parse_tests(text: str) -> list[Run]:
     """Every collective block in nccl-tests output, in order; a table without a starting
     line (older releases print none) opens a block of its own, named ``?``."""
@@ -125,7 +135,7 @@ def parse_tests(text: str) -> list[Run]:
                 current.out_of_bounds = int(m.group(1))
         elif m := _AVG.match(stripped):
             if current is not None:
-                current.avg_busbw = float(m.group(1))
+                current.avg_busbw = _finite(m.group(1))  # "1.2.3": no figure, not checked
         elif stripped and not stripped.startswith("#") and (row := _row(stripped.split())) is not None:
             if current is None:
                 current = Run(collective="?", version=version)

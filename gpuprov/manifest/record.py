@@ -76,7 +76,15 @@ def write(store: Store, name: str, changes: Mapping[str, dict[str, Any] | None])
 def new_record(node: NodeRecord, answer: Mapping[str, Any], inputs: str, scope: str,
                identity: Mapping[str, str]) -> dict[str, Any]:
     return {"id": node.id, "digest": answer["digest"], "inputs": inputs, "scope": scope,
-            "items": int(answer.get("items", 0)), **identity, "recorded": now()}
+            "items": _count(answer.get("items")) or 0, **identity, "recorded": now()}
+
+
+MAX_ITEMS = 1 << 31  # more items than any manifest holds: a node's figure past it is no count
+
+
+def _count(value: Any) -> int | None:
+    """A count a node answered, or None where it is none (text, a flag, a float, 1e999)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_ITEMS else None
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,14 @@ def verdict(node: NodeRecord, record: Mapping[str, Any] | None, answer: Mapping[
         return Verdict(f"manifest covers {record.get('scope')}, not {scope}", 0, (), True)
     if answer is None:
         return Verdict("manifest not checked", 0, (f"{error}",) if error else (), True)
-    items, drift = int(answer.get("items") or 0), tuple(str(d) for d in answer.get("drift") or ())
+    if not isinstance(answer, Mapping):
+        return Verdict("manifest not checked", 0, ("the node's answer is not an object",), True)
+    items, drift = _count(answer.get("items") or 0), answer.get("drift") or []
+    if items is None or not isinstance(drift, list) or not all(isinstance(d, str) for d in drift):
+        # A node's answer with fields not as its check writes them: not checked, a full run.
+        return Verdict("manifest not checked", 0, ("the node's answer is not a manifest check's (items, drift)",),
+                       True)
+    drift = tuple(drift)
     state = str(answer.get("state"))
     if state != "held":
         return Verdict({"drifted": "drifted"}.get(state, f"manifest {state}"), items, drift, True)

@@ -19,7 +19,7 @@ from gpuprov.shared import slurm_drain
 from gpuprov.shared.slurm_drain import HEALTH, NAME, SlurmDrains
 from gpuprov.slurm import munge
 from gpuprov.state import NodeRecord
-from tests.unit.test_slurm_node_health import _program
+from tests.unit.node_programs import load_health_program as _program
 
 NODE = "n1"
 

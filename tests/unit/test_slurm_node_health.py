@@ -10,8 +10,6 @@ it was asked)."""
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -30,8 +28,8 @@ from gpuprov.health.facts import Expect, Facts
 from gpuprov.health.gather import MARK, Section
 from gpuprov.shared.results import serialise
 from tests.fixtures.health_recordings import EDITED, LOCK, REC, sections
+from tests.unit.node_programs import load_health_program
 
-PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm" / "files" / "gpuprov-slurm-health"
 # The node's Python, as the slurm role's program runs the zipapp (python3 on the node's PATH).
 PYTHON3 = shutil.which("python3") or sys.executable
 NODE = "n1"
@@ -194,12 +192,7 @@ def test_the_play_gets_the_zipapp_and_each_nodes_expect_as_gpuprov_health_makes_
 
 # -- the slurm role's health program, as slurmd runs it ---------------------------------------
 def _program() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("gpuprov_slurm_health", str(PROGRAM))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_health_program()
 
 
 def _here(expect: Expect) -> list[tuple[str, str]]:
