@@ -70,7 +70,9 @@ _ODD = ["1.2.3", "1e999", "-1", "nan", "inf", "", "#", "\x00", "\udcff", "é", "
 def _mutate_text(rng: random.Random, text: str) -> str:
     lines = text.split("\n")
     for _ in range(rng.randint(1, 6)):
-        at = rng.randrange(len(lines))
+        # Half the time one of the lines nccl-tests' summary is read from (# Avg, # Out of bounds).
+        marked = [i for i, line in enumerate(lines) if line.startswith("# ") and ":" in line]
+        at = rng.choice(marked) if marked and rng.random() < 0.5 else rng.randrange(len(lines))
         how = rng.randrange(6)
         if how == 0:  # a number or a word replaced by an odd one
             words = lines[at].split(" ")
