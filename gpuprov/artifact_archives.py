@@ -181,11 +181,13 @@ def build_archive(archive: dict[str, Any], wheels: list[Path], out: Path) -> Pat
     return path
 
 
-def build(directory: Path, data: dict[str, Any], wheel_cache: Path) -> dict[str, str]:
-    """Every line's archives under ``directory`` (cuda/, cudnn/, nccl/), built only when missing
-    or not the pinned bytes: {relative path: sha256}."""
+def build(directory: Path, data: dict[str, Any], wheel_cache: Path,
+          lines: frozenset[str] | None = None) -> dict[str, str]:
+    """Every line's archives under ``directory`` (cuda/, cudnn/, nccl/), or those of ``lines``
+    alone, built only when missing or not the pinned bytes: {relative path: sha256}."""
     sums = {}
-    for archive in all_archives(data):
+    chosen = sorted(data.get("cuda", {})) if lines is None else sorted(lines)
+    for archive in (a for line in chosen for a in line_archives(line, data)):
         path = directory / subdir(archive) / archive["archive"]
         if not path.exists() or sha256(path) != archive.get("archive_sha256"):
             build_archive(archive, fetch_wheels(archive, wheel_cache), path.parent)
@@ -197,4 +199,4 @@ def mismatches(sums: dict[str, str], data: dict[str, Any]) -> list[str]:
     """Archives whose rebuilt sha256 is not the one the data pins, in words."""
     pinned = {f"{subdir(a)}/{a['archive']}": a.get("archive_sha256", "") for a in all_archives(data)}
     return [f"{path}: built {sums.get(path)}, pinned {want or '(none)'}" for path, want in pinned.items()
-            if sums.get(path) != want]
+            if path in sums and sums[path] != want]

@@ -151,3 +151,38 @@ def test_cuda_13_of_source_mirror_pins_the_archives_and_11_8_locks_keep_their_ha
         assert old.cuda_archives == () and "cuda_method" not in old.packages
         body = {k: v for k, v in old.as_dict().items() if k not in ("hash", "cuda_archives")}
         assert stack.from_dict(body).short_hash() == old.short_hash()  # a lock stored before: same hash
+
+
+def test_the_demo_builds_only_its_locks_artifacts(tmp_path: Path, monkeypatch) -> None:
+    """`make demo` (GPUPROV_MIRROR_LINES=default) builds the artifacts of the demo's lock alone:
+    11.8's cuDNN 8.9, no CUDA 13 or cuDNN 9 archive; a later build of every line adds them, and
+    SHA256SUMS lists what is there from both."""
+    from gpuprov import artifacts
+
+    assert artifacts.lines_of("default") == frozenset({"11.8"})
+    assert artifacts.lines_of("all") is None and artifacts.lines_of("13.0,11.8") == frozenset({"11.8", "13.0"})
+    with pytest.raises(SystemExit, match=r"--lines 7\.5: expected all, default or CUDA lines of"):
+        artifacts.lines_of("7.5")
+    built: list[str] = []
+
+    def fake_archive(archive, wheels, out):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / archive["archive"]).write_bytes(archive["archive"].encode())
+        built.append(archive["archive"])
+
+    def fake_cudnn(wheel, out):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / stack.data()["cudnn"]["archive"]).write_bytes(b"cudnn8")
+        built.append("cudnn8")
+
+    monkeypatch.setattr(artifacts, "fetch_wheel", lambda cache: cache / "w.whl")
+    monkeypatch.setattr(artifacts, "build_cudnn_archive", fake_cudnn)
+    monkeypatch.setattr(aa, "fetch_wheels", lambda archive, cache: [])
+    monkeypatch.setattr(aa, "build_archive", fake_archive)
+    sums = artifacts.build(tmp_path, lines=artifacts.lines_of("default"))
+    assert built == ["cudnn8"] and list(sums) == [f"cudnn/{stack.data()['cudnn']['archive']}"]
+    assert aa.mismatches(sums, stack.data()) == []  # the lines not built are not mismatches
+    artifacts.build(tmp_path, lines=frozenset({"13.0"}))
+    assert len(built) == 1 + len(aa.line_archives("13.0", stack.data()))
+    listed = (tmp_path / "SHA256SUMS").read_text()
+    assert stack.data()["cudnn"]["archive"] in listed and "cuda_nvcc" in listed
