@@ -134,9 +134,16 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
 # here. A unit not named gets its directory's figure, so a new end-to-end file or molecule
 # scenario starts early.
 UNIT_SECONDS = {
+    # The node from scratch first; the unit grown from its image (tests/e2e/scratch_image.py) waits
+    # for that image, so it comes once the other worker has had about as long as the node takes
+    # to be baked (AMD EPYC, 2026-12-01: the units above it, about 1300 s).
     "tests/e2e/test_docker_cluster.py": 1830,  # CI 2313 (2026-11-28) less its real driver move (opt-in since: 480)
-    "tests/e2e/test_patch_e2e.py": 1104,  # CI (2026-11-28); alone 726
-    "tests/e2e/test_cluster_faults.py": 428,  # fresh clone
+    "tests/e2e/test_patch_e2e.py": 1104,  # CI (2026-11-28); alone 726; AMD EPYC 625 (2026-12-01)
+    "tests/e2e/test_cluster_faults.py": 428,  # fresh clone; AMD EPYC 402
+    "tests/roles/test_repo_trust.py": 296,  # AMD EPYC (2026-12-01)
+    "tests/e2e/test_baked_cluster.py": 290,  # placed, not measured (see above)
+    "tests/roles/test_lock_vs_host.py": 243,  # AMD EPYC
+    "tests/aws/test_ec2_headline.py": 217,  # AMD EPYC
     "molecule:nvidia_driver:default": 170,  # here 163 (the mirror FIXTURE since 2026-11-28; 582 with the real DKMS build)
     "tests/e2e/test_pull_e2e.py": 300,  # fresh clone 215 (2026-11-28) and provision --via pull (about 80)
     "tests/e2e/test_unreachable.py": 261,  # here
@@ -232,6 +239,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     WORKER_TOOK[key] = WORKER_TOOK.get(key, 0.0) + report.duration
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+_STARTED = pytest.StashKey[float]()
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if not UNIT_TOOK or not any(s >= 30 for s in UNIT_TOOK.values()):
         return
@@ -241,3 +255,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{unit} {took:.0f}")
     for worker, took in sorted(WORKER_TOOK.items()):
         terminalreporter.write_line(f"# {worker}: {took / 60:.1f} min of tests")
+    from tests.suite_budget import report
+
+    started = terminalreporter.config.stash.get(_STARTED, None)
+    tests_s = time.monotonic() - started if started is not None else None
+    for line in report(UNIT_TOOK, tests_s, os.environ.get("GPUPROV_SUITE_STARTED")):
+        terminalreporter.write_line(line)

@@ -64,3 +64,49 @@ def ansible_hosts(run: dict) -> set[str]:
         if event.get("event") == "runner_on_ok" and (event.get("event_data") or {}).get("host"):
             hosts.add(event["event_data"]["host"])
     return hosts
+
+
+def assert_manifests(env: dict[str, str], name: str, nodes: list[str]) -> None:
+    """Issue 34: each node holds the manifest of its last whole-site run, root's alone (the login
+    user reads nothing of it), and the state records its digest."""
+    from tests.e2e.nodes import node_sh
+
+    spec = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["spec"]
+    for node in nodes:
+        assert node_sh(node, f"stat -c '%a %U' {MANIFEST}").split() == ["600", "root"]
+        digest = node_sh(node, f"sha256sum {MANIFEST}").split()[0]
+        record = spec["manifests"][node]
+        assert (record["digest"], record["scope"]) == (digest, "site")
+        items = {(i["kind"], i["name"]) for i in json.loads(node_sh(node, f"cat {MANIFEST}"))["items"]}
+        # daemon.json too on a node from the baked image, whose run needed no write of it (issue 34).
+        assert {("path", PIN), ("path", GUARD), ("path", "/etc/docker/daemon.json"), ("package", "nvidia-driver"),
+                ("package", "nvidia-smi"), ("service", "docker"), ("service", "nvidia-persistenced")} <= items, node
+    assert "Permission denied" in node_sh(nodes[0], f"su -s /bin/sh gpuprov -c 'cat {MANIFEST}' 2>&1")
+
+
+def assert_verified(result: dict, hosts: set[str]) -> None:
+    """A `verify -o json` of the whole stack on local nodes: every probe passes or skips with its
+    reason, the stack's own probes pass (driver 535.309.01 built by DKMS, CUDA, cuDNN), and what a
+    container cannot have (a GPU, NVSwitch) skips saying so."""
+    assert result["ok"] is True and result["summary"]["fail"] == 0
+    assert set(result["hosts"]) == hosts
+    for host, probes in result["hosts"].items():
+        by_name = {p["probe"]: p for p in probes}
+        assert by_name["os_supported"]["status"] == "pass"
+        assert by_name["unattended_upgrades_leave_gpu_packages"]["status"] == "pass"
+        assert by_name["gpu_fact_matches_pci_bus"]["status"] == "pass"
+        smi = by_name["nvidia_smi_sees_gpus"]
+        assert smi["status"] == "skip" and "no GPU" in smi["detail"], smi
+        for probe in ("driver_packages_match_the_lock", "gpu_packages_are_held",
+                      "nouveau_blacklisted", "dkms_module_for_every_kernel",
+                      "nvcc_reports_the_locked_cuda", "nvcc_compiles_for_the_locked_architectures",
+                      "cuda_prefix_and_environment",
+                      "cudnn_matches_the_lock"):
+            assert by_name[probe]["status"] == "pass", (host, by_name[probe])
+        assert "535.309.01" in by_name["dkms_module_for_every_kernel"]["detail"]
+        fm = by_name["fabric_manager_matches_driver"]
+        assert fm["status"] == "skip" and "no NVSwitch" in fm["detail"], fm
+        for p in probes:
+            assert p["detail"], (host, p)
+    assert result["summary"]["pass"] + result["summary"]["skip"] == sum(
+        len(v) for v in result["hosts"].values())

@@ -1,0 +1,67 @@
+"""The suite's time against its budget, printed at the end of `make test` (tests/conftest.py).
+
+CI gives a run 90 minutes on a 2-core machine of one of two kinds that look alike: a 2-core AMD EPYC
+runs the suite about 1.7 times as slowly as a 2-core Intel Xeon (docs/performance.md). `make test`
+from a fresh clone is held to 45 minutes on the first and 20 on the second (docs/development.md);
+a CPU of neither kind gets the slow kind's 45. Going over is said in the run's last lines, as a
+message: the budget is a measure of the suite, not a test of the product.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+# (what the CPU's model name starts with, the budget in minutes): the machine kinds CI runs on.
+BUDGETS = (("AMD EPYC", 45), ("Intel(R) Xeon", 20))
+DEFAULT_BUDGET = 45
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first CPU's model name, as lscpu prints it ('unknown' where the file does not say)."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def budget_minutes(model: str) -> tuple[int, str]:
+    """The budget for a CPU of ``model`` and the kind it was chosen by."""
+    for prefix, minutes in BUDGETS:
+        if model.startswith(prefix):
+            return minutes, prefix
+    return DEFAULT_BUDGET, "a CPU of neither kind: the slow kind's"
+
+
+def report(units: dict[str, float], tests_s: float | None, started_epoch: str | None,
+           *, model: str | None = None, cores: int | None = None, now: float | None = None) -> list[str]:
+    """The closing lines: the machine, the wall time (the whole `make test` when its start is
+    known, GPUPROV_SUITE_STARTED, else the tests), the ten slowest units, and the budget."""
+    model = model or cpu_model()
+    cores = cores or len(os.sched_getaffinity(0))
+    minutes, kind = budget_minutes(model)
+    lines = ["", f"the suite's time (tests/suite_budget.py): {model}, {cores} cores"]
+    wall_s = None
+    if started_epoch and started_epoch.isdigit():
+        wall_s = (now if now is not None else time.time()) - int(started_epoch)
+    if tests_s is not None:
+        lines.append(f"  tests: {tests_s / 60:.1f} min of wall time")
+    if wall_s is not None:
+        lines.append(f"  make test in all (set-up and lint included): {wall_s / 60:.1f} min")
+    lines.append("  the ten slowest units (seconds of one worker):")
+    for unit, took in sorted(units.items(), key=lambda kv: -kv[1])[:10]:
+        lines.append(f"    {took:7.0f}  {unit}")
+    spent = wall_s if wall_s is not None else tests_s
+    if spent is None:
+        return lines
+    if spent > minutes * 60:
+        lines.append(f"  OVER BUDGET: {spent / 60:.1f} min against {minutes} on this machine ({kind}); "
+                     "docs/development.md says where each unit's time goes and what to move")
+    else:
+        lines.append(f"  within budget: {spent / 60:.1f} min of {minutes} on this machine ({kind})")
+    return lines

@@ -1,0 +1,41 @@
+"""The suite's closing lines (tests/suite_budget.py): the machine, the time, the slowest units,
+and a run past its budget saying so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.suite_budget import budget_minutes, cpu_model, report
+
+UNITS = {f"tests/e2e/test_{i}.py": float(i * 10) for i in range(1, 13)}
+
+
+def test_the_budget_follows_the_cpu_kind() -> None:
+    assert budget_minutes("AMD EPYC")[0] == 45
+    assert budget_minutes("AMD EPYC 7R13 Processor")[0] == 45
+    assert budget_minutes("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz")[0] == 20
+    assert budget_minutes("Apple M2") == (45, "a CPU of neither kind: the slow kind's")
+
+
+def test_the_model_is_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n\nprocessor\t: 1\n"
+                    "model name\t: AMD EPYC\n")
+    assert cpu_model(info) == "AMD EPYC"
+    assert cpu_model(tmp_path / "missing") == "unknown"
+    assert cpu_model(Path("/proc/cpuinfo")) != ""
+
+
+def test_a_run_over_budget_says_so_in_its_last_line() -> None:
+    lines = report(UNITS, 50 * 60.0, "1000", model="AMD EPYC", cores=2, now=1000 + 52 * 60)
+    assert lines[1] == "the suite's time (tests/suite_budget.py): AMD EPYC, 2 cores"
+    assert "  make test in all (set-up and lint included): 52.0 min" in lines
+    slowest = [ln.split()[-1] for ln in lines if ln.startswith("    ")]
+    assert slowest == [f"tests/e2e/test_{i}.py" for i in range(12, 2, -1)]
+    assert lines[-1].startswith("  OVER BUDGET: 52.0 min against 45 on this machine (AMD EPYC)")
+
+
+def test_a_run_within_budget_says_that_too() -> None:
+    lines = report(UNITS, 15 * 60.0, None, model="Intel(R) Xeon(R) CPU", cores=2)
+    assert lines[-1] == "  within budget: 15.0 min of 20 on this machine (Intel(R) Xeon)"
+    assert not [ln for ln in lines if "in all" in ln]
