@@ -30,3 +30,11 @@ class PartialLaunch(GpuprovError):
     def __init__(self, message: str, leftover: list | None = None) -> None:
         super().__init__(message)
         self.leftover_nodes = list(leftover or [])
+
+
+class DamagedFile(BadInput):
+    """A local file gpuprov wrote that no longer holds what it wrote (a cache, the state
+    database): one line naming the file, what is wrong and what to do (exit 2)."""
+
+    def __init__(self, what: str, path: object, why: str, fix: str) -> None:
+        super().__init__(f"{what} {path} is damaged ({why}); {fix}")

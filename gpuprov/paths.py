@@ -29,7 +29,22 @@ def home() -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise GpuprovError(f"state directory {path} is not writable; fix its permissions or set "
                            "GPUPROV_HOME to a directory you can write")
+    _own_only(path)
     return path
+
+
+def _own_only(path: Path) -> None:
+    """The state directory holds SSH keys and the cluster records: found open to others (0755),
+    it is made 0700 and the database files 0600; where that cannot be done, it is refused."""
+    for each, mode in [(path, 0o700)] + [(f, 0o600) for f in sorted(path.glob("state.db*")) if f.is_file()]:
+        found = each.stat().st_mode & 0o777
+        if found & 0o077:
+            try:
+                os.chmod(each, mode)
+            except OSError as exc:
+                raise GpuprovError(f"{each} is open to other users (mode {found:04o}) and cannot be made "
+                                   f"{mode:04o} ({exc.strerror}); make it so, or set GPUPROV_HOME to a "
+                                   "directory of your own") from None
 
 
 def cluster_dir(name: str, create: bool = True) -> Path:

@@ -13,14 +13,14 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import DamagedFile, GpuprovError
 
 # Each entry moves the schema from version i to i+1. Never edit a released
 # entry; append a new one.
@@ -136,47 +136,59 @@ class RunRecord:
     summary: dict[str, Any]
 
 
+RESTORE = ("restore it from a backup, or move it aside (gpuprov starts a new one; clusters it knew can "
+           "still be removed by tag with `gpuprov down NAME`)")
+
+
 class Store:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or (paths.home() / "state.db")
-        try:
-            self._migrate()
-        except sqlite3.DatabaseError as exc:
-            raise GpuprovError(
-                f"state database {self.path} cannot be used ({exc}); if it is damaged, move it "
-                "aside (gpuprov starts a new one; clusters it knew can still be removed by tag "
-                "with `gpuprov down NAME`), or fix its permissions"
-            ) from None
+        self._migrate()
+        if self.path.stat().st_mode & 0o077:  # the WAL and shared-memory files sqlite makes take its mode
+            with suppress(OSError):
+                os.chmod(self.path, 0o600)
 
     # -- plumbing ---------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout = 30000")
-        conn.execute("PRAGMA foreign_keys = ON")
-        return conn
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection, closed after use. The file's faults, at open or later (a page damaged
+        since, a record of another shape), are one line naming it: damage is DamagedFile (exit
+        2); what is not damage (permissions, a full disk, a lock held past the timeout) exit 1."""
+        conn = None
+        try:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA foreign_keys = ON")
+            yield conn
+        except sqlite3.OperationalError as exc:
+            raise GpuprovError(f"state database {self.path} cannot be used ({exc}); fix its permissions or "
+                               f"its disk, or if it is damaged, {RESTORE}") from None
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            why = str(exc) if isinstance(exc, (sqlite3.DatabaseError, BadRecord)) else "a record is not JSON"
+            raise DamagedFile("state database", self.path, why, RESTORE) from None
+        finally:
+            if conn is not None:
+                conn.close()
 
     @contextmanager
     def _tx(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
-        try:
+        with self._connect() as conn:
             conn.execute(f"BEGIN {mode}")
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-        finally:
-            conn.close()
 
     def _migrate(self) -> None:
-        conn = self._connect()
-        try:
+        with self._connect() as conn:
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 conn.execute("PRAGMA journal_mode = WAL")
-        finally:
-            conn.close()
         with self._tx("EXCLUSIVE") as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
@@ -191,11 +203,8 @@ class Store:
                 conn.execute(f"PRAGMA user_version = {target + 1}")
 
     def schema_version(self) -> int:
-        conn = self._connect()
-        try:
+        with self._connect() as conn:
             return int(conn.execute("PRAGMA user_version").fetchone()[0])
-        finally:
-            conn.close()
 
     # -- clusters ---------------------------------------------------------
     def create_cluster(
@@ -223,29 +232,18 @@ class Store:
         return cluster
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
-        conn = self._connect()
-        try:
+        with self._connect() as conn:
             row = conn.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return None
             nodes = conn.execute("SELECT * FROM nodes WHERE cluster = ? ORDER BY name", (name,)).fetchall()
             return _cluster(row, nodes)
-        finally:
-            conn.close()
 
     def list_clusters(self) -> list[ClusterRecord]:
-        conn = self._connect()
-        try:
+        with self._connect() as conn:
             rows = conn.execute("SELECT * FROM clusters ORDER BY created, name").fetchall()
-            out = []
-            for row in rows:
-                nodes = conn.execute(
-                    "SELECT * FROM nodes WHERE cluster = ? ORDER BY name", (row["name"],)
-                ).fetchall()
-                out.append(_cluster(row, nodes))
-            return out
-        finally:
-            conn.close()
+            return [_cluster(row, conn.execute("SELECT * FROM nodes WHERE cluster = ? ORDER BY name",
+                                               (row["name"],)).fetchall()) for row in rows]
 
     def set_cluster_state(self, name: str, state: str) -> None:
         """The phase the cluster has reached now; clears the failed step."""
@@ -327,26 +325,16 @@ class Store:
 
     def runs(self, cluster: str, limit: int = 20) -> list[RunRecord]:
         self.close_dead_runs(cluster)
-        conn = self._connect()
-        try:
+        with self._connect() as conn:
             rows = conn.execute(
                 "SELECT * FROM runs WHERE cluster = ? ORDER BY id DESC LIMIT ?", (cluster, limit)
             ).fetchall()
-        finally:
-            conn.close()
-        return [
-            RunRecord(
-                id=r["id"],
-                cluster=r["cluster"],
-                kind=r["kind"],
-                started=r["started"],
-                finished=r["finished"],
-                ok=None if r["ok"] is None else bool(r["ok"]),
-                artifact_dir=r["artifact_dir"],
-                summary=json.loads(r["summary"]),
-            )
-            for r in rows
-        ]
+            return [
+                RunRecord(id=r["id"], cluster=r["cluster"], kind=r["kind"], started=r["started"],
+                          finished=r["finished"], ok=None if r["ok"] is None else bool(r["ok"]),
+                          artifact_dir=r["artifact_dir"], summary=_object(r["summary"], "a run's summary"))
+                for r in rows
+            ]
 
 
 def _alive(pid: int) -> bool:
@@ -360,14 +348,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class BadRecord(ValueError):
+    """A record in the database of another shape than gpuprov writes."""
+
+
+def _object(text: str | None, what: str, *, none_ok: bool = False) -> Any:
+    value = json.loads(text) if text or not none_ok else None
+    if not isinstance(value, dict) and not (none_ok and value is None):
+        raise BadRecord(f"{what} is not a JSON object")
+    return value
+
+
 def _cluster(row: sqlite3.Row, nodes: Sequence[sqlite3.Row]) -> ClusterRecord:
     return ClusterRecord(
         name=row["name"],
         provider=row["provider"],
         created=row["created"],
         state=row["state"],
-        spec=json.loads(row["spec"]),
-        lock=json.loads(row["lock"]) if row["lock"] else None,
+        spec=_object(row["spec"], "a cluster's spec"),
+        lock=_object(row["lock"], "a cluster's lock", none_ok=True),
         failed_step=row["failed_step"],
         nodes=tuple(
             NodeRecord(
@@ -379,7 +378,7 @@ def _cluster(row: sqlite3.Row, nodes: Sequence[sqlite3.Row]) -> ClusterRecord:
                 state=n["state"],
                 zone=n["zone"],
                 instance_type=n["instance_type"],
-                extra=json.loads(n["extra"]),
+                extra=_object(n["extra"], "a node's extra"),
             )
             for n in nodes
         ),

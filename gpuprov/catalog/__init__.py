@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
-from gpuprov.errors import BadInput
+from gpuprov.errors import BadInput, DamagedFile
 
 _DATA = Path(__file__).with_name("instance_types.json")
 CACHE_MAX_AGE_S = 7 * 24 * 3600
@@ -259,35 +259,62 @@ def quota_for(name: str, spot: bool = False) -> tuple[str, str]:
 
 
 # -- facts from EC2 (DescribeInstanceTypes), cached in the state dir --------------------
+class BadRecord(ValueError):
+    """A DescribeInstanceTypes record that is not one: the only exception ``from_api`` raises."""
+
+
+def _part(record: Any, key: str) -> dict[str, Any]:
+    value = record.get(key) if isinstance(record, dict) else None
+    if value is None or value == []:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRecord(f"{key} is not an object")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+        raise BadRecord(f"{what} is not a count")
+    return value
+
+
 def from_api(record: dict[str, Any], region: str) -> InstanceType:
     """An InstanceType from one DescribeInstanceTypes record, completed with bundled facts."""
-    name = record["InstanceType"]
+    name = record.get("InstanceType") if isinstance(record, dict) else None
+    if not isinstance(name, str) or not name:
+        raise BadRecord("no InstanceType")
     bundled = _load()[1].get(name)
-    gpus = (record.get("GpuInfo") or {}).get("Gpus") or []
+    gpus = _part(record, "GpuInfo").get("Gpus") or []
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+        raise BadRecord("GpuInfo.Gpus is not a list of objects")
     gpu = gpus[0] if gpus else {}
     model = gpu.get("Name") or (bundled.gpu_model if bundled else None)
-    network = record.get("NetworkInfo") or {}
+    if model is not None and not isinstance(model, str):
+        raise BadRecord("a GPU's Name is not text")
+    network = _part(record, "NetworkInfo")
     efa = bool(network.get("EfaSupported"))
-    price = dict(bundled.price) if bundled else {}
+    arches = _part(record, "ProcessorInfo").get("SupportedArchitectures") or ["x86_64"]
+    vcpus = _part(record, "VCpuInfo").get("DefaultVCpus")
     return InstanceType(
         name=name,
         provider="aws",
         gpu_model=model,
-        gpu_count=sum(int(g.get("Count", 0)) for g in gpus),
-        gpu_memory_gib=round((gpu.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024),
+        gpu_count=sum(_count(g.get("Count"), "a GPU count") for g in gpus),
+        gpu_memory_gib=round(_count(_part(gpu, "MemoryInfo").get("SizeInMiB"), "GPU memory") / 1024),
         arch=ARCH_BY_GPU.get(model or "", bundled.arch if bundled else None),
-        vcpus=(record.get("VCpuInfo") or {}).get("DefaultVCpus"),
-        memory_gib=round((record.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024) or None,
+        vcpus=_count(vcpus, "DefaultVCpus") if vcpus is not None else None,
+        memory_gib=round(_count(_part(record, "MemoryInfo").get("SizeInMiB"), "memory") / 1024) or None,
         efa=efa,
-        efa_max_interfaces=int((network.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)) if efa else 0,
-        network_cards=int(network.get("MaximumNetworkCards") or 1),
+        efa_max_interfaces=_count(_part(network, "EfaInfo").get("MaximumEfaInterfaces"), "EFA interfaces") if efa else 0,
+        network_cards=_count(network.get("MaximumNetworkCards"), "network cards") or 1,
         nvswitch=family(name) in NVSWITCH_FAMILIES,
         virtualization="metal" if record.get("BareMetal") else "vm",
         quota_code=quota_for(name)[0],
-        price=price,
+        price=dict(bundled.price) if bundled else {},
         price_source=bundled.price_source if bundled else None,
-        cpu_arch="x86_64" if "x86_64" in ((record.get("ProcessorInfo") or {}).get("SupportedArchitectures")
-                                          or ["x86_64"]) else "arm64",
+        cpu_arch="x86_64" if isinstance(arches, list) and "x86_64" in arches else "arm64",
     )
 
 
@@ -306,40 +333,58 @@ def cached_regions() -> list[str]:
     return sorted(p.stem.removeprefix("ec2-") for p in directory.glob("ec2-*.json"))
 
 
-def _read_cache(region: str) -> dict[str, Any]:
+def _read_cache(region: str, *, damaged_ok: bool = False) -> dict[str, Any]:
+    """The cache of ``region`` as record_api_types wrote it; none there: no types. Anything
+    else (not JSON, an entry or a record of another shape) is DamagedFile, naming the file
+    (``damaged_ok``: no types, for the writer, which replaces it)."""
+    path = _cache_file(region)
     try:
-        data = json.loads(_cache_file(region).read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
         return {"types": {}}
-    return data if isinstance(data.get("types"), dict) else {"types": {}}
+    try:
+        data = json.loads(text)
+        types = data.get("types") if isinstance(data, dict) else None
+        if not isinstance(types, dict):
+            raise BadRecord("no object of types")
+        for entry in types.values():
+            fetched = entry.get("fetched") if isinstance(entry, dict) else None
+            if isinstance(fetched, bool) or not isinstance(fetched, (int, float)):
+                raise BadRecord("an entry has no time fetched")
+            from_api(entry.get("record"), region)
+    except ValueError as exc:
+        if damaged_ok:
+            return {"types": {}}
+        why = str(exc) if isinstance(exc, BadRecord) else "not JSON"
+        raise DamagedFile("catalog cache", path, why, f"delete it (`gpuprov types --refresh --region {region}` "
+                          "fetches it again)") from None
+    return data
 
 
 def cached_types(region: str, max_age_s: float | None = None) -> dict[str, InstanceType]:
     """What EC2 said about types in ``region`` (only entries younger than ``max_age_s``)."""
     now = time.time()
-    out = {}
-    for name, entry in _read_cache(region)["types"].items():
-        if max_age_s is not None and now - entry.get("fetched", 0) > max_age_s:
-            continue
-        try:
-            out[name] = from_api(entry["record"], region)
-        except (KeyError, TypeError, ValueError):
-            continue
-    return out
+    return {name: from_api(entry["record"], region) for name, entry in _read_cache(region)["types"].items()
+            if max_age_s is None or now - entry["fetched"] <= max_age_s}
 
 
 def record_api_types(region: str, records: list[dict[str, Any]]) -> list[InstanceType]:
     """Cache DescribeInstanceTypes records for ``region``; returns them as InstanceTypes."""
-    data = _read_cache(region)
+    data = _read_cache(region, damaged_ok=True)
     now = time.time()
+    good = []
     for record in records:
-        data["types"][record["InstanceType"]] = {"fetched": now, "record": _jsonable(record)}
+        try:  # a record EC2 sent that is not one is left out: that type is not known from EC2
+            good.append(from_api(_jsonable(record), region))
+        except BadRecord:
+            continue
+        data["types"][good[-1].name] = {"fetched": now, "record": _jsonable(record)}
     path = _cache_file(region)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, sort_keys=True))
     tmp.replace(path)
-    return [from_api(r, region) for r in records]
+    return good
 
 
 def _jsonable(value: Any) -> Any:

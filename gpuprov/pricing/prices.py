@@ -13,6 +13,7 @@ No price is made up: a type and region neither knows has none (shown as ``-``, a
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from typing import Any
 
 from gpuprov import catalog, paths
 from gpuprov.catalog import InstanceType
+from gpuprov.errors import DamagedFile
 
 ON_DEMAND = "on-demand"
 SPOT = "spot"
@@ -65,12 +67,50 @@ def cache_file(region: str) -> Path:
     return paths.home() / "pricing" / f"{region}.json"
 
 
-def read_cache(region: str) -> dict[str, Any]:
+def read_cache(region: str, *, damaged_ok: bool = False) -> dict[str, Any]:
+    """The cache of ``region`` as gpuprov wrote it; none there: {}. Anything else (not JSON,
+    an entry of another shape) is DamagedFile, naming the file (``damaged_ok``: {}, for the
+    writers, which replace it)."""
+    path = cache_file(region)
     try:
-        data = json.loads(cache_file(region).read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        data = json.loads(text)
+        why = _fault(data)
+    except ValueError:
+        why = "not JSON"
+    if why is None:
+        return data
+    if damaged_ok:
+        return {}
+    raise DamagedFile("price cache", path, why, f"delete it (`gpuprov types --refresh --region {region}` "
+                      "fetches the prices again)")
+
+
+def _is_usd(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _fault(data: object) -> str | None:
+    """What in a price cache is not what record_on_demand and record_spot write (None: nothing)."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    on_demand, spot_part = data.get("on_demand", {}), data.get("spot", {})
+    if not isinstance(on_demand, dict) or not isinstance(spot_part, dict):
+        return "on_demand or spot is not an object"
+    for row in on_demand.values():
+        if not isinstance(row, dict) or not _is_usd(row.get("usd")) or not isinstance(row.get("fetched"), str):
+            return "an on-demand price is not a figure with its time"
+    for entry in spot_part.values():
+        zones = entry.get("zones") if isinstance(entry, dict) else None
+        if not isinstance(zones, dict) or not isinstance(entry.get("fetched"), str):
+            return "a spot entry has no zones or time"
+        for row in zones.values():
+            if not isinstance(row, dict) or not _is_usd(row.get("usd")) or not isinstance(row.get("since"), str):
+                return "a spot price is not a figure with its time"
+    return None
 
 
 def _write_cache(region: str, data: dict[str, Any]) -> None:
@@ -83,7 +123,7 @@ def _write_cache(region: str, data: dict[str, Any]) -> None:
 
 def record_on_demand(region: str, found: dict[str, float], fetched: str | None = None) -> None:
     """Cache the Price List API's on-demand prices of ``region`` (merged into what is there)."""
-    data = read_cache(region)
+    data = read_cache(region, damaged_ok=True)
     entry = data.setdefault("on_demand", {})
     stamp = fetched or now_iso()
     for name, usd in found.items():
@@ -95,7 +135,7 @@ def record_on_demand(region: str, found: dict[str, float], fetched: str | None =
 def record_spot(region: str, found: dict[str, dict[str, tuple[float, str]]], fetched: str | None = None) -> None:
     """Cache the newest spot price of each type in each zone of ``region``:
     {type: {zone: (usd, the time EC2 set that price)}}."""
-    data = read_cache(region)
+    data = read_cache(region, damaged_ok=True)
     entry = data.setdefault("spot", {})
     stamp = fetched or now_iso()
     for name, zones in found.items():

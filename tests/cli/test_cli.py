@@ -265,13 +265,14 @@ def test_tags_reach_ansible_as_one_argument_each() -> None:
     assert shlex.split(shlex.join(args)) == args
 
 
-def test_corrupt_state_db_is_one_line_exit_1(capsys, gpuprov_home: Path) -> None:
+def test_corrupt_state_db_is_one_line_exit_2(capsys, gpuprov_home: Path) -> None:
     gpuprov_home.mkdir(parents=True)
     (gpuprov_home / "state.db").write_bytes(b"this is not a database" * 100)
     code, out, err = invoke(capsys, "list")
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""
     (line,) = err.strip().splitlines()
-    assert f"state database {gpuprov_home / 'state.db'} cannot be used" in line and "move it aside" in line
+    assert f"state database {gpuprov_home / 'state.db'} is damaged (file is not a database)" in line
+    assert "restore it from a backup, or move it aside" in line
 
 
 def test_unwritable_state_dir_is_one_line_exit_1(capsys, tmp_path: Path, monkeypatch) -> None:

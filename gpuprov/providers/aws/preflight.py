@@ -222,7 +222,10 @@ def facts(aws: api.Aws, name: str) -> InstanceType:
         raise GpuprovError(f"DescribeInstanceTypes failed: {api.error_code(exc)}: {api.error_message(exc)}") from None
     if not records:
         raise BadInput(f"EC2 has no instance type '{name}' in {aws.region}")
-    return catalog.record_api_types(aws.region, records)[0]
+    found = catalog.record_api_types(aws.region, records)
+    if not found:
+        raise GpuprovError(f"EC2's DescribeInstanceTypes answer for '{name}' is not a description gpuprov can read")
+    return found[0]
 
 
 def _zones(aws: api.Aws, name: str) -> list[str]:
