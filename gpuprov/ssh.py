@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from gpuprov import validate
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.node_text import printable
 from gpuprov.state import NodeRecord
 
 T = TypeVar("T")
@@ -98,7 +99,7 @@ def keyscan(address: str, port: int, timeout: int = 10) -> str:
             return f"{parts[1]} {parts[2]}"
     raise GpuprovError(
         f"{address}:{port} offered no ed25519 host key (ssh-keyscan: "
-        f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no answer'})"
+        f"{ssh_error_line(proc.stderr) if proc.stderr.strip() else 'no answer'})"
     )
 
 
@@ -153,7 +154,7 @@ def wait_ssh(node: NodeRecord, key: Path | None, known_hosts: Path, timeout: flo
         )
         if proc.returncode == 0:
             return
-        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        last = ssh_error_line(proc.stderr, proc.returncode)
         if "Host key verification failed" in proc.stderr or "IDENTIFICATION HAS CHANGED" in proc.stderr:
             raise GpuprovError(
                 f"{node.name}: host key does not match the pinned key "
@@ -185,7 +186,7 @@ def ssh_error_line(stderr: str, returncode: int | None = None) -> str:
     meaningful line of stderr (its warnings and blank lines left out)."""
     if any(m in stderr for m in _MISMATCH_MARKERS):
         return f"{HOST_KEY_MISMATCH} (Host key verification failed); refused, nothing ran on this node"
-    lines = [line.strip() for line in stderr.replace("\r", "\n").splitlines()]
+    lines = [printable(line.strip()) for line in stderr.replace("\r", "\n").splitlines()]
     lines = [line for line in lines if line and not line.startswith(("Warning:", "@@@"))]
     if lines:
         return lines[-1]

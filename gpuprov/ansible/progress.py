@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprov.node_text import printable_data
 from gpuprov.ssh import ssh_error_line
 
 
@@ -114,6 +115,7 @@ class PlaybookProgress:
 
     # -- events -----------------------------------------------------------------
     def handle(self, event: dict[str, Any]) -> bool:
+        event = printable_data(event)  # a node's words (task names, results): no escape reaches the terminal
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         host = data.get("host")

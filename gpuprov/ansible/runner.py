@@ -29,6 +29,7 @@ from typing import Any
 from gpuprov import paths, validate
 from gpuprov.ansible.progress import PlaybookProgress
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 
 # What ansible-playbook may inherit from the controller's environment: what a
@@ -299,4 +300,4 @@ def _stdout_tail(artifact_dir: Path) -> str:
         lines = [ln for ln in (artifact_dir / "stdout").read_text().splitlines() if ln.strip()]
     except OSError:
         return "no output"
-    return " | ".join(lines[-3:]) if lines else "no output"
+    return printable(" | ".join(lines[-3:])) if lines else "no output"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpuprov.node_text import printable
+
 # Each section starts with this marker line: "@@gpuprov-health NAME" and ends with
 # "@@gpuprov-health-rc NAME N" (the exit status of its command).
 MARK = "@@gpuprov-health"
@@ -124,7 +126,7 @@ def split(output: str) -> dict[str, Section]:
     sections: dict[str, Section] = {}
     name: str | None = None
     lines: list[str] = []
-    for line in output.splitlines():
+    for line in printable(output, lines=True).splitlines():  # the node's words: no escape reaches a terminal
         start, end = _START.match(line), _END.match(line)
         if start:
             if name is not None:

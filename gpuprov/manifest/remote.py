@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import gpuprov
+from gpuprov.node_text import printable_data
 from gpuprov.ssh import MAX_PARALLEL, node_key, ssh_error_line, ssh_options
 from gpuprov.state import NodeRecord
 
@@ -70,7 +71,7 @@ def ask(node: NodeRecord, key: Path, known_hosts: Path, action: str, request: Ma
         data = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return Answer(node.name, None, "the manifest program answered no JSON")
-    return Answer(node.name, data if isinstance(data, dict) else None,
+    return Answer(node.name, printable_data(data) if isinstance(data, dict) else None,
                   None if isinstance(data, dict) else "the manifest program answered no object")
 
 

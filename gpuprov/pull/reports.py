@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gpuprov.node_text import printable
+
 MAX_REPORT = 8 << 20  # bytes in one batch
 MAX_BATCH = 500  # events in one batch (the agent sends up to 500)
 MAX_EVENTS = 20_000  # events kept per node (a full-stack site.yml sends about 2 per task)
@@ -70,7 +72,7 @@ def _text(value: Any, limit: int = MAX_TEXT) -> str:
         raise BadReport(f"a string expected, not {_show(value)}")
     if len(value) > limit:
         raise BadReport(f"a string of {len(value)} characters (at most {limit})")
-    return value
+    return printable(value, lines=True)  # the node's words: nothing of them may act on a terminal
 
 
 def _flag(value: Any) -> bool:
@@ -119,8 +121,8 @@ def _patch_report(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or len(value) > 64:
         raise BadReport(f"a patch report is an object of at most 64 fields, not {_show(value)}")
     out: dict[str, Any] = {}
-    for key, item in value.items():
-        _text(key, 256)
+    for raw, item in value.items():
+        key = _text(raw, 256)
         if isinstance(item, bool) or _is_int(item):
             out[key] = item
         elif isinstance(item, str):
@@ -142,7 +144,7 @@ def _counts(value: Any) -> dict[str, int]:
         _text(host, 256)
         if not _is_int(count) or count < 0:
             raise BadReport(f"a count expected, not {_show(count)}")
-    return dict(value)
+    return {_text(host, 256): count for host, count in value.items()}
 
 
 _ROW = {"probe", "status", "detail", "host"}
@@ -159,9 +161,10 @@ def _rows(value: Any) -> list[dict[str, str]]:
         _text(row.get("host", ""), 256)
         if row["status"] not in STATUSES:
             raise BadReport(f"probe status {_show(row['status'])} (pass, fail or skip)")
-        if not _text(row["probe"], 256):
+        probe = _text(row["probe"], 256)
+        if not probe:
             raise BadReport("a probe row without a probe name")
-        rows.append({"probe": row["probe"], "status": row["status"], "detail": _text(row["detail"])})
+        rows.append({"probe": probe, "status": row["status"], "detail": _text(row["detail"])})
     return rows
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuprov import defaults, ssh
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.scheduler_choice import Scheduler
 from gpuprov.shared.results import SlurmNode, SlurmStatus
@@ -113,7 +114,7 @@ def parse_sinfo(text: str) -> dict[str, SlurmNode]:
     """``sinfo --Node --format=%N|%T|%E`` as {node: state and reason} (a node in several
     partitions is listed once per partition; "none" is Slurm's word for no reason)."""
     out: dict[str, SlurmNode] = {}
-    for line in text.splitlines():
+    for line in printable(text, lines=True).splitlines():
         name, _, rest = line.strip().partition("|")
         state, _, reason = rest.partition("|")
         if name and state:
@@ -152,7 +153,7 @@ def conf_cluster_name(text: str) -> str | None:
     if found is None:
         return None
     # Shown in a one-line message: nothing of the file's may move the terminal or add a line.
-    return "".join(c if c.isprintable() else "?" for c in found.strip().lower())[:64]
+    return printable(found.strip().lower())[:64]
 
 
 def _read_conf(node: NodeRecord, files: ClusterFiles) -> tuple[str, str | None]:

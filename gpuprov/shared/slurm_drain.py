@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from gpuprov import ssh
 from gpuprov.errors import GpuprovError
+from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.state import NodeRecord
 
@@ -81,7 +82,7 @@ class SlurmDrains:
         """(state, reason) of ``host`` as sinfo shows it (state lower case, no ``*``)."""
         out = self._on_controller("sinfo", "--noheader", "--Node", f"--nodes={self.names[host]}",
                                   "--format=%T|%E")
-        line = next((ln for ln in out.splitlines() if ln.strip()), "")
+        line = next((ln for ln in printable(out, lines=True).splitlines() if ln.strip()), "")
         state, _, reason = line.strip().partition("|")
         if not state:
             raise GpuprovError(f"sinfo on {self.controller.name} does not list {self.names[host]}")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from gpuprov import ssh
 from gpuprov.errors import GpuprovError
+from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.state import NodeRecord
 
@@ -203,4 +204,4 @@ def _offered(node: NodeRecord) -> set[str]:
 
 def _last(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+    return printable(lines[-1]) if lines else "no output"

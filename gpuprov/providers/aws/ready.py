@@ -7,6 +7,7 @@ import time
 
 from gpuprov import ssh
 from gpuprov.errors import GpuprovError
+from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles, Reporter
 from gpuprov.providers.aws import api, hostkeys, userdata
 from gpuprov.providers.aws.common import backoff, env_seconds
@@ -52,7 +53,7 @@ def console_tail(node: NodeRecord, lines: int = 6) -> str:
     except Exception:  # noqa: BLE001 (best effort: the SSH failure is the error reported)
         return ""
     kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-    clean = " | ".join("".join(c if c.isprintable() else "?" for c in line) for line in kept)
+    clean = " | ".join(printable(line) for line in kept)
     return f"its console's last lines: {clean}" if clean else ""
 
 

@@ -223,8 +223,8 @@ def _ssh_read(node: NodeRecord, files: ClusterFiles, command: str, what: str) ->
         capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=60,
     )
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise GpuprovError(f"{node.name}: could not read {what} over SSH ({last})")
+        raise GpuprovError(f"{node.name}: could not read {what} over SSH "
+                           f"({ssh.ssh_error_line(proc.stderr, proc.returncode)})")
     return proc.stdout
 
 
