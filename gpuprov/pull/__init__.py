@@ -37,6 +37,16 @@ MODES = ("auto", "push", "pull")
 # cluster close to it is not pushed at a controller already at its limit.
 PULL_ABOVE = 32
 UNIT = "gpuprov-pull.service"
+# The bootstrap's time out on a node (the agent's deadline_s): the bundle fetched within FETCH_S,
+# then the plays and the probes within RUN_S (a driver's DKMS build and CUDA from a slow mirror
+# fit; the agent stops them past it and says so). The final report has REPORT_GRACE_S of its own
+# after the run, however long the run took; a node's presigned URLs live for all of it, and
+# URL_SLACK_S more (the hand-over, clocks).
+FETCH_S = 900
+RUN_S = 3 * 3600
+DEADLINE_S = FETCH_S + RUN_S
+REPORT_GRACE_S = 300
+URL_SLACK_S = 600
 # Through an object store, a node writes a report batch at most this often (each one an object:
 # a PUT request, and one more key for the controller's listing).
 OBJECT_REPORT_S = 5
@@ -51,10 +61,14 @@ class Boot:
     sha256: str
     key: bytes  # the session key the node tokens are derived from; kept in memory only
     profile: str = ""  # the bundle's node profile for the nodes a launch boots (one type)
-    deadline_s: int = 3600
+    deadline_s: int = DEADLINE_S
     # Through an object store (the provider's pull_channel, e.g. aws/s3.py's Channel): each
     # node's presigned GET of the bundle and POST policy for its report prefix replace the URLs.
     channel: Any = None
+
+    def url_lifetime_s(self) -> int:
+        """How long a node's presigned URLs must live: its run's budget, its final report's grace."""
+        return self.deadline_s + REPORT_GRACE_S + URL_SLACK_S
 
     def token(self, node: str) -> str:
         return node_token(self.key, node)
@@ -64,11 +78,11 @@ class Boot:
         (who it is), the secret it signs its reports with (report_secret)."""
         config = {"bundle_url": self.bundle_url, "report_url": self.report_url, "sha256": self.sha256,
                   "node": node, "token": self.token(node), "report_secret": report_secret(self.key, node),
-                  "profile": profile, "deadline_s": self.deadline_s}
+                  "profile": profile, "deadline_s": self.deadline_s, "report_grace_s": REPORT_GRACE_S}
         if self.channel is not None:  # no bearer token: the presigned URLs are the node's only access
             config = {k: v for k, v in config.items() if k != "token"}
             # Valid for the agent's whole time budget, and its last reports after it.
-            config |= {**self.channel.node_urls(node, self.sha256, self.deadline_s + 600),
+            config |= {**self.channel.node_urls(node, self.sha256, self.url_lifetime_s()),
                        "report_every_s": OBJECT_REPORT_S}
         return config
 

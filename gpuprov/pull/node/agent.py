@@ -10,16 +10,15 @@ gpuprov-pull.service. Python's standard library only: it runs before anything is
 2. Unpack it, check its format and this Python, and write a one-host inventory for this node
    (its profile's host variables, a local connection).
 3. Run the bundle's site.yml (or a patch's patch.yml, in check mode for its plan: the bundle's
-   manifest says which) with the bundle's ansible-core; the bundle's callback writes each
-   task's start and outcome to the event file. After a run of every play (no tags) that
-   succeeded, write the node's manifest (write_manifest: the bundle's manifest program, as
-   push runs it over SSH, on the items the callback kept of the run's own results) and
-   report its digest and item count with the outcome; the controller records them.
-4. Run the bundle's probes on this machine (pytest + testinfra's local connection).
-5. Remove the boot configuration (the token) and the unpacked bundle, then send every event,
-   the probe results and the outcome ("done") to the controller (each batch numbered, resent
-   until acknowledged from memory): "done" means the token is gone. A reboot does not run it
-   again (the unit's condition is the configuration file).
+   manifest says which) with the bundle's ansible-core, its callback writing each task's start
+   and outcome to the event file; after a run of every play that succeeded, write the node's
+   manifest (write_manifest: the bundle's manifest program, as push runs it) and report its
+   digest and item count with the outcome.
+4. Run the bundle's probes on this machine (pytest + testinfra's local connection). The plays
+   and the probes stop at the run's deadline (deadline_s: the bootstrap's budget), said so.
+5. Remove the boot configuration (the token) and the unpacked bundle, then send every event and
+   the outcome ("done": the token is gone), each batch numbered and resent until acknowledged,
+   for report_grace_s after the run however long it took. A reboot does not run it again.
 
 Through an object store (``"channel": "s3"``, `up --provider aws`): the bundle comes from a
 presigned GET, and each batch is written as an object of its own under this node's prefix
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 import os
 import shutil
@@ -45,26 +45,22 @@ from pathlib import Path
 
 STATE = Path("/var/lib/gpuprov/pull")
 MAX_BUNDLE = 1 << 30
-FORMAT = 1
-# The bundle formats this agent reads: 1, a site run; 2, a patch's round (its playbook, check
-# mode), which an agent from before them refuses.
+# The bundle formats this agent reads: 1, a site run; 2, a patch's round (an older agent refuses it).
 FORMATS = (1, 2)
 MAX_BATCH = 500  # events in one report batch, and characters in one string: what the
 MAX_TEXT = 4096  # controller takes (gpuprov/pull/reports.py)
 HEARTBEAT_S = 60.0  # through an object store, an empty batch at most this often (the node lives)
+REPORT_GRACE_S = 300  # the final report's own time, after the run, however long the run took
 
 
 class Reporter:
-    """Sends the event file's lines to the controller in numbered batches, from a thread.
-
-    Each batch is signed (HMAC-SHA256 under the node's report secret, over a sequence number
-    that grows with every send, and the body; gpuprov.pull.report_signature computes the same):
-    the token says who the node is, the signature that the report is its own. Strings are cut
-    to the length the controller takes (MAX_TEXT)."""
+    """Sends the event file's lines to the controller in numbered batches, from a thread, each
+    signed (HMAC-SHA256 under the node's report secret over a sequence number that grows with
+    every send, and the body: gpuprov.pull.report_signature): the token says who the node is, the
+    signature that the report is its own. Strings are cut to what the controller takes (MAX_TEXT)."""
 
     def __init__(self, config: dict, events: Path) -> None:
-        self.config, self.events = config, events
-        self.acked = 0
+        self.config, self.events, self.acked = config, events, 0
         # The last sequence number sent, kept beside the events: an agent started again (the
         # node rebooted mid-run) goes on above it, where the controller refuses what it has seen.
         self.seq_file = events.with_name(events.name + ".seq")
@@ -72,10 +68,8 @@ class Reporter:
             self.seq = int(self.seq_file.read_text())
         except (OSError, ValueError):
             self.seq = 0
-        self.refused = ""  # why the controller refused this node's report (it stops sending)
-        self.last_sent = 0.0
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
+        self.refused, self.last_sent = "", 0.0  # refused: why the controller refused this node (it stops)
+        self.lock, self.stop = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def add(self, event: str, **data: object) -> None:
@@ -196,8 +190,6 @@ def fetch(config: dict, deadline: float) -> bytes:
 def unpack(data: bytes, root: Path) -> dict:
     """The bundle under ``root`` (regular files and directories only, nothing outside it);
     its manifest."""
-    import io
-
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True, mode=0o700)
@@ -249,14 +241,11 @@ def environment(root: Path, events: Path, config: dict, items: Path | None = Non
     return {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-        # Bytecode is written under the unpacked bundle (removed with it): ansible-playbook and
-        # pytest each import ansible-core's and pytest's modules, compiled once.
+        # Bytecode is written under the unpacked bundle (removed with it): compiled once a run.
         "PYTHONPATH": str(root / "lib"),
-        "ANSIBLE_ROLES_PATH": str(root / "site" / "roles"),
-        "ANSIBLE_COLLECTIONS_PATH": str(root / "collections"),
-        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
+        "ANSIBLE_ROLES_PATH": str(root / "site" / "roles"), "ANSIBLE_COLLECTIONS_PATH": str(root / "collections"),
+        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False", "ANSIBLE_CALLBACKS_ENABLED": "gpuprov_pull",
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
-        "ANSIBLE_CALLBACKS_ENABLED": "gpuprov_pull",
         "ANSIBLE_HOME": str(root / "ansible-home"), "ANSIBLE_LOCAL_TEMP": str(root / "ansible-tmp"),
         "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_GATHERING": "smart",
         "ANSIBLE_INJECT_FACT_VARS": "False", "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
@@ -304,7 +293,18 @@ def playbook(root: Path, manifest: dict) -> Path:
     return root / "site" / "playbooks" / name
 
 
-def converge(root: Path, manifest: dict, env: dict[str, str], log: Path) -> int:
+def within(cmd: list[str], until: float | None, what: str, **how: object) -> int:
+    """``cmd``'s exit status; past ``until`` (the run's budget) it is stopped, its children with it."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **how)  # type: ignore[call-overload]
+    try:
+        return proc.wait(timeout=None if until is None else max(1.0, until - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise TimeoutError(f"{what} passed the run's time budget (deadline_s) and were stopped") from None
+
+
+def converge(root: Path, manifest: dict, env: dict[str, str], log: Path, until: float | None = None) -> int:
     cmd = [sys.executable, "-c", "import sys; from ansible.cli.playbook import main; "
            "sys.argv[0] = 'ansible-playbook'; main()",
            # The play variables, every string tagged !unsafe by the controller: data, never a template.
@@ -315,10 +315,10 @@ def converge(root: Path, manifest: dict, env: dict[str, str], log: Path) -> int:
     if manifest.get("check") is True:  # a patch's plan: check mode, nothing changed
         cmd += ["--check"]
     with log.open("a") as out:
-        return subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root, check=False).returncode
+        return within(cmd, until, "the plays", env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root)
 
 
-def probes(root: Path, manifest: dict, env: dict[str, str], log: Path) -> list[dict]:
+def probes(root: Path, manifest: dict, env: dict[str, str], log: Path, until: float | None = None) -> list[dict]:
     results = root / "probes.jsonl"
     results.write_text("")
     probes_dir = root / "lib" / "gpuprov" / "probes"
@@ -331,7 +331,7 @@ def probes(root: Path, manifest: dict, env: dict[str, str], log: Path) -> list[d
     env = {**env, "GPUPROV_EXPECTATIONS": str(root / "expectations.json"),
            "GPUPROV_PROBE_RESULTS": str(results)}
     with log.open("a") as out:
-        subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root, check=False)
+        within(cmd, until, "the probes", env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root)
     return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
 
 
@@ -364,14 +364,14 @@ def main(config_path: str) -> int:
         items = root / "items.jsonl" if whole else None
         env = environment(root, events, config, items)
         began = time.monotonic()
-        rc = converge(root, manifest, env, log)
+        rc = converge(root, manifest, env, log, deadline)
         timing = {"converge_s": round(time.monotonic() - began, 1)}
         if rc != 0:
             outcome = {"rc": rc, **timing}
             return 1
         written = write_manifest(root, manifest, items) if items is not None else None
         began = time.monotonic()
-        rows = probes(root, manifest, env, log)
+        rows = probes(root, manifest, env, log, deadline)
         timing["probes_s"] = round(time.monotonic() - began, 1)
         if not rows:  # a verification that did not look is a failure, not an empty pass
             tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
@@ -393,7 +393,7 @@ def main(config_path: str) -> int:
         shutil.rmtree(root, ignore_errors=True)
         Path(config_path).unlink(missing_ok=True)
         reporter.add("done", **outcome)
-        reporter.finish(min(deadline, time.monotonic() + 300))
+        reporter.finish(time.monotonic() + int(config.get("report_grace_s", REPORT_GRACE_S)))
 
 
 if __name__ == "__main__":
