@@ -1,8 +1,11 @@
 """Test helper: docs/aws-iam-policy.json evaluated against the EC2 calls gpuprov made.
 
 Not AWS's evaluator: a small one for the policy's own shape (Allow statements;
-Action and Resource globs; StringEquals, StringLike, Bool and Null conditions;
-anything else fails loudly). Each call the shim logged becomes the
+Action and Resource globs; StringEquals, StringLike, Bool and Null conditions, whose
+values may be policy variables such as ``${aws:PrincipalAccount}``, resolved from the
+request context, and never matching where the context lacks them; anything else
+fails loudly). S3 requests carry ``s3_context``: the bucket owner's account
+(s3:ResourceAccount) and the caller's (aws:PrincipalAccount). Each call the shim logged becomes the
 authorizations EC2 makes for it: one per resource the action touches, with the
 request context IAM sees (aws:RequestTag from TagSpecifications,
 ec2:MetadataHttpTokens, ec2:Encrypted, and the implicit ec2:CreateTags with
@@ -29,6 +32,11 @@ REQUEST_TAG = f"aws:RequestTag/{TAG}"
 LOCK_TAG = "gpuprov:lock"
 LOCK_RESOURCE_TAG = f"aws:ResourceTag/{LOCK_TAG}"
 LOCK_REQUEST_TAG = f"aws:RequestTag/{LOCK_TAG}"
+
+
+def s3_context(owner: str = ACCOUNT) -> dict[str, str]:
+    """What IAM sees of an S3 request by these credentials on a bucket ``owner`` owns."""
+    return {"s3:ResourceAccount": owner, "aws:PrincipalAccount": ACCOUNT}
 
 
 @dataclass
@@ -174,10 +182,19 @@ def _as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+def _resolve(value: str, ctx: dict[str, str]) -> str | None:
+    """A condition value with its policy variable (``${key}``, the whole value) replaced from
+    the request context; None where the context lacks it (IAM: the condition does not match)."""
+    found = re.fullmatch(r"\$\{([^}]+)\}", value)
+    return value if found is None else ctx.get(found.group(1))
+
+
 def _condition_holds(condition: dict[str, dict[str, Any]], ctx: dict[str, str]) -> bool:
     for operator, tests in condition.items():
         for key, wanted in tests.items():
-            values = _as_list(wanted)
+            values = [v for v in (_resolve(str(w), ctx) for w in _as_list(wanted)) if v is not None]
+            if not values:
+                return False
             have = ctx.get(key)
             if operator == "Null":
                 if (values[0] == "true") != (have is None):

@@ -5,7 +5,8 @@ is an ``arn:aws:sts::...:user/...``, no principal IAM knows).
 A test double, never product code. It answers the two query-protocol calls as AWS does
 (their documented XML), the caller an IAM user, and each action/resource pair "allowed" or
 "implicitDeny" by the policy it is given, evaluated with tests/aws/iam.py (the evaluator the
-EC2 tests hold the documented policy to). The product finds it through the standard
+EC2 tests hold the documented policy to) in the context the request gives (ContextEntries: as
+IAM's simulator, a condition on a key the request does not give does not match). The product finds it through the standard
 AWS_ENDPOINT_URL_IAM and AWS_ENDPOINT_URL_STS.
 """
 
@@ -26,6 +27,7 @@ class Simulator:
     def __init__(self, policy: dict[str, Any]) -> None:
         self.policy = policy
         self.asked: list[tuple[str, str, str]] = []  # (principal, action, resource)
+        self.contexts: list[dict[str, str]] = []  # each request's ContextEntries: {key: its first value}
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, args=(0.1,), daemon=True).start()
@@ -48,11 +50,14 @@ class Simulator:
         assert params.get("Action") == "SimulatePrincipalPolicy", params
         actions = [v for k, v in sorted(params.items()) if k.startswith("ActionNames.member.")]
         resources = [v for k, v in sorted(params.items()) if k.startswith("ResourceArns.member.")]
+        context = {v: params.get(k.replace("ContextKeyName", "ContextKeyValues.member.1"), "")
+                   for k, v in params.items() if k.startswith("ContextEntries.member.") and k.endswith(".ContextKeyName")}
+        self.contexts.append(context)
         members = []
         for action in actions:
             for resource in resources:
                 self.asked.append((params["PolicySourceArn"], action, resource))
-                ok = iam.allowed_by(self.policy, iam.Authorization(action, resource))
+                ok = iam.allowed_by(self.policy, iam.Authorization(action, resource, context))
                 members.append(f"<member><EvalActionName>{escape(action)}</EvalActionName><EvalResourceName>"
                                f"{escape(resource)}</EvalResourceName><EvalDecision>"
                                f"{'allowed' if ok else 'implicitDeny'}</EvalDecision></member>")

@@ -11,6 +11,12 @@ Parameters (AWS Signature Version 4)", "Creating a POST Policy"), with the secre
 give the product, and forwards what passes to moto unchanged. Requests signed in the
 Authorization header (the controller's boto3 calls) are forwarded as they are.
 
+Bucket owners: moto takes ExpectedBucketOwner and checks nothing (every bucket is its one
+account's). S3 refuses (403 AccessDenied) a request whose ``x-amz-expected-bucket-owner``
+(header, or a signed one of a presigned URL) is not the bucket owner's account; so does this
+front, each bucket owned by moto's account unless ``owners`` names another (a bucket name
+another account claimed), and it keeps which requests came with no owner condition at all.
+
 Bucket policies: moto's evaluator ignores a statement's Condition, so gpuprov's TLS-only
 policy (Deny everything where aws:SecureTransport is false) would deny every object request
 there. Requests reach this front over plain HTTP standing for the TLS connections the product
@@ -36,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
+from tests.aws.iam import ACCOUNT  # moto's one account: its STS's caller and every bucket's owner
+
 SECRET = "testing"  # AWS_SECRET_ACCESS_KEY of the tests (tests/aws/conftest.py)
 
 
@@ -52,6 +60,9 @@ class Front:
         # are refused AccessDenied, as for credentials whose IAM policy lacks their action.
         self.deny: set[str] = set()
         self.bundle_gets = 0
+        # FIXTURE fault: {bucket: the account that owns it} where not moto's (ACCOUNT).
+        self.owners: dict[str, str] = {}
+        self.unowned: list[str] = []  # "METHOD path" of each request with no owner condition
         self.httpd = ThreadingHTTPServer((host, 0), _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.1,), daemon=True)
@@ -197,6 +208,7 @@ def _handler(front: Front) -> type[BaseHTTPRequestHandler]:
                 why = check_post(urlsplit(self.path).path.strip("/").split("/")[0], fields, data)
             else:
                 why = "AccessDenied: no authorisation (the bucket is private)"
+            why = why or self._owner()
             if why:
                 self._refuse(why)
                 return
@@ -222,6 +234,17 @@ def _handler(front: Front) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not head:
                 self.wfile.write(data)
+
+        def _owner(self) -> str | None:
+            """Why S3 refuses the request's bucket owner condition; None where it holds or is absent."""
+            split = urlsplit(self.path)
+            expected = self.headers.get("x-amz-expected-bucket-owner")
+            if expected is None:
+                front.unowned.append(f"{self.command} {split.path}")
+                return None
+            bucket = split.path.strip("/").split("/")[0]
+            owner = front.owners.get(bucket, ACCOUNT)
+            return None if expected == owner else f"AccessDenied: the bucket's owner is not {expected}"
 
         def _policy(self, bucket: str, body: bytes) -> None:
             if self.command == "PUT":

@@ -31,6 +31,8 @@ from tests.unit.node_programs import load_agent
 AGENT = Path(__file__).resolve().parents[2] / "gpuprov" / "pull" / "node" / "agent.py"
 NAMED_POLICY = ROOT_POLICY.with_name("aws-iam-policy-pull-bucket.json")
 BUCKET = "team-artifacts.example"
+OTHER_ACCOUNT = "210987654321"
+ACCOUNT = "123456789012"  # moto's one account (tests/aws/iam.py)
 THEIRS = {"data/keep.bin": b"the owner's own object", "gpuprov/other/bundle/x.tar.gz": b"another cluster's"}
 
 
@@ -113,8 +115,8 @@ def test_objects_land_under_the_prefix_and_the_bucket_stays_as_its_owner_set_it(
     sha = hashlib.sha256(data).hexdigest()
     assert channel.publish(data, sha) is True and channel.publish(data, sha) is False
     config = Boot(bundle_url="", report_url="", sha256=sha, key=b"k" * 32, channel=channel).node_config("pb-1", "")
-    assert urllib.request.urlopen(config["bundle_url"]).read() == data
     agent = _agent()
+    assert urllib.request.urlopen(agent.request(config, config["bundle_url"])).read() == data
     agent.put_object(config, b'{"from": 0, "events": []}', 1)
     # The node's POST policy, aimed at another node's prefix, another cluster's, the owner's own
     # objects and the bucket's root: S3 refuses each.
@@ -125,7 +127,8 @@ def test_objects_land_under_the_prefix_and_the_bucket_stays_as_its_owner_set_it(
         assert front.refused[-1].startswith("Invalid according to Policy: Policy Condition failed"), front.refused
     # Nor may the bundle's URL read the owner's objects.
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(config["bundle_url"].replace(f"/gpuprov/pb/bundle/{sha}.tar.gz", "/data/keep.bin"))
+        urllib.request.urlopen(agent.request(config, config["bundle_url"].replace(f"/gpuprov/pb/bundle/{sha}.tar.gz",
+                                                                                 "/data/keep.bin")))
     assert refused.value.code == 403
     objects = _objects(bucket)
     ours = sorted(k for k in objects if k not in THEIRS)
@@ -175,7 +178,8 @@ def test_what_these_credentials_may_not_read_is_said_not_checked(bucket: str, fr
     with pytest.raises(GpuprovError) as stopped:
         _channel("pb", said)
     assert str(stopped.value) == (f"AWS refuses s3:ListBucket on S3 bucket {bucket} (prefix gpuprov/pb/) for these "
-                                  "credentials; see docs/aws-iam-policy-pull-bucket.json for what gpuprov needs")
+                                  f"credentials, or the bucket is not this account's ({ACCOUNT}: gpuprov uses no "
+                                  "other's); see docs/aws-iam-policy-pull-bucket.json for what gpuprov needs")
 
 
 def _up(capsys: pytest.CaptureFixture[str], ami: str, name: str) -> None:
@@ -327,25 +331,30 @@ def test_the_prefix_policy_allows_exactly_the_calls_and_nothing_bucket_wide(buck
         resources = [f"arn:aws:s3:::{bucket}/{k}" for k in keys] or [f"arn:aws:s3:::{bucket}"]
         context = {"s3:prefix": params["Prefix"]} if "Prefix" in params else {}
         for resource in resources:
-            auth = iam.Authorization(actions[operation], resource, context)
+            auth = iam.Authorization(actions[operation], resource, {**context, **iam.s3_context()})
             assert iam.allowed_by(policy, auth), f"refused: {auth} ({operation})"
-            elsewhere = iam.Authorization(auth.action, resource.replace(bucket, "someone-elses"), context)
+            elsewhere = iam.Authorization(auth.action, resource.replace(bucket, "someone-elses"), auth.context)
             assert not iam.allowed_by(policy, elsewhere), f"allowed on another bucket: {elsewhere}"
+            theirs = iam.Authorization(auth.action, resource, {**context, **iam.s3_context(OTHER_ACCOUNT)})
+            assert not iam.allowed_by(policy, theirs), f"allowed on a bucket of another account: {theirs}"
         seen.add(actions[operation])
     # The node's presigned requests run with the signer's rights: s3:GetObject on its bundle,
     # s3:PutObject on its report prefix.
     assert urls["bundle_url"].split("?")[0].endswith(f"/{bucket}/gpuprov/pb/bundle/{sha}.tar.gz")
     for action, key in (("s3:GetObject", f"gpuprov/pb/bundle/{sha}.tar.gz"),
                         ("s3:PutObject", f"{urls['report_prefix']}00000001-ab.json")):
-        assert iam.allowed_by(policy, iam.Authorization(action, f"arn:aws:s3:::{bucket}/{key}"))
+        assert iam.allowed_by(policy, iam.Authorization(action, f"arn:aws:s3:::{bucket}/{key}", iam.s3_context()))
+        assert not iam.allowed_by(policy, iam.Authorization(action, f"arn:aws:s3:::{bucket}/{key}",
+                                                            iam.s3_context(OTHER_ACCOUNT)))
     assert stated == seen, f"stated but never used: {sorted(stated - seen)}; used: {sorted(seen - stated)}"
     for outside in ("data/keep.bin", "gpuprovx/a"):  # the owner's objects: neither read, written nor listed
         for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
-            assert not iam.allowed_by(policy, iam.Authorization(action, f"arn:aws:s3:::{bucket}/{outside}"))
+            assert not iam.allowed_by(policy, iam.Authorization(action, f"arn:aws:s3:::{bucket}/{outside}",
+                                                                iam.s3_context()))
     for prefix in ("data/", ""):
         assert not iam.allowed_by(policy, iam.Authorization("s3:ListBucket", f"arn:aws:s3:::{bucket}",
-                                                            {"s3:prefix": prefix}))
-    assert not iam.allowed_by(policy, iam.Authorization("s3:ListBucket", f"arn:aws:s3:::{bucket}"))
+                                                            {"s3:prefix": prefix, **iam.s3_context()}))
+    assert not iam.allowed_by(policy, iam.Authorization("s3:ListBucket", f"arn:aws:s3:::{bucket}", iam.s3_context()))
 
 
 def _dry_run(capsys: pytest.CaptureFixture[str], ami: str) -> tuple[int, str]:
@@ -393,6 +402,8 @@ def test_the_dry_run_checks_the_prefix_scoped_actions_only(capsys: pytest.Captur
         front.deny = set()
     finally:
         sim.close()
+    for variable in ("AWS_ENDPOINT_URL_IAM", "AWS_ENDPOINT_URL_STS"):  # (moto's STS: the account)
+        monkeypatch.delenv(variable)
     # A bucket that does not exist: one line, exit 2 (the setting is wrong), nothing made.
     monkeypatch.setenv("GPUPROV_PULL_BUCKET", "no-such-bucket-here")
     code, err = _dry_run(capsys, ami)

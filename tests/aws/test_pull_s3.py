@@ -25,6 +25,7 @@ from tests.aws.s3_front import Front
 from tests.unit.node_programs import load_agent
 
 AGENT = Path(__file__).resolve().parents[2] / "gpuprov" / "pull" / "node" / "agent.py"
+OTHER_ACCOUNT = "210987654321"
 
 
 def _s3() -> Any:
@@ -85,13 +86,15 @@ def test_a_node_reads_its_bundle_and_writes_under_its_own_prefix_only(front: Fro
     boot = Boot(bundle_url="", report_url="", sha256=sha, key=b"k" * 32, channel=channel)
     config = boot.node_config("pl-1", "")
     assert "token" not in config and config["channel"] == "s3"
-    assert urllib.request.urlopen(config["bundle_url"]).read() == data
-    # The URL reads that object alone: another key with the same signature is refused.
-    other = config["bundle_url"].replace(f"/{sha}.tar.gz", "/x.tar.gz")
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(other)
-    assert refused.value.code == 403
     agent = _agent()
+    assert urllib.request.urlopen(agent.request(config, config["bundle_url"])).read() == data
+    # The URL reads that object alone: another key with the same signature is refused; so is
+    # the URL without the owner condition it signed (x-amz-expected-bucket-owner).
+    other = config["bundle_url"].replace(f"/{sha}.tar.gz", "/x.tar.gz")
+    for url, sent in ((other, config), (config["bundle_url"], {**config, "bundle_headers": {}})):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(agent.request(sent, url))
+        assert refused.value.code == 403
     agent.put_object(config, b'{"from": 0, "events": []}', 1)
     # Node pl-1's policy, aimed at pl-10's prefix (which starts with pl-1's name) and pl-2's:
     for victim in ("pl-10", "pl-2"):
@@ -185,8 +188,8 @@ def test_down_removes_the_bucket_and_finds_an_unrecorded_one(front: Front) -> No
 
 def test_the_documented_policy_allows_exactly_the_s3_calls_and_only_on_gpuprov_buckets(front: Front) -> None:
     """Every S3 operation gpuprov made (recorded from botocore's own events) is allowed by
-    docs/aws-iam-policy.json on the resource it acts on; the same on a bucket gpuprov does not
-    name is not."""
+    docs/aws-iam-policy.json on the resource it acts on, in a bucket of the caller's account;
+    the same on a bucket gpuprov does not name, or on one another account owns, is not."""
     from gpuprov.providers.aws import api, teardown
     from gpuprov.providers.aws import s3 as s3mod
     from tests.aws import iam
@@ -228,14 +231,20 @@ def test_the_documented_policy_allows_exactly_the_s3_calls_and_only_on_gpuprov_b
         resources = ["*"] if bucket is None else [f"arn:aws:s3:::{bucket}/{k}" for k in keys] or [
             f"arn:aws:s3:::{bucket}"]
         for resource in resources:
-            auth = iam.Authorization(actions[operation], resource)
+            auth = iam.Authorization(actions[operation], resource, iam.s3_context())
             assert iam.allowed_by(policy, auth), f"refused: {auth} ({operation})"
             if bucket is not None:
-                elsewhere = iam.Authorization(actions[operation], resource.replace(bucket, "someone-elses-bucket"))
+                elsewhere = iam.Authorization(actions[operation], resource.replace(bucket, "someone-elses-bucket"),
+                                              iam.s3_context())
                 assert not iam.allowed_by(policy, elsewhere), f"allowed outside gpuprov's buckets: {elsewhere}"
+            if bucket is not None and operation != "CreateBucket":  # (a name another account owns: refused)
+                theirs = iam.Authorization(actions[operation], resource, iam.s3_context(OTHER_ACCOUNT))
+                assert not iam.allowed_by(policy, theirs), f"allowed on another account's bucket: {theirs}"
         seen.add(actions[operation])
     for action in ("s3:GetObject", "s3:PutObject"):  # the nodes' presigned requests
-        assert iam.allowed_by(policy, iam.Authorization(action, f"arn:aws:s3:::{channel.bucket}/gpuprov/pl/x"))
+        resource = f"arn:aws:s3:::{channel.bucket}/gpuprov/pl/x"
+        assert iam.allowed_by(policy, iam.Authorization(action, resource, iam.s3_context()))
+        assert not iam.allowed_by(policy, iam.Authorization(action, resource, iam.s3_context(OTHER_ACCOUNT)))
     stated = {a for s in policy["Statement"] for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
               if a.startswith("s3:")}
     assert stated == seen, f"in the policy but never used: {sorted(stated - seen)}; used: {sorted(seen - stated)}"
@@ -266,6 +275,10 @@ def test_the_dry_run_of_a_pull_up_checks_the_s3_actions(capsys: pytest.CaptureFi
         for action in (*s3.BUCKET_ACTIONS, *s3.OBJECT_ACTIONS):
             assert f"dry run: {action} allowed (IAM's policy simulator)" in err, err
         assert {p for p, _, _ in sim.asked} == {CALLER} and _s3().list_buckets()["Buckets"] == []
+        # Asked on a bucket of the caller's account, as gpuprov makes its calls.
+        from tests.aws import iam
+
+        assert sim.contexts and all(c == iam.s3_context() for c in sim.contexts), sim.contexts
         # The same credentials without s3:PutBucketPolicy: refused, said, exit 1, nothing made.
         for statement in policy["Statement"]:
             if "s3:PutBucketPolicy" in statement["Action"]:

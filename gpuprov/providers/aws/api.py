@@ -136,6 +136,20 @@ class Aws:
     def ec2(self) -> Any:
         return self.client("ec2")
 
+    def identity(self) -> dict[str, str]:
+        """These credentials' account and principal (STS GetCallerIdentity, which needs no
+        permission), asked once per command and kept: the account is the owner every S3 call
+        expects (s3.py), the principal what IAM's policy simulator is asked about."""
+        cache: dict[str, str] = self.__dict__.setdefault("_identity", {})
+        if not cache:
+            answer = self.client("sts").get_caller_identity()
+            cache.update(account=str(answer["Account"]), arn=str(answer["Arn"]))
+        return cache
+
+    @property
+    def account(self) -> str:
+        return self.identity()["account"]
+
 
 class ConfigError(BadInput):
     """The AWS configuration here cannot be used (a profile that is not there, a config or

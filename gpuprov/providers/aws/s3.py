@@ -23,6 +23,13 @@ What goes in it, under ``gpuprov/CLUSTER/``:
 
 boto3's S3 client signs with SigV4 (presigned URLs and POST policies alike). Only the
 controller holds AWS credentials; a node holds its presigned GET and POST policy alone.
+
+Every bucket and object call expects the bucket to be this account's (``ExpectedBucketOwner``,
+the credentials' account from STS, asked once per command): a bucket name that now belongs to
+another account (a ``pull_bucket`` deleted and claimed, a typo) is refused by S3 (403), never
+used. The node's presigned GET carries the same condition as a signed header it must send
+(``bundle_headers``); S3's POST upload has no such field, so the report POST relies on the IAM
+policy's ``s3:ResourceAccount`` condition (docs/security.md).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ MAX_EXPIRES_S = 7 * 24 * 3600  # SigV4's longest presigned validity
 MAX_REPORT = 8 << 20  # bytes in one report batch (as the HTTP server takes: gpuprov/pull/server.py)
 _SUFFIX = 10  # random characters after the cluster's name (bucket names are global)
 _ALPHABET = string.ascii_lowercase + string.digits
+OWNER = "ExpectedBucketOwner"  # S3's bucket owner condition (header x-amz-expected-bucket-owner)
+OWNER_HEADER = "x-amz-expected-bucket-owner"
 
 
 def bucket_pattern(cluster: str) -> re.Pattern[str]:
@@ -62,7 +71,21 @@ def client(aws: api.Aws) -> Any:
         cache["s3v4"] = aws.session.client("s3", region_name=aws.region, config=Config(
             signature_version="s3v4", retries={"mode": "adaptive", "max_attempts": aws.attempts},
             connect_timeout=10, read_timeout=60, user_agent_extra="gpuprov"))
+        cache["s3v4"].meta.events.register("before-parameter-build.s3", _owner_expected(aws),
+                                           unique_id="gpuprov-expected-bucket-owner")
     return cache["s3v4"]
+
+
+def _owner_expected(aws: api.Aws) -> Any:
+    """Every S3 operation that takes ExpectedBucketOwner (all but ListBuckets and CreateBucket
+    of gpuprov's) gets this account's id, presigned ones included (a signed header there)."""
+
+    def handler(params: dict[str, Any], model: Any, **_: Any) -> None:
+        shape = model.input_shape
+        if shape is not None and OWNER in shape.members:
+            params.setdefault(OWNER, aws.account)
+
+    return handler
 
 
 def find_buckets(aws: api.Aws, cluster: str) -> list[str]:
@@ -168,13 +191,16 @@ class Channel:
         credentials live: a URL signed with a role's session dies with the session)."""
         s3, prefix = client(self.aws), self.report_prefix(node)
         expires = min(expires_s or self.expires_s, MAX_EXPIRES_S)
-        get = s3.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self.bundle_key(sha256)},
-                                        ExpiresIn=expires)
+        # The owner condition is signed as a header: the node sends it (bundle_headers), and S3
+        # refuses the GET of a bucket another account owns. A POST upload has no such field.
+        owner = self.aws.account
+        get = s3.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self.bundle_key(sha256),
+                                                              OWNER: owner}, ExpiresIn=expires)
         post = s3.generate_presigned_post(
             self.bucket, prefix + "${filename}",
             Conditions=[["starts-with", "$key", prefix], ["content-length-range", 1, MAX_REPORT]],
             ExpiresIn=expires)
-        return {"channel": "s3", "bundle_url": get, "report_url": post["url"],
+        return {"channel": "s3", "bundle_url": get, "bundle_headers": {OWNER_HEADER: owner}, "report_url": post["url"],
                 "report_fields": {k: v for k, v in post["fields"].items() if k != "key"}, "report_prefix": prefix}
 
     def list_reports(self) -> dict[str, int]:
@@ -256,9 +282,13 @@ def simulate(aws: api.Aws, asks: tuple[tuple[tuple[str, ...], str], ...], report
         principal = caller_principal(aws)
         from botocore.config import Config
 
+        # Asked as gpuprov makes them: on a bucket of this account (the policy's s3:ResourceAccount).
+        context = [{"ContextKeyName": key, "ContextKeyValues": [aws.account], "ContextKeyType": "string"}
+                   for key in ("s3:ResourceAccount", "aws:PrincipalAccount")]
         iam = aws.session.client("iam", region_name=aws.region, config=Config(retries={"max_attempts": 2}))
         results = [r for actions, arn in asks for r in iam.simulate_principal_policy(
-            PolicySourceArn=principal, ActionNames=list(actions), ResourceArns=[arn])["EvaluationResults"]]
+            PolicySourceArn=principal, ActionNames=list(actions), ResourceArns=[arn],
+            ContextEntries=context)["EvaluationResults"]]
     except (ClientError, BotoCoreError, ValueError) as exc:
         why = api.error_code(exc) if isinstance(exc, ClientError) else type(exc).__name__
         for actions, _ in asks:
@@ -278,7 +308,7 @@ def simulate(aws: api.Aws, asks: tuple[tuple[tuple[str, ...], str], ...], report
 def caller_principal(aws: api.Aws) -> str:
     """The IAM principal of these credentials, as the policy simulator takes it (an assumed
     role's session is its role); ValueError for one it cannot take (the account's root)."""
-    arn = aws.session.client("sts", region_name=aws.region).get_caller_identity()["Arn"]
+    arn = aws.identity()["arn"]
     parts = arn.split(":", 5)
     if len(parts) == 6 and parts[2] == "sts" and parts[5].startswith("assumed-role/"):
         role = parts[5].split("/")[1]

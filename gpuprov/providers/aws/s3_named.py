@@ -65,8 +65,10 @@ def reach(aws: api.Aws, bucket: str, cluster: str) -> str | None:
             raise BadInput(f"S3 bucket {bucket} (the pull_bucket setting) is not in the cluster's region "
                            f"{aws.region}; name a bucket there") from None
         if code in s3.DENIED:
+            # S3 answers the same 403 where the bucket is another account's (ExpectedBucketOwner).
             raise GpuprovError(f"AWS refuses s3:ListBucket on S3 bucket {bucket} (prefix {prefix(cluster)}) for "
-                               f"these credentials; see {POLICY_DOC} for what gpuprov needs") from None
+                               f"these credentials, or the bucket is not this account's ({aws.account}: gpuprov "
+                               f"uses no other's); see {POLICY_DOC} for what gpuprov needs") from None
         raise
     where = location(aws, bucket)
     if where is not None and where != aws.region:

@@ -154,8 +154,8 @@ def put_object(config: dict, body: bytes, seq: int) -> None:
 
 
 def request(config: dict, url: str, body: bytes | None = None) -> urllib.request.Request:
-    if config.get("channel") == "s3":  # a presigned URL: its query string is the whole authorisation
-        return urllib.request.Request(url, method="GET")
+    if config.get("channel") == "s3":  # a presigned URL, and the headers it signed (the bucket's owner)
+        return urllib.request.Request(url, method="GET", headers=dict(config.get("bundle_headers") or {}))
     headers = {"Authorization": f"Bearer {config['token']}", "X-Gpuprov-Node": config["node"]}
     if body is not None:
         headers["Content-Type"] = "application/json"
