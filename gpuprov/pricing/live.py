@@ -9,12 +9,18 @@
 - Spot: EC2's DescribeSpotPriceHistory (Linux/UNIX) in the region: the newest price of each
   type in each zone; over a node's lifetime for `status` (``history``).
 
+What AWS answers is read as data: a price document, a dimension or a spot row that cannot be
+read (not JSON, another shape, a price that is no positive finite number, a time that is none)
+is left out, and the others answer; that type then has no live price (the bundled table
+answers), never an exception for the whole refresh (tests/unit/test_review4_parsers.py).
+
 boto3 loads here (through gpuprov.providers.aws.api), never at CLI start-up.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,20 +52,39 @@ def pricing_client(aws: api.Aws) -> Any:
     return cache["pricing"]
 
 
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _usd(value: Any) -> float | None:
+    """A price as AWS writes it ("52.5000000000"): a positive finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    try:
+        usd = float(value)
+    except ValueError:
+        return None
+    return usd if 0 < usd < math.inf else None
+
+
 def on_demand_usd(price_list: list[str]) -> float | None:
     """The on-demand USD per hour in a GetProducts answer's PriceList (None: none there).
-    Several products (a reservation-backed SKU) may answer: the on-demand market's, lowest."""
+    Several products (a reservation-backed SKU) may answer: the on-demand market's, lowest.
+    A document or a dimension that cannot be read is left out."""
     found = []
     for doc in price_list:
-        product = json.loads(doc) if isinstance(doc, str) else doc
-        attributes = (product.get("product") or {}).get("attributes") or {}
+        try:
+            product = _object(json.loads(doc) if isinstance(doc, str) else doc)
+        except (ValueError, RecursionError):
+            continue
+        attributes = _object(_object(product.get("product")).get("attributes"))
         if attributes.get("marketoption", "OnDemand") != "OnDemand":
             continue
-        for term in ((product.get("terms") or {}).get("OnDemand") or {}).values():
-            for dimension in (term.get("priceDimensions") or {}).values():
-                usd = (dimension.get("pricePerUnit") or {}).get("USD")
-                if dimension.get("unit", "Hrs") == "Hrs" and usd is not None and float(usd) > 0:
-                    found.append(float(usd))
+        for term in _object(_object(product.get("terms")).get("OnDemand")).values():
+            for dimension in map(_object, _object(_object(term).get("priceDimensions")).values()):
+                usd = _usd(_object(dimension.get("pricePerUnit")).get("USD"))
+                if dimension.get("unit", "Hrs") == "Hrs" and usd is not None:
+                    found.append(usd)
     return min(found) if found else None
 
 
@@ -86,12 +111,27 @@ def fetch_spot(aws: api.Aws, names: list[str]) -> dict[str, dict[str, tuple[floa
     pages = aws.ec2.get_paginator("describe_spot_price_history").paginate(
         InstanceTypes=names, ProductDescriptions=["Linux/UNIX"], StartTime=datetime.now(UTC))
     for page in pages:
-        for row in page.get("SpotPriceHistory", []):
-            name, zone, at = row["InstanceType"], row["AvailabilityZone"], _iso(row["Timestamp"])
-            usd = float(row["SpotPrice"])
+        for row in filter(None, map(spot_row, page.get("SpotPriceHistory") or [])):
+            name, zone, since, usd = row
+            at = _iso(since)
             if zone not in out.get(name, {}) or at > out[name][zone][1]:
                 out.setdefault(name, {})[zone] = (usd, at)
     return out
+
+
+def spot_row(row: Any) -> tuple[str, str, datetime, float] | None:
+    """One DescribeSpotPriceHistory row: (type, zone, since, usd); None where it cannot be read
+    (no type or zone, a price that is no positive number, a time that is none: left out)."""
+    row = _object(row)
+    name, zone, usd = row.get("InstanceType"), row.get("AvailabilityZone"), _usd(row.get("SpotPrice"))
+    if not (isinstance(name, str) and name and isinstance(zone, str) and zone and usd is not None):
+        return None
+    try:
+        since = _time(row.get("Timestamp"))
+        _iso(since)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return name, zone, since, usd
 
 
 def history(aws: api.Aws, name: str, zone: str, start: datetime, end: datetime) -> list[tuple[datetime, float]]:
@@ -100,8 +140,8 @@ def history(aws: api.Aws, name: str, zone: str, start: datetime, end: datetime) 
     pages = aws.ec2.get_paginator("describe_spot_price_history").paginate(
         InstanceTypes=[name], ProductDescriptions=["Linux/UNIX"], AvailabilityZone=zone,
         StartTime=start, EndTime=end)
-    steps = sorted({(_time(r["Timestamp"]), float(r["SpotPrice"])) for p in pages for r in p.get("SpotPriceHistory", [])
-                    if r.get("AvailabilityZone") == zone})
+    rows = (spot_row(r) for p in pages for r in p.get("SpotPriceHistory") or [])
+    steps = sorted({(r[2], r[3]) for r in rows if r is not None and r[1] == zone})
     before = [s for s in steps if s[0] <= start]
     return ([before[-1]] if before else []) + [s for s in steps if s[0] > start]
 
@@ -136,6 +176,8 @@ def refresh(region: str) -> list[str]:
 
 
 def _time(value: Any) -> datetime:
+    if value is None:
+        raise ValueError("no time")
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
@@ -155,7 +197,7 @@ def spot_cost(steps: list[tuple[datetime, float]], start: datetime, end: datetim
         begin = max(since, start)
         until = min(steps[i + 1][0] if i + 1 < len(steps) else end, end)
         if until > begin:
-            total += usd * (until - begin) / timedelta(hours=1)
+            total += usd * ((until - begin) / timedelta(hours=1))  # hours first: no timedelta of a price
     return total
 
 

@@ -20,33 +20,12 @@ import pytest
 from gpuprov.state import Store
 from tests.aws.helpers import invoke, up
 from tests.aws.moto_shim import Shim
+from tests.fixtures.price_list import document as _document
 
-# FIXTURE: one GetProducts PriceList document, in the real shape of the AWS Price List Query API
-# (the AWS Billing user guide's "Using the AWS Price List Query API", and botocore's pricing
-# 2017-10-15 service model: PriceList is a list of JSON strings, each a product with its
-# attributes and its terms.OnDemand.<sku.offer>.priceDimensions.<rate>.pricePerUnit.USD).
-# VALUES EDITED for the test (sku, rate codes and prices are not AWS's): 52.5 marks an answer
-# of this fixture, not the bundled table's 55.04.
+# FIXTURE: GetProducts answers, each one document of tests/fixtures/price_list.py (the Price
+# List Query API's real shape; VALUES EDITED): 52.5 marks an answer of this fixture, not the
+# bundled table's 55.04.
 FIXTURE_USD = {"p5.48xlarge": "52.5000000000", "p4d.24xlarge": "20.1000000000"}
-
-
-def _document(name: str, usd: str, region: str) -> str:
-    sku = "FIXTURESKU" + name.replace(".", "").upper()
-    return json.dumps({
-        "product": {"productFamily": "Compute Instance", "sku": sku, "attributes": {
-            "instanceType": name, "regionCode": region, "operatingSystem": "Linux", "tenancy": "Shared",
-            "preInstalledSw": "NA", "capacitystatus": "Used", "marketoption": "OnDemand",
-            "licenseModel": "No License required", "servicecode": "AmazonEC2"}},
-        "serviceCode": "AmazonEC2",
-        "terms": {"OnDemand": {f"{sku}.JRTCKXETXF": {
-            "offerTermCode": "JRTCKXETXF", "sku": sku, "effectiveDate": "2026-11-01T00:00:00Z",
-            "termAttributes": {},
-            "priceDimensions": {f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
-                "unit": "Hrs", "beginRange": "0", "endRange": "Inf", "appliesTo": [],
-                "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7",
-                "description": f"${usd} per On Demand Linux {name} Instance Hour",
-                "pricePerUnit": {"USD": usd}}}}}},
-        "version": "20261101000000", "publicationDate": "2026-11-01T00:00:00Z"})
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from gpuprov.health import nccl
 from gpuprov.manifest import record
 from gpuprov.pull.reports import BadReport, check_report
 from gpuprov.state import NodeRecord
+from tests.fixtures.mutate import mutate_text as _mutate_text
+from tests.fixtures.mutate import mutate_value as _mutate_value
 
 REC = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
 NCCL = (REC / "h100-sxm5-580" / "nccl-tests.txt").read_text()
@@ -64,37 +66,6 @@ def test_a_manifest_record_with_a_bad_item_count_records_none(items: object) -> 
 
 
 # -- properties over mutated recordings --------------------------------------------------------
-_ODD = ["1.2.3", "1e999", "-1", "nan", "inf", "", "#", "\x00", "\udcff", "é", "9" * 400, "0x1f", "[", "]"]
-
-
-def _mutate_text(rng: random.Random, text: str) -> str:
-    lines = text.split("\n")
-    for _ in range(rng.randint(1, 6)):
-        # Half the time one of the lines nccl-tests' summary is read from (# Avg, # Out of bounds).
-        marked = [i for i, line in enumerate(lines) if line.startswith("# ") and ":" in line]
-        at = rng.choice(marked) if marked and rng.random() < 0.5 else rng.randrange(len(lines))
-        how = rng.randrange(6)
-        if how == 0:  # a number or a word replaced by an odd one
-            words = lines[at].split(" ")
-            words[rng.randrange(len(words))] = rng.choice(_ODD)
-            lines[at] = " ".join(words)
-        elif how == 1:
-            del lines[at]
-            lines = lines or [""]
-        elif how == 2:
-            lines.insert(at, lines[rng.randrange(len(lines))])
-        elif how == 3:
-            other = rng.randrange(len(lines))
-            lines[at], lines[other] = lines[other], lines[at]
-        elif how == 4 and lines[at]:  # cut mid-line
-            lines[at] = lines[at][:rng.randrange(len(lines[at]))]
-        else:  # one character replaced
-            line = lines[at] or " "
-            spot = rng.randrange(len(line))
-            lines[at] = line[:spot] + rng.choice("0.-+e#|:\t\r\x1b") + line[spot + 1:]
-    return "\n".join(lines)
-
-
 def test_no_exception_escapes_the_nccl_parser_on_mutated_recordings() -> None:
     rng = random.Random(54)
     for _ in range(EXAMPLES):
@@ -102,24 +73,6 @@ def test_no_exception_escapes_the_nccl_parser_on_mutated_recordings() -> None:
         nccl.parse_tests(text)
         check = nccl.bandwidth_check("n1", text, instance_type=rng.choice(["p5.48xlarge", None]), nodes=1)
         assert check.status in ("pass", "fail")
-
-
-def _mutate_value(rng: random.Random, value: object) -> object:
-    if isinstance(value, dict) and value and rng.random() < 0.7:
-        key = rng.choice(sorted(value))
-        out = dict(value)
-        if rng.random() < 0.2:
-            del out[key]
-        else:
-            out[key] = _mutate_value(rng, value[key])
-        return out
-    if isinstance(value, list) and value and rng.random() < 0.6:
-        out = list(value)
-        at = rng.randrange(len(out))
-        out[at] = _mutate_value(rng, out[at])
-        return out
-    return rng.choice([None, True, 0, -1, 1 << 40, 1e999, float("nan"), 2.5, "", "many", "x" * 5000,
-                       [], ["a"], [1], {}, {"a": [1]}, [[[]]]])
 
 
 def test_no_exception_escapes_the_manifest_verdict_on_mutated_answers() -> None:
