@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # The modules the quick level imports, relative to the package (gpuprov.health's __init__
 # imports every level's checks, so the deep ones come too), and the catalog's data file.
 FILES = (
-    "__init__.py", "errors.py", "paths.py",
+    "__init__.py", "errors.py", "paths.py", "node_text.py",
     "catalog/__init__.py", "catalog/instance_types.json",
     "shared/__init__.py", "shared/results.py", "shared/costs.py", "shared/manifest_result.py",
     *(f"health/{m}.py" for m in ("__init__", "checks_deep", "checks_gpu", "checks_node", "checks_state", "dcgm",
