@@ -60,13 +60,13 @@ demo: $(STAMP) mirror-build host-setup mirror registry settings
 demo-down: $(STAMP)
 	gpuprov down demo --yes
 
-## test: the whole suite — lint, unit and CLI tests, molecule scenarios, end to end
+## test: the whole suite — lint (tests/unit/test_lint.py), unit and CLI tests, molecule scenarios, end to end
 # One worker per CPU (at most one per 6 GiB of memory, at least two), each on one unit of work
 # at a time (a test file, or one molecule scenario), the longest first (tests/conftest.py), so
 # that they end together. A worker more than the CPUs was tried: each unit ran 1.5 to 2 times
 # as long, no gain (docs/performance.md, 2026-11-29 (3)).
 TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; m = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30; print(max(2, min(len(os.sched_getaffinity(0)), m // 6)))')
-test: $(STAMP) mirror-build host-setup mirror registry settings lint
+test: $(STAMP) mirror-build host-setup mirror registry settings
 	$(ENV) GPUPROV_SUITE_STARTED=$(SUITE_STARTED) python -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=60
 
 ## test-extended: the heavy variants `make test` skips, each with its reason (tests/conftest.py, `extended`)
@@ -81,10 +81,10 @@ test-driver-move: $(STAMP) host-setup mirror registry settings
 test-debian13: $(STAMP) host-setup mirror registry settings
 	$(ENV) GPUPROV_E2E_DEBIAN13=1 python -m pytest tests/e2e/test_debian13_e2e.py -p no:cacheprovider
 
+# The linters are one unit of `make test` (tests/unit/test_lint.py: ruff, yamllint, ansible-lint's
+# production profile), run there beside the other units; `make lint` runs that file alone.
 lint: $(STAMP)
-	ruff check gpuprov tests benchmarks
-	yamllint -s .
-	cd $(CURDIR) && ansible-lint --profile production --offline playbooks roles
+	python -m pytest tests/unit/test_lint.py -p no:cacheprovider -q
 
 unit: $(STAMP)
 	python -m pytest tests/unit tests/cli -p no:cacheprovider

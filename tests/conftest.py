@@ -144,6 +144,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_baked_cluster.py": 290,  # placed, not measured (see above)
     "tests/roles/test_lock_vs_host.py": 243,  # AMD EPYC
     "tests/aws/test_ec2_headline.py": 217,  # AMD EPYC
+    "tests/unit/test_lint.py": 120,  # ruff, yamllint, ansible-lint: once before every unit, now beside them
     "molecule:nvidia_driver:default": 170,  # here 163 (the mirror FIXTURE since 2026-11-28; 582 with the real DKMS build)
     "tests/e2e/test_pull_e2e.py": 300,  # fresh clone 215 (2026-11-28) and provision --via pull (about 80)
     "tests/e2e/test_unreachable.py": 261,  # here

@@ -16,7 +16,11 @@ import pytest
 
 from tests.conftest import GPUPROV, run_cli
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended(why=(
+    "a node SSH cannot reach, a stalled package source and first-boot faults on real nodes (about 6 minutes of two "
+    "cores on a slower AMD EPYC); in `make test` the one-line report of an unreachable node is "
+    "tests/unit/test_unreachable_report.py's, a node lost mid-play and a changed host key are "
+    "tests/e2e/test_cluster_faults.py's; left out on 2026-12-02 (CI's time)"))]
 
 
 @pytest.fixture(scope="module")

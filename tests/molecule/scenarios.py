@@ -51,7 +51,29 @@ DEBIAN12_ONLY = {
 }
 # Scenarios `make test` leaves to `make test-extended` (tests/conftest.py, the extended suite),
 # each with what proves the same code in `make test`.
+_SITE = ("the {role} role with these variables on Debian 12 is converged for real by the whole site on "
+         "tests/e2e/test_docker_cluster.py's node from scratch (its probes pass there), converged again with changed 0 "
+         "(test_up_again_resumes_where_it_stopped_and_is_idempotent), in check mode with changed 0 and on nodes from the "
+         "baked image (tests/e2e/test_baked_cluster.py): the scenario's converge, idempotence, check and verify, on a "
+         "real node; left out of `make test` on 2026-12-02, when the suite outgrew CI's 90 minutes on a slower 2-core "
+         "AMD EPYC")
 EXTENDED = {
+    **{f"{role}:default": _SITE.format(role=role)
+       for role in ("gpu_preflight", "cudnn", "container_runtime", "base_images", "microcode")},
+    "nvidia_driver:default": "the driver role from the signed FIXTURE mirror (source mirror): in `make test` "
+                             "tests/e2e/test_cluster_faults.py's two nodes install and hold it by the same play and "
+                             "converge again after a killed run, and tests/roles/test_repo_trust.py installs, holds and "
+                             "moves it through the pinned key; left out on 2026-12-02 (CI's time on a slower AMD EPYC)",
+    "nvidia_fabricmanager:default": "fabric manager from the FIXTURE repository: in `make test` "
+                                    "tests/roles/test_repo_trust.py finds a mismatched fabric manager on a node and "
+                                    "fixes it, and the role's refusal without NVSwitch is its unit tests' and "
+                                    "tests/e2e/test_patch_e2e.py's lock; left out on 2026-12-02 (CI's time)",
+    "node_patch:default": "playbooks/patch.yml's kernel and microcode patch: in `make test` tests/e2e/test_patch_e2e.py "
+                          "runs the same play on a three-node fleet (its kernel guard, its no-op, its check); left out "
+                          "on 2026-12-02 (CI's time)",
+    "slurm:default": "the slurm role on Debian 12: in `make test` tests/e2e/test_slurm_e2e.py converges it on two "
+                     "nodes and runs jobs across them, and tests/e2e/test_patch_e2e.py converges it on a three-node "
+                     "fleet and drains and resumes through it; left out on 2026-12-02 (CI's time)",
     "cuda:default": "Debian 12's nvidia-cuda-toolkit by the cuda role alone (a 2 GB install, about 4 minutes of "
                     "two cores); in `make test` the same role installs the same package on "
                     "tests/e2e/test_docker_cluster.py's node from scratch, whose whole site converges again with "

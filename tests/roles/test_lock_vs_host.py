@@ -31,7 +31,11 @@ from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import copy_in, play, sh
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended(why=(
+    "locks that contradict the host on a real node (about 7.5 minutes of two cores on a slower AMD EPYC); in `make "
+    "test` the same checks of the lock against the host are the unit tests' (tests/unit/test_stack_os.py, "
+    "test_kernel_compiler.py, test_driver_lifecycle.py, test_platforms.py) and the roles' own asserts run on every "
+    "node of the e2e fleets; left out on 2026-12-02 (CI's time)"))]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVSWITCH_BUS = FIXTURES / "pci" / "hgx-h100-nvswitch"
