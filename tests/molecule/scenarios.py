@@ -71,6 +71,15 @@ EXTENDED = {
     "node_patch:default": "playbooks/patch.yml's kernel and microcode patch: in `make test` tests/e2e/test_patch_e2e.py "
                           "runs the same play on a three-node fleet (its kernel guard, its no-op, its check); left out "
                           "on 2026-12-02 (CI's time)",
+    "gpuprov_base:default": "gpuprov_base's facts run in every play of every e2e run in `make test`, and its "
+                            "pinned-key repository tasks are tests/roles/test_repo_trust.py's (a pinned install, "
+                            "a keyring holding another key, a repository signed with another key); left out on "
+                            "2026-12-02 (CI's time)",
+    "gpuprov_lock:default": "the lock's fields as the roles' variables: tests/unit/test_lock_mapping.py in `make test`, "
+                            "and every e2e run there converges through it; left out on 2026-12-02 (CI's time)",
+    "spot_interruption:default": "the spot watcher on Debian 12: in `make test` tests/aws/test_ec2_headline.py's four "
+                                 "spot nodes install it and one notices an interruption through IMDSv2, and "
+                                 "tests/e2e/test_pull_aws_e2e.py converges its play; left out on 2026-12-02 (CI's time)",
     "slurm:default": "the slurm role on Debian 12: in `make test` tests/e2e/test_slurm_e2e.py converges it on two "
                      "nodes and runs jobs across them, and tests/e2e/test_patch_e2e.py converges it on a three-node "
                      "fleet and drains and resumes through it; left out on 2026-12-02 (CI's time)",
