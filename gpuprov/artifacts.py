@@ -197,7 +197,8 @@ def wait_for(directory: Path, rel: str, hold_s: float = HOLD_S) -> bool:
     """Hold a request for ``rel`` while a running build will write it: True once it is there or
     no build will write it, False when ``hold_s`` ran out first."""
     until = time.monotonic() + hold_s
-    while rel in building(directory):
+    # A file that is there is whole (a build writes beside it and renames): never held.
+    while rel in building(directory) and not (directory / rel).is_file():
         if time.monotonic() > until:
             return False
         time.sleep(1)
@@ -241,6 +242,8 @@ def background(directory: Path, wheel_cache: Path | None, words: str, log: Path)
     directory.mkdir(parents=True, exist_ok=True)
     todo = missing(directory, lines)
     if not todo:
+        if not building(directory):
+            _mark(directory, [])  # a marker a killed build left
         print("nothing to build")
         return 0
     argv = [sys.executable, "-m", "gpuprov.artifacts", "build", str(directory), "--lines", words]

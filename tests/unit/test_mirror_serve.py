@@ -88,3 +88,15 @@ def test_a_build_names_the_quick_archives_first_and_cudnn_8_9_last(tmp_path: Pat
     assert len(wanted) == 1 + len([a for line in stack.data()["cuda"]
                                    for a in stack.data()["cuda"][line].get("archives", [])])
     assert artifacts.missing(tmp_path, artifacts.lines_of("default")) == [wanted[-1]]
+
+
+def test_a_file_that_is_there_is_served_at_once_whatever_the_marker_says(tmp_path: Path) -> None:
+    """A build writes beside a file and renames it: one that is there is whole, and a marker
+    (a pid reused after a killed build) never holds it."""
+    (tmp_path / "a.tar").write_bytes(b"whole")
+    mark(tmp_path, os.getpid(), "a.tar")
+    with serving(tmp_path, hold_s=30) as url:
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{url}/a.tar", timeout=10) as answer:
+            assert answer.read() == b"whole"
+        assert time.monotonic() - started < 5
