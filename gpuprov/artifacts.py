@@ -2,9 +2,12 @@
 
 An air-gapped site mirrors artifacts once and serves them inside; gpuprov's
 demo and tests do the same on this machine. The cuDNN archive is rebuilt
-byte for byte reproducibly (sorted entries, fixed owners and times, fixed xz
-preset) from ``nvidia-cudnn-cu11`` (downloaded with its sha256 pinned), so
-its sha256 can be pinned in the version lock.
+byte for byte reproducibly (sorted entries, fixed owners and times; a plain tar, as the line
+archives of gpuprov/artifact_archives.py are) from ``nvidia-cudnn-cu11`` (downloaded with its
+sha256 pinned), so its sha256 can be pinned in the version lock. NVIDIA's own download is a
+.tar.xz; xz at preset 1 took eight minutes of one core of a 2-core AMD EPYC (1063 MiB to
+489), and a node that unpacks it three decompressions of 40 CPU-seconds each: a plain tar costs
+neither, and its bytes depend on no compressor's version.
 
     python -m gpuprov.artifacts build DIR       # DIR/cudnn/<archive>, DIR/SHA256SUMS
                                                 # and each CUDA line's redist archives
@@ -15,8 +18,8 @@ its sha256 can be pinned in the version lock.
 A build in progress names what it will write in DIR/.building (its pid and those paths), written
 before it starts; the server holds a request for such a path until it is there (up to HOLD_S, then
 503 with Retry-After: a node's download retries), so that a machine serves while it builds: the
-first node's bootstrap reaches cuDNN minutes after it starts, while the cuDNN 8.9 archive (xz,
-one core) is still being packed.
+first node's bootstrap reaches cuDNN minutes after it starts, while the archives are still
+being packed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import lzma
 import os
 import subprocess
 import sys
@@ -68,7 +70,7 @@ def build_cudnn_archive(wheel: Path, out: Path) -> Path:
     """Repack the wheel into NVIDIA's redist layout: <top>/include, <top>/lib, <top>/LICENSE."""
     cudnn = stack.data()["cudnn"]
     archive = out / cudnn["archive"]
-    top = cudnn["archive"].removesuffix(".tar.xz")
+    top = cudnn["archive"].removesuffix(".tar")
     full = cudnn["version"].rsplit(".", 1)[0]  # 8.9.6.50 -> 8.9.6 (the .so suffix)
     out.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_suffix(".tmp")
@@ -85,8 +87,7 @@ def build_cudnn_archive(wheel: Path, out: Path) -> Path:
         info.size, info.mode = len(data), mode
         tar.addfile(info, io.BytesIO(data))
 
-    with zipfile.ZipFile(wheel) as whl, lzma.open(tmp, "wb", preset=1) as xz, \
-            tarfile.open(fileobj=xz, mode="w", format=tarfile.GNU_FORMAT) as tar:
+    with zipfile.ZipFile(wheel) as whl, tarfile.open(tmp, mode="w", format=tarfile.GNU_FORMAT) as tar:
         names = sorted(whl.namelist())
         headers = [n for n in names if n.startswith("nvidia/cudnn/include/") and n.endswith(".h")]
         libs = [n for n in names if n.startswith("nvidia/cudnn/lib/") and ".so" in n]
@@ -110,7 +111,7 @@ HOLD_S = 100  # under the roles' get_url timeout (120 s): past it, 503 and the n
 
 def wanted(directory: Path, lines: frozenset[str] | None = None) -> dict[str, str]:
     """What a build of ``lines`` (None: every line) puts in ``directory``: {relative path: the
-    pinned sha256}, the line archives first (quick: plain tar), the cuDNN 8.9 archive (xz) last."""
+    pinned sha256}, the line archives first, the cuDNN 8.9 archive last."""
     cudnn = stack.data()["cudnn"]
     chosen = sorted(stack.data().get("cuda", {})) if lines is None else sorted(lines)
     out = {f"{artifact_archives.subdir(a)}/{a['archive']}": a.get("archive_sha256", "")

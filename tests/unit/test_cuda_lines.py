@@ -161,14 +161,17 @@ def test_types_mark_the_lines_each_gpu_can_use() -> None:
 # NVIDIA's repository and the mirror moved once since, for a reason of their own (2026-11-28:
 # fabric manager from R580 is NVIDIA's nvidia-fabricmanager, not nvidia-fabricmanager-580; p4d
 # was 7465450da0a7, p5 aec7c6922dd1, p3 353dfa37bad9, g5 a6ca2c86b382:
-# tests/fixtures/lock_hashes_debian12.json "fabricmanager_renamed").
+# tests/fixtures/lock_hashes_debian12.json "fabricmanager_renamed"), and every one of them on
+# 2026-12-02 (cuDNN 8.9's archive a plain tar: its hash before each is in that file's
+# "cudnn_plain_tar", the same lock with the .tar.xz's name and sha256 gives it:
+# tests/unit/test_stack_os.py).
 HASHES_11_8 = {
-    ("p4d.24xlarge", "nvidia", None): "7bf59c59a825",
-    ("p5.48xlarge", "nvidia", None): "a3c7915d9a95",
-    ("p3.2xlarge", "nvidia", None): "a617d2823bf4",
-    ("g5.xlarge", "mirror", None): "8d4c2d1b0732",
-    ("docker-node", "distro", None): "684b1af6a3a9",
-    ("p4d.24xlarge", "nvidia", "535"): "e1f97db988a4",
+    ("p4d.24xlarge", "nvidia", None): "1ce1b3d60fe7",
+    ("p5.48xlarge", "nvidia", None): "ba22aa690d79",
+    ("p3.2xlarge", "nvidia", None): "6adc2fed974c",
+    ("g5.xlarge", "mirror", None): "d44f820c4f1e",
+    ("docker-node", "distro", None): "75c57c4422d1",
+    ("p4d.24xlarge", "nvidia", "535"): "54b18eacd9fd",
 }
 
 

@@ -41,23 +41,49 @@ def test_every_debian12_lock_shape_keeps_its_hash() -> None:
     assert not moved, moved
 
 
+# cuDNN 8.9's archive as the mirror built it until 2026-12-02 (xz at preset 1).
+CUDNN_XZ = ("cudnn-linux-x86_64-8.9.6.50_cuda11-archive.tar.xz",
+            "6b3bfc53746d8a3cebe8440654df80d8ade61a09b377541352b8bce0f0023891")
+
+
+def _with_cudnn_xz(lock: stack.Lock) -> stack.Lock:
+    if not lock.cudnn_archive.startswith("cudnn-linux-x86_64-8.9.6.50_"):
+        return lock
+    return dataclasses.replace(lock, cudnn_archive=CUDNN_XZ[0], cudnn_archive_sha256=CUDNN_XZ[1])
+
+
 def test_the_locks_that_moved_moved_for_fabric_managers_name_alone() -> None:
     """R580 and newer from NVIDIA's repository or the mirror: fabric manager is NVIDIA's
     nvidia-fabricmanager (nvidia-fabricmanager-580 does not exist there). Those hashes moved for
-    that alone: with the old name, each lock gives its old hash again; every other shape kept its
-    hash (above)."""
+    that alone: with the old name (and cuDNN 8.9's archive as it was then, below), each lock
+    gives its old hash again; every other shape kept its hash (above)."""
     renamed = GOLDEN["fabricmanager_renamed"]
     assert len(renamed) > 100
     for key, before in renamed.items():
         lock = stack.resolve(**_request(key), on=ON)
         assert lock.packages["fabricmanager"] == "nvidia-fabricmanager", key
         assert int(lock.driver_branch) >= 580 and lock.source in ("nvidia", "mirror"), key
-        old = dataclasses.replace(lock, packages={**lock.packages,
-                                                  "fabricmanager": f"nvidia-fabricmanager-{lock.driver_branch}"})
+        old = dataclasses.replace(_with_cudnn_xz(lock), packages={
+            **lock.packages, "fabricmanager": f"nvidia-fabricmanager-{lock.driver_branch}"})
         assert old.short_hash() == before != lock.short_hash(), key
     kept = [k for k in GOLDEN["hashes"] if k not in renamed]
     assert kept and all(stack.resolve(**_request(k), on=ON).packages["fabricmanager"] != "nvidia-fabricmanager"
                         for k in kept)
+
+
+def test_the_locks_that_moved_moved_for_cudnn_89s_plain_tar_alone() -> None:
+    """Since 2026-12-02 the mirror builds cuDNN 8.9's archive as a plain tar (its name and sha256
+    in data/stack.toml [cudnn]): every lock of CUDA 11.8 names it, so their hashes moved. With
+    the .tar.xz's name and sha256, each gives its hash before again; no other lock moved."""
+    moved = GOLDEN["cudnn_plain_tar"]
+    assert len(moved) > 100
+    for key, before in moved.items():
+        lock = stack.resolve(**_request(key), on=ON)
+        assert lock.cudnn_archive == "cudnn-linux-x86_64-8.9.6.50_cuda11-archive.tar", key
+        assert _with_cudnn_xz(lock).short_hash() == before != lock.short_hash() == GOLDEN["hashes"][key], key
+    others = [k for k in GOLDEN["hashes"] if k not in moved]
+    assert others and not any(stack.resolve(**_request(k), on=ON).cudnn_archive.startswith("cudnn-linux-x86_64-8.9")
+                              for k in others)
 
 
 def test_a_stored_lock_without_os_is_debian12_and_keeps_its_hash() -> None:
