@@ -20,6 +20,7 @@ from gpuprov.cli_local import verify_options
 from gpuprov.cli_monitor import monitor
 from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_patch import patch
+from gpuprov.cli_ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli_stack import cuda_for_install, stack, types
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, options_for
@@ -279,15 +280,18 @@ def verify(name: str | None, level: str, local: bool, output: str, **flags: Any)
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_(name: str, command: tuple[str, ...]) -> int:
-    """Run a command on every node at once; output is prefixed by node.
+@click.option("--node", "nodes", multiple=True, metavar="NODE", help="Only this node (repeatable).")
+@click.option("--controller", is_flag=True, help="Only the Slurm controller (a Slurm cluster).")
+def exec_(name: str, command: tuple[str, ...], nodes: tuple[str, ...], controller: bool) -> int:
+    """Run a command on every node at once (or on the nodes named); output is prefixed by node.
 
     \b
     gpuprov exec demo -- uname -r
+    gpuprov exec demo --controller -- sinfo
     """
     from gpuprov.core import remote  # lazy: CLI start-up
 
-    results = remote.run(name, list(command), console=_console())
+    results = remote.run(name, list(command), console=_console(), names=nodes, on_controller=controller)
     return 0 if all(r.exit_code == 0 for r in results) else 1
 
 
@@ -343,6 +347,8 @@ cli.add_command(stack)
 cli.add_command(image)
 cli.add_command(patch)
 cli.add_command(monitor)
+cli.add_command(ssh_cmd)
+cli.add_command(ssh_config_cmd)
 
 
 # -- entry point ---------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # What ends a line for some reader of a line-based file: C0 controls (newline, carriage return,
 # tab, NUL...), DEL, C1 controls (NEL) and Unicode's line and paragraph separators.
 LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# What one word of an OpenSSH option may hold, on ssh's command line (-o KEY=VALUE) and in
+# ~/.ssh/config alike (ssh_config_word).
+SSH_WORD = re.compile(r"[A-Za-z0-9_./:@+-]+")
 
 
 def cluster_name(name: str) -> str:
@@ -140,6 +143,23 @@ def one_line(value: Any, where: str) -> Any:
     elif isinstance(value, list | tuple):
         for item in value:
             one_line(item, where)
+    return value
+
+
+def ssh_config_word(value: Any, where: str) -> str:
+    """A value OpenSSH reads as one plain word: letters, digits and ``_ . / : @ + -`` only.
+
+    ssh_config(5) and ssh's ``-o`` read a value as config text: whitespace and ``=`` separate
+    words (``IdentityFile /a b`` names two files, ``UserKnownHostsFile`` several), a quote
+    starts a quoted word, ``#`` a comment, a control character ends the line (and may start a
+    new option there), and ``%`` tokens, ``${VAR}`` and ``~`` are expanded in paths. A value
+    holding any of them would add an option or a line, or read another file than the one
+    named; quoting it would be a second syntax to get right, so it is refused instead."""
+    if not isinstance(value, str) or not SSH_WORD.fullmatch(value):
+        bad = next((c for c in value if not SSH_WORD.fullmatch(c)), "") if isinstance(value, str) and value else ""
+        raise BadInput(f"{where}: {value!r} " + (f"holds {bad!r}" if bad else "is empty")
+                       + ": ssh reads a value as config text, where only letters, digits and _ . / : @ + - "
+                       "stand for themselves; refused, nothing printed or run")
     return value
 
 

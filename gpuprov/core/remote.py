@@ -1,4 +1,5 @@
-"""``gpuprov exec``: one command on every node at once, over fabric (paramiko).
+"""``gpuprov exec``: one command on every node at once, or on the nodes named, over fabric
+(paramiko).
 
 Host keys come only from the cluster's pinned known_hosts; an unknown or
 changed key is refused (paramiko's RejectPolicy), never added.
@@ -6,7 +7,6 @@ changed key is refused (paramiko's RejectPolicy), never added.
 
 from __future__ import annotations
 
-import shlex
 import sys
 import threading
 from collections.abc import Sequence
@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
+from gpuprov.core import login
 from gpuprov.shared.cluster import load, reachable_nodes, refresh
 from gpuprov.shared.console import Console
 from gpuprov.ssh import node_key
@@ -67,13 +68,17 @@ class PrefixedStream:
 
 
 def run(
-    name: str, command: Sequence[str], *, console: Console, store: Store | None = None
+    name: str, command: Sequence[str], *, console: Console, store: Store | None = None,
+    names: Sequence[str] = (), on_controller: bool = False,
 ) -> list[ExecResult]:
+    """``command`` on every node, or on those ``names`` (`--node`), or on the Slurm controller
+    alone (`--controller`); the command and the names are checked before any node is asked."""
+    line = login.command_line(command)
     store = store or Store()
     cluster = load(store, name)
+    chosen = login.exec_nodes(cluster, names, on_controller)
     _, files, nodes = refresh(store, cluster)
-    nodes = reachable_nodes(cluster, nodes)
-    line = shlex.join(command) if len(command) > 1 else command[0]
+    nodes = reachable_nodes(cluster, nodes) if chosen is None else login.at_provider(cluster, nodes, chosen)
     width = max(len(n.name) for n in nodes)
 
     def one(node) -> ExecResult:

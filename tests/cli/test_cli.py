@@ -14,7 +14,7 @@ import pytest
 from gpuprov.cli import main
 from gpuprov.state import Store
 
-COMMANDS = ["up", "down", "list", "status", "provision", "verify", "exec", "inventory", "types"]
+COMMANDS = ["up", "down", "list", "status", "provision", "verify", "exec", "inventory", "types", "ssh", "ssh-config"]
 
 
 def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
