@@ -192,3 +192,39 @@ def test_a_state_directory_that_would_need_quoting_is_refused(state: str) -> Non
 
 def test_a_link_local_address_with_its_zone_reaches_ssh_as_the_destination() -> None:
     assert login.ssh_argv(node(1, address="fe80::1%eth0"), FILES)[-1] == "root@fe80::1%eth0"
+
+
+# -- as OpenSSH reads them (ssh -G: the options it would use, no connection) ------------------------
+def _as_openssh_reads(argv: list[str]) -> dict[str, list[str]]:
+    import shutil
+    import subprocess
+
+    if shutil.which("ssh") is None:
+        pytest.skip("no OpenSSH client on this machine")
+    proc = subprocess.run(argv, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, timeout=30)
+    read: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        read.setdefault(key, []).append(value)
+    return read
+
+
+WANTED = ("hostname", "port", "user", "identityfile", "identitiesonly", "userknownhostsfile",
+          "globalknownhostsfile", "stricthostkeychecking")
+
+
+def test_openssh_reads_the_login_and_the_config_block_alike(tmp_path: Path) -> None:
+    files = ClusterFiles(tmp_path / "clusters" / "demo")
+    files.dir.mkdir(parents=True)
+    files.key.write_text("not a key; ssh -G only checks that it is there\n")
+    argv = login.ssh_argv(node(2), files, ["hostname"])
+    from_argv = _as_openssh_reads(["ssh", "-G", "-F", "/dev/null", *argv[1:]])
+    config = tmp_path / "config"
+    config.write_text("\n".join(login.host_block(node(2), files)) + "\n")
+    from_config = _as_openssh_reads(["ssh", "-G", "-F", str(config), "demo-node-2"])
+    expected = {"hostname": ["127.0.0.1"], "port": ["2202"], "user": ["root"], "identityfile": [str(files.key)],
+                "identitiesonly": ["yes"], "userknownhostsfile": [str(files.known_hosts)],
+                "globalknownhostsfile": ["/dev/null"], "stricthostkeychecking": ["true"]}
+    assert {k: from_argv.get(k) for k in WANTED} == expected
+    assert {k: from_config.get(k) for k in WANTED} == expected
+    assert from_argv["controlmaster"] == ["false"] and "controlpath" not in from_argv
