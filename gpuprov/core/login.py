@@ -11,6 +11,7 @@ own options end with ``--`` before the destination.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import shlex
@@ -107,17 +108,17 @@ def _path(path: Path, what: str, node: NodeRecord) -> str:
 
 
 def checked(node: NodeRecord) -> NodeRecord:
-    """``node`` when every field that reaches ssh is what it should be (gpuprov.validate)."""
+    """``node`` when every field that reaches ssh is what it should be (gpuprov.validate), its
+    port a number (the address stays as recorded: it is the name its host key is pinned under)."""
     validate.host_name(node.name, "node")
     validate.user_name(node.user, f"{node.name}: user")
     validate.address(node.address, f"{node.name}: address")
-    validate.port(node.ssh_port, f"{node.name}: port")
-    return node
+    return dataclasses.replace(node, ssh_port=validate.port(node.ssh_port, f"{node.name}: port"))
 
 
 def ssh_argv(node: NodeRecord, files: ClusterFiles, words: Sequence[str] = ()) -> list[str]:
     """The ssh command line for a login on ``node`` (no ``words``) or for one command on it."""
-    checked(node)
+    node = checked(node)
     key = ssh.node_key(node, files.key)
     key = None if key is None else Path(_path(key, "key", node))
     known_hosts = Path(_path(files.known_hosts, "known_hosts", node))
@@ -167,7 +168,7 @@ def host_block(node: NodeRecord, files: ClusterFiles) -> list[str]:
     """One ``Host`` entry: ``ssh NODE`` as `gpuprov ssh` connects. Every value is one plain word
     (validate.ssh_config_word: whitespace, quotes, '#', '=', '%', '$' and control characters
     are refused, never quoted), so no record can add a line or an option to the file."""
-    checked(node)
+    node = checked(node)
     key = ssh.node_key(node, files.key)
     # An address is one word too: an IPv6 zone id's '%' would be read as a token there.
     address = validate.ssh_config_word(node.address, f"{node.name}: address")

@@ -69,6 +69,11 @@ def test_an_empty_command_is_refused_not_a_login(words: list[str]) -> None:
         login.command_line(words)
 
 
+def test_a_port_recorded_as_text_reaches_ssh_as_a_number() -> None:
+    assert login.ssh_argv(node(1, ssh_port="2201 "), FILES)[:3] == ["ssh", "-p", "2201"]
+    assert "    Port 2201" in login.host_block(node(1, ssh_port=" 2201"), FILES)
+
+
 def test_an_empty_word_after_the_command_is_the_commands() -> None:
     assert login.command_line(["printf", "%s", ""]) == "printf %s ''"
 
