@@ -100,6 +100,16 @@ def task_env(env: Mapping[str, Any]) -> str:
     return _call("task_env", env)
 
 
+def hosts_entries(cluster: SlurmCluster | Mapping[str, Any]) -> str:
+    """The ``address name`` lines of /etc/hosts by which every node resolves the others."""
+    return _call("hosts_entries", _description(cluster))
+
+
+def tcp_interface(facts: Mapping[str, Any], addr: str = "") -> str:
+    """The interface holding a node's Slurm address: Open MPI's TCP traffic is kept there."""
+    return _call("tcp_interface", facts, addr)
+
+
 def real_memory(memtotal_mb: int, gpus: int = 0) -> int:
     return _call("real_memory", memtotal_mb, gpus)
 

@@ -198,26 +198,90 @@ def _wait_state(node: str, on: str, want: str, timeout: float = 90.0) -> tuple[s
 
 
 MPI_PROGRAM = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
-               "print(socket.gethostname(), c.Get_rank(), c.Get_size(), c.allreduce(1))")
+               "print(socket.gethostname(), c.Get_rank(), c.Get_size(), c.allreduce(c.Get_rank() + 1))")
+# What Docker does on every node it runs on: a bridge with the same address everywhere
+# (docker0, 172.17.0.1 on a real node; here another subnet, off the nodes' own network).
+SAME_BRIDGE = ("ip link show gpuprov-br0 >/dev/null 2>&1 || { ip link add gpuprov-br0 type bridge && "
+               "ip addr add 172.31.254.1/24 dev gpuprov-br0 && ip link set gpuprov-br0 up; }")
+
+
+def _install(nodes: list[str], packages: str) -> None:
+    """Debian's packages on every node at once, as a user would add a job's runtime."""
+    procs = [subprocess.Popen(["docker", "exec", container(n), "bash", "-c",
+                               "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+                               f"{packages} >/dev/null"], stderr=subprocess.PIPE, text=True) for n in nodes]
+    for node, proc in zip(nodes, procs, strict=True):
+        _, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{node}: {packages}: {err[-2000:]}"
 
 
 def test_an_mpi_program_starts_under_plain_srun_across_both_nodes(cluster, env) -> None:
     """MPI through Slurm: Debian's Open MPI (what the nccl_tests play installs; mpi4py, Debian's
     python3-mpi4py, is the MPI program here) wired up by Slurm's PMIx plugin, the slurm.conf
     default, so `srun` starts MPI ranks as written, with no --mpi and no SSH key between the
-    nodes. Four ranks on two nodes, each seeing the world of four and an allreduce summing it."""
+    nodes. Four ranks on two nodes, each seeing the world of four and an allreduce summing it.
+    Issue 53: each node has a bridge with the same address, as Docker makes on every node it
+    runs on; Open MPI left alone pairs the two bridges and the allreduce hangs until killed. The
+    task environment keeps Open MPI's TCP traffic on the interface of the node's Slurm address."""
     name, nodes = cluster
     first = nodes[0]
+    _install(nodes, "python3-mpi4py openmpi-bin")
     for node in nodes:
-        _on(node, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-                  "python3-mpi4py openmpi-bin >/dev/null")
+        _on(node, SAME_BRIDGE)
+        iface = _on(node, "ip -o -4 addr show | awk -v a=\"$(hostname -i | awk '{print $1}')\" "
+                          "'index($4, a \"/\") == 1 {print $2}'")
+        prolog = _on(node, "/etc/slurm/gpuprov-task-prolog")
+        assert f"export OMPI_MCA_btl_tcp_if_include={iface.strip()}" in prolog.splitlines(), (node, iface, prolog)
     assert _on(first, "scontrol show config | grep '^MpiDefault '").split("=", 1)[1].strip() == "pmix"
-    out = _on(first, f"cd /tmp && timeout 150 srun -N2 --ntasks-per-node=2 python3 -c '{MPI_PROGRAM}'",
+    out = _on(first, f"cd /tmp && timeout 60 srun -N2 --ntasks-per-node=2 python3 -c '{MPI_PROGRAM}'",
               user="gpuprov")
     rows = sorted(line.split() for line in out.splitlines() if line.strip())
-    assert [r[1:] for r in sorted(rows, key=lambda r: int(r[1]))] == [[str(i), "4", "4"] for i in range(4)], out
+    assert [r[1:] for r in sorted(rows, key=lambda r: int(r[1]))] == [[str(i), "4", "10"] for i in range(4)], out
     assert sorted({r[0] for r in rows}) == sorted(nodes), out
     assert not any((Path(env["GPUPROV_HOME"]) / "clusters" / name).glob("**/gpuprov-mpi-*"))
+
+
+# One step of PyTorch's DistributedDataParallel over gloo, launched the usual way: MASTER_ADDR is
+# the first host of the job's nodelist (a Slurm name the other node must resolve), RANK and
+# WORLD_SIZE from Slurm. Each rank feeds other data; after the step DDP's averaged gradients
+# leave the same weights on both: each prints its rank and the weights' sum.
+DDP_STEP = """
+import datetime, os, torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=50))
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.full((8, 4), float(rank + 1))).sum().backward()
+opt.step()
+print(rank, dist.get_world_size(), round(sum(float(p.sum()) for p in model.parameters()), 6))
+dist.destroy_process_group()
+"""
+DDP_JOB = """#!/bin/bash
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) MASTER_PORT=29517
+exec srun -N2 --ntasks-per-node=1 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec python3 /tmp/ddp_step.py'
+"""
+
+
+def test_a_pytorch_ddp_step_runs_across_both_nodes_by_their_slurm_names(cluster, env) -> None:
+    """Issue 53: every node resolves every other node's Slurm name (the slurm play's block in
+    /etc/hosts, the nodes of slurm.conf), so the usual sbatch script works as written: two ranks
+    of Debian's PyTorch 1.13 agree after one DDP step, within a minute."""
+    _, nodes = cluster
+    first, second = nodes
+    for node, other in ((first, second), (second, first)):
+        addr = _on(other, "hostname -i").split()[0]
+        assert _on(node, f"getent hosts {other}").split()[0] == addr, node
+    _install(nodes, "python3-torch")
+    for node in nodes:
+        _on(node, f"cat > /tmp/ddp_step.py <<'EOS'\n{DDP_STEP}\nEOS\nchmod 0644 /tmp/ddp_step.py")
+    _on(first, f"cat > /tmp/ddp.sh <<'EOS'\n{DDP_JOB}EOS")
+    job = _on(first, "cd /tmp && timeout 90 sbatch --parsable --wait -N2 -t 2 -o /tmp/ddp-%j.out /tmp/ddp.sh",
+              user="gpuprov").strip()
+    out = _on(first, f"cat /tmp/ddp-{job}.out")
+    rows = sorted(line.split() for line in out.splitlines() if line.strip())
+    assert [r[:2] for r in rows] == [["0", "2"], ["1", "2"]], out
+    assert rows[0][2] == rows[1][2], out  # the same weights on both ranks
 
 
 def test_a_node_is_drained_by_its_own_health_and_resumed_when_it_passes(cluster, env) -> None:

@@ -324,3 +324,54 @@ def test_a_readable_or_short_key_file_is_refused_not_replaced(tmp_path: Path) ->
     assert short.read_bytes() == b"x" * 8
     with pytest.raises(GpuprovError, match="at least 32"):
         munge.write_key(tmp_path / "tiny.key", b"x")
+
+
+# -- names and interfaces a job needs (issue 53, section 0) -----------------------------------
+def test_every_node_resolves_every_other_nodes_slurm_name() -> None:
+    """The /etc/hosts block: one `address name` line per node with an IP address, sorted, the
+    controller too where it is not a compute node; a DNS name is left to DNS."""
+    two = SlurmNode(**{**vars(local()), "name": "demo-2", "addr": "172.17.0.4"})
+    named = SlurmNode(**{**vars(local()), "name": "demo-3", "addr": "node3.example.internal"})
+    assert conf.hosts_entries(cluster(two, local(), named)) == "172.17.0.3 demo-1\n172.17.0.4 demo-2"
+    ctl = SlurmCluster(cluster_name="train", controller="head", controller_addr="10.0.0.2", nodes=(local(),))
+    assert conf.hosts_entries(ctl) == "172.17.0.3 demo-1\n10.0.0.2 head"
+    v6 = SlurmNode(**{**vars(local()), "addr": "fe80::1%eth0"})
+    assert conf.hosts_entries(cluster(v6)) == "fe80::1%eth0 demo-1"
+
+
+@pytest.mark.parametrize("addr", ["fe80::1%eth0\n10.0.0.9 head", "fe80::1%eth0 evil", "10.0.0.1 extra"])
+def test_a_hosts_entry_that_could_add_a_line_or_a_name_is_refused(addr: str) -> None:
+    with pytest.raises(BadInput, match="addr"):
+        conf.hosts_entries(cluster(SlurmNode(**{**vars(local()), "addr": addr})))
+
+
+# Facts as Ansible gathers them on a local node with Docker installed: its own eth0, and
+# docker0 with the address Docker gives its bridge on every node.
+DOCKER_NODE_FACTS = {
+    "default_ipv4": {"address": "172.18.0.3", "interface": "eth0"},
+    "interfaces": ["lo", "eth0", "docker0"],
+    "lo": {"ipv4": {"address": "127.0.0.1"}},
+    "eth0": {"ipv4": {"address": "172.18.0.3"}},
+    "docker0": {"ipv4": {"address": "172.17.0.1"}},
+}
+
+
+def test_open_mpi_is_kept_to_the_interface_of_the_nodes_slurm_address() -> None:
+    assert conf.tcp_interface(DOCKER_NODE_FACTS) == "eth0"
+    # NodeAddr given (a node on two networks): the interface holding that address.
+    facts = {**DOCKER_NODE_FACTS, "interfaces": ["lo", "eth0", "ens6"],
+             "ens6": {"ipv4": {"address": "10.1.0.7"}, "ipv4_secondaries": [{"address": "10.1.0.8"}]}}
+    assert conf.tcp_interface(facts, "10.1.0.8") == "ens6"
+    # An interface Ansible names with '-' keeps its facts under '_'.
+    dashed = {"default_ipv4": {"address": "10.2.0.5"}, "interfaces": ["br-lan"],
+              "br_lan": {"ipv4": {"address": "10.2.0.5"}}}
+    assert conf.tcp_interface(dashed) == "br-lan"
+    assert conf.tcp_interface({"interfaces": ["eth0"]}) == ""  # no address: nothing set
+    assert conf.tcp_interface(DOCKER_NODE_FACTS, "192.0.2.1") == ""  # held by no interface
+
+
+def test_an_interface_name_that_could_add_a_line_is_refused() -> None:
+    facts = {"default_ipv4": {"address": "10.2.0.5"}, "interfaces": ["eth0\nexport LD_PRELOAD=/x"],
+             "eth0\nexport LD_PRELOAD=/x": {"ipv4": {"address": "10.2.0.5"}}}
+    with pytest.raises(BadInput, match="interface name"):
+        conf.tcp_interface(facts)

@@ -83,6 +83,7 @@ def _describe(pattern: re.Pattern[str]) -> str:
         _GRES_TYPE: "letters, digits, '.', '-', '_' (at most 32 characters)",
         _PATH: "an absolute path of letters, digits and . / + - _",
         _ENV_NAME: "an environment variable name (letters, digits, '_')",
+        _IFACE: "an interface name (letters, digits, '_', '.', '-'; at most 15 characters)",
     }[pattern]
 
 
@@ -297,6 +298,54 @@ def _device_files(gpus: int) -> str:
     return "/dev/nvidia0" if gpus == 1 else f"/dev/nvidia[0-{gpus - 1}]"
 
 
+def hosts_entries(description: Mapping[str, Any]) -> str:
+    """The lines of ``/etc/hosts`` that let every node resolve every other node's Slurm name
+    (``address name``, one per node and the controller, sorted by name). Slurm itself reaches a
+    node through NodeAddr; a job does not: PyTorch's ``MASTER_ADDR`` taken from
+    ``scontrol show hostnames $SLURM_JOB_NODELIST``, mpirun's host list, a user's ``ssh node-2``
+    all resolve the name. Only nodes whose address is an IP address are listed (a DNS name
+    resolves already); names and addresses are checked as for slurm.conf."""
+    c = cluster(description)
+    entries = {n["name"]: n["addr"] for n in c["nodes"] if n["addr"]}
+    if c["controller_addr"]:
+        entries.setdefault(c["controller"], c["controller_addr"])
+    lines = []
+    for name, addr in sorted(entries.items()):
+        try:
+            ipaddress.ip_address(addr)
+        except ValueError:
+            continue
+        lines.append(f"{addr} {name}")
+    return _lines("\n".join(lines), "/etc/hosts entries")
+
+
+# A network interface name as Linux allows it in practice (IFNAMSIZ: 15 characters).
+_IFACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
+
+
+def tcp_interface(facts: Mapping[str, Any], addr: Any = None) -> str:
+    """The interface that holds this node's Slurm address (NodeAddr: ``addr``, else the default
+    route's address), '' when none does. Open MPI's TCP transport is kept to it
+    (``OMPI_MCA_btl_tcp_if_include``): left alone it tries every interface, and a Docker bridge
+    has the same address on every node (172.17.0.1), so a rank connects to its own bridge for
+    its peer and waits forever (an allreduce across two nodes hangs)."""
+    if not isinstance(facts, Mapping):
+        return ""
+    default = facts.get("default_ipv4") or {}
+    wanted = addr or default.get("address") or ""
+    if not wanted:
+        return ""
+    for name in facts.get("interfaces") or []:
+        iface = facts.get(str(name).replace("-", "_")) or {}
+        if not isinstance(iface, Mapping):
+            continue
+        held = [iface.get("ipv4") or {}, *(iface.get("ipv4_secondaries") or [])]
+        held += list(iface.get("ipv6") or [])
+        if any(isinstance(a, Mapping) and a.get("address") == wanted for a in held):
+            return _text(str(name), "interface name", _IFACE)
+    return ""
+
+
 def gres_conf(description: Mapping[str, Any]) -> str:
     """gres.conf: NVML's autodetection on nodes that have it (real GPUs and Slurm's NVML
     plugin), else the device files one by one; nothing for a node without GPUs."""
@@ -351,6 +400,8 @@ class FilterModule:
             "slurm_gres_conf": gres_conf,
             "slurm_cgroup_conf": cgroup_conf,
             "slurm_task_env": task_env,
+            "slurm_hosts_entries": hosts_entries,
+            "slurm_tcp_interface": tcp_interface,
             "slurm_node_from_facts": node_from_facts,
             "slurm_real_memory": real_memory,
         }
