@@ -284,6 +284,30 @@ def test_a_pytorch_ddp_step_runs_across_both_nodes_by_their_slurm_names(cluster,
     assert rows[0][2] == rows[1][2], out  # the same weights on both ranks
 
 
+def test_a_user_logs_in_with_gpuprov_ssh_and_submits_one_job(cluster, env, tmp_path) -> None:
+    """Issue 53, section 3: `gpuprov ssh NAME -- sbatch ...` runs on the controller (the Slurm
+    cluster's default node) over the pinned host key and submits one job, not one per node;
+    the remote command's exit code is gpuprov's; `exec --controller` runs on the controller
+    alone; `ssh-config`'s block lets plain OpenSSH log in by the node's name."""
+    name, nodes = cluster
+    proc = run_cli("ssh", name, "--", "sbatch", "--parsable", "--wait", "-N2", "-o", "/tmp/ssh-%j.out",
+                   "--wrap", "srun hostname -s", env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    assert job.isdigit(), proc.stdout
+    # one job of two tasks (the batch step runs on the allocation's first node: its output is there)
+    ran = "".join(_on(n, f"cat /tmp/ssh-{job}.out 2>/dev/null || true") for n in nodes).split()
+    assert sorted(ran) == sorted(nodes), ran
+    assert run_cli("ssh", name, nodes[1], "--", "exit 3", env=env, timeout=60).returncode == 3
+    one = run_cli("exec", name, "--controller", "--", "hostname -s", env=env, timeout=60)
+    assert one.returncode == 0 and one.stdout.split() == [nodes[0], "|", nodes[0]], one.stdout
+    config = tmp_path / "ssh_config"
+    config.write_text(run_cli("ssh-config", name, env=env, check=True).stdout)
+    plain = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", nodes[1], "hostname -s"],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+    assert plain.returncode == 0 and plain.stdout.strip() == nodes[1], plain.stderr
+
+
 def test_a_node_is_drained_by_its_own_health_and_resumed_when_it_passes(cluster, env) -> None:
     """The Docker engine (Debian's docker.io, installed on the node for this test) stopped:
     slurmd's health program drains the node with the check's name as its Reason; started
