@@ -22,7 +22,7 @@ from gpuprov.cli_options import output_option, up_options
 from gpuprov.cli_patch import patch
 from gpuprov.cli_ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli_stack import cuda_for_install, stack, types
-from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, options_for
 from gpuprov.scheduler_choice import Scheduler
 from gpuprov.shared.console import Console
@@ -219,7 +219,8 @@ def status(name: str, output: str) -> int:
 @cli.command()
 @click.argument("name")
 @click.option("--check", is_flag=True, help="Dry run (ansible --check --diff): change nothing; each node's drift "
-              "from its manifest, item by item.")
+              "from its manifest, item by item, and each task that would change. Exit 0: nothing to "
+              "change; 3: changes pending; 1: a node failed.")
 @click.option("--tags", metavar="T", help="Only these plays/roles (comma-separated Ansible tags).")
 @click.option("--full", is_flag=True, help="Run the plays on every node, also where its manifest holds.")
 @click.option("--via", type=click.Choice(["push", "pull"]), default="push", show_default=True,
@@ -250,7 +251,10 @@ def provision(name: str, check: bool, tags: str | None, full: bool, via: str, sc
         cli_output.emit_json(data)
     else:
         cli_output.provision_table(name, data)
-    return 0 if data.ok else 1
+    if not data.ok:
+        return 1
+    # --check: 0 nothing to change, CHANGES_PENDING something would change (docs/exit-codes.md)
+    return CHANGES_PENDING if check and data.pending else 0
 
 
 @cli.command()

@@ -84,6 +84,9 @@ def provision_table(cluster: str, data: ProvisionResult | Bootstrap) -> None:
         ["node", "ok", "changed", "failed", "unreachable"],
         [[h, s.ok, s.changed, s.failed, s.unreachable] for h, s in data.hosts.items()],
     )
+    # A check run: each task that would change, by name, per node.
+    for host, tasks in (getattr(data, "would_change", None) or {}).items():
+        click.echo(f"{host}: would change ({len(tasks)}): " + "; ".join(tasks))
 
 
 def cluster_list(rows: list[ClusterRow]) -> None:

@@ -6,6 +6,10 @@ line on stderr and an exit code in one place (``gpuprov.cli.main``).
 
 from __future__ import annotations
 
+# `provision --check`: the check ran and found changes the real run would make (as `terraform
+# plan -detailed-exitcode` says 2; 2 is bad input here). Not an error: a script gates on it.
+CHANGES_PENDING = 3
+
 
 class GpuprovError(Exception):
     """An operational failure: the request was valid but could not be done (exit 1)."""

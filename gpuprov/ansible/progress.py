@@ -93,6 +93,8 @@ class PlaybookProgress:
         self.hosts = {h: HostState(h) for h in hosts}
         # Per node, each task that ran there ok: {"action", "res": kept_result(...)}.
         self.results: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
+        # Per node, the name of each task that reported a change (in check mode: would change).
+        self.changed_tasks: dict[str, list[str]] = {h: [] for h in hosts}
         self.stats: dict[str, Any] | None = None
         self.live = None
         self.interactive = self.console.is_terminal
@@ -149,6 +151,7 @@ class PlaybookProgress:
                     {"action": str(data.get("task_action") or ""), "res": kept_result(res)})
             if res.get("changed"):
                 h.changed += 1
+                self.changed_tasks.setdefault(h.host, []).append(task)
                 if not self.interactive:
                     self.console.print(f"  {h.host}: changed  {h.task}", highlight=False, markup=False, emoji=False)
         elif kind == "runner_on_skipped":

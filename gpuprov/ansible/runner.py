@@ -16,6 +16,7 @@ ansible-runner gets none.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -99,6 +100,9 @@ class PlaybookResult:
     artifact_dir: Path
     # Per node, what each task that ran there ok worked on (gpuprov.ansible.progress.kept_result).
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # A check run: per node, the name of each task that would change: those check mode reported
+    # changed, then the commands it skipped that would run (counted in the node's "changed").
+    would_change: dict[str, list[str]] = field(default_factory=dict)
 
 
 def new_run_dir(files: ClusterFiles, kind: str) -> Path:
@@ -190,6 +194,9 @@ def run_playbook(
         args += ["--limit", ",".join(limit)]
 
     base_env = {"ANSIBLE_CONFIG": str(files.ansible_cfg)}
+    would_file = run_dir / WOULD_CHANGE_FILE
+    if check:
+        base_env[WOULD_CHANGE_ENV] = str(would_file)
     progress = PlaybookProgress(hosts, title, console=console)
     with progress, SecretFiles(secrets or {}) as secret_files:
         # Every value as data (extravars_yaml); the secrets' file paths too. ansible-runner is
@@ -226,6 +233,16 @@ def run_playbook(
             f" (full log: {artifact_dir / 'stdout'})"
         )
     hosts_summary = progress.summary()
+    would_change: dict[str, list[str]] = {}
+    if check:
+        # Each task that would change, by name: those check mode reported changed, and the
+        # commands it skipped that would run (counted as changes too: Ansible counts them skipped).
+        commands = read_would_change(would_file, hosts_summary)
+        for host in hosts_summary:
+            hosts_summary[host]["changed"] += len(commands.get(host, []))
+            named = progress.changed_tasks.get(host, []) + commands.get(host, [])
+            if named:
+                would_change[host] = named
     errors = progress.errors()
     for host, counts in hosts_summary.items():
         if counts["tasks"] == 0 and not counts["failed"] and not counts["unreachable"]:
@@ -242,7 +259,33 @@ def run_playbook(
         errors=errors,
         artifact_dir=artifact_dir,
         results=progress.results,
+        would_change=would_change,
     )
+
+
+# The check-mode callback's output (playbooks/callback_plugins/gpuprov_check.py): one JSON
+# object per line, {"host", "task"}, for each command task check mode skipped that would run.
+WOULD_CHANGE_ENV = "GPUPROV_WOULD_CHANGE"
+WOULD_CHANGE_FILE = "would-change.jsonl"
+
+
+def read_would_change(path: Path, hosts: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per host of the run, the task names the callback wrote (a host not in the run, or a
+    line that is not such an object, is left out: the file is the run's own, but a task name
+    is the play's words, shown as text)."""
+    out: dict[str, list[str]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("host") in hosts and isinstance(row.get("task"), str):
+            out.setdefault(row["host"], []).append(printable(row["task"]))
+    return out
 
 
 class SecretFiles:

@@ -182,7 +182,8 @@ def _site(name: str, files: ClusterFiles, nodes: list[NodeRecord], run_dir: Path
     hosts = {n.name: UNREACHED if n.name in down or n.name not in played else HostStats.of(played[n.name])
              for n in nodes}
     ok = not down and result is not None and result.ok
-    return ProvisionResult(cluster=name, ok=ok, hosts=hosts, errors=errors), result
+    would = (result.would_change or None) if check and result is not None else None
+    return ProvisionResult(cluster=name, ok=ok, hosts=hosts, errors=errors, would_change=would), result
 
 
 # -- verify --------------------------------------------------------------------------------

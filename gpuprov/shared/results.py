@@ -230,6 +230,14 @@ class ProvisionResult:
     hosts: dict[str, HostStats]
     errors: dict[str, str]
     manifest: dict[str, ManifestCheck] | None = field(default=None, metadata={OPTIONAL: True})
+    # `provision --check`: per node, the name of each task that would change (check mode's
+    # changed tasks, then the commands it skipped that would run, counted in the node's changed).
+    would_change: dict[str, list[str]] | None = field(default=None, metadata={OPTIONAL: True})
+
+    @property
+    def pending(self) -> bool:
+        """A check run found something to change (a count of changes on some node)."""
+        return any(s.changed for s in self.hosts.values())
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,13 @@ def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, st
     return int(exc.value.code or 0), json.loads(out) if out.strip() else None, err
 
 
+def invoke_text(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
 def assert_documented(command: str, data: Any) -> None:
     doc = documented()[command]
     found = {_normal(p) for p in _paths(data)}
@@ -138,3 +145,34 @@ def test_list_and_settings_json(capsys, cluster) -> None:
     code, data, _ = invoke(capsys, "settings", cluster, "--set", "apt_proxy=", "-o", "json")
     assert code == 0 and data == {"cluster": cluster, "settings": {}, "changed": ["apt_proxy"]}
     assert_documented("settings", data)
+
+
+def test_provision_check_exits_3_with_changes_pending_and_names_them(capsys, cluster, monkeypatch) -> None:
+    """Issue 53: `--check` exits 0 with nothing to change, 3 with changes pending (2 is bad
+    input), 1 where a node failed; -o json names each task that would change per node. (The
+    counting itself runs the real ansible-playbook: tests/unit/test_check_would_change.py.)"""
+    monkeypatch.setattr(ssh, "unreachable_nodes", lambda nodes, key, known: {})
+
+    def planned(would: dict[str, list[str]]):
+        def run(playbook: Path, files: Any, hosts: list[str], run_dir: Path, **kw: Any) -> PlaybookResult:
+            assert kw.get("check") is True
+            stats = {h: {"ok": 5, "changed": len(would.get(h, [])), "failed": 0, "unreachable": 0, "tasks": 6}
+                     for h in hosts}
+            return PlaybookResult(ok=True, rc=0, status="successful", hosts=stats, errors={},
+                                  artifact_dir=run_dir, would_change=would)
+        return run
+
+    monkeypatch.setattr(runner, "run_playbook", planned({"n2": ["Hold NVIDIA packages"]}))
+    code, data, err = invoke(capsys, "provision", cluster, "--check", "--full", "-o", "json")
+    assert code == 3, err
+    assert data["ok"] is True and data["would_change"] == {"n2": ["Hold NVIDIA packages"]}
+    assert data["hosts"]["n2"]["changed"] == 1
+    assert_documented("provision", data)
+    monkeypatch.setattr(runner, "run_playbook", planned({}))
+    code, data, err = invoke(capsys, "provision", cluster, "--check", "--full", "-o", "json")
+    assert code == 0 and "would_change" not in data, err
+    code, out, _ = invoke_text(capsys, "provision", cluster, "--check", "--full")
+    assert code == 0 and "would change" not in out
+    monkeypatch.setattr(runner, "run_playbook", planned({"n1": ["A managed file", "Hold NVIDIA packages"]}))
+    code, out, _ = invoke_text(capsys, "provision", cluster, "--check", "--full")
+    assert code == 3 and "n1: would change (2): A managed file; Hold NVIDIA packages" in out, out

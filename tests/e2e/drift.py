@@ -43,9 +43,10 @@ WORDS = (
 )
 
 
-def provision(name: str, env: dict[str, str], *flags: str) -> tuple[dict, str]:
+def provision(name: str, env: dict[str, str], *flags: str, code: int = 0) -> tuple[dict, str]:
+    """`provision NAME FLAGS -o json`, exiting ``code`` (3: `--check` found changes pending)."""
     proc = run_cli("provision", name, *flags, "-o", "json", env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == code, proc.stderr[-3000:]
     return json.loads(proc.stdout), proc.stderr
 
 
