@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The local image registry and container toolkit repository the local nodes use
 # (FIXTURES: no image registry and no NVIDIA download can be reached here).
-#   - Debian's docker-registry on the docker bridge gateway only, port 5000,
+#   - Debian's docker-registry on the docker bridge gateway only, port 5000, read-only,
 #     holding a small image of the local Debian root filesystem under the names
-#     of the lock's CUDA images (tests/fixtures/registry.py)
+#     of the lock's CUDA images, seeded through loopback (tests/fixtures/registry.py)
 #   - a signed apt repository with the container toolkit's package names
 #     (FIXTURE payloads: the runtime hands containers to runc) on port 8090
 # Idempotent: builds and pushes only what is missing, starts only what is not
@@ -37,16 +37,24 @@ fi
 gateway=$(bridge_gateway)
 mkdir -p "$dir"
 cd "$here"
-if running "$dir/registry.pid"; then
-  log "registry on $gateway:$port (already running)"
-else
-  "$python" -m tests.fixtures.registry serve --bind "$gateway" --port "$port" --dir "$dir" >"$dir/registry.pid"
-  log "registry on $gateway:$port"
-fi
+# Seeded first, through a registry of its own on loopback (the served one refuses writes), with
+# the digests skopeo computed of what it pushed; then served read-only on the bridge (an older,
+# writable registry of an earlier gpuprov is replaced), and held to those digests.
 # shellcheck disable=SC2046
-"$python" -m tests.fixtures.registry seed --registry "$gateway:$port" --digests "$dir/digests.json" \
+"$python" -m tests.fixtures.registry seed --dir "$dir" --digests "$dir/digests.json" \
   $("$python" -c 'from gpuprov import stack; print(" ".join(stack.resolve(None, source="distro").base_images))')
-log "seeded: the lock's CUDA image names (FIXTURE: a Debian image); served digests in $dir/digests.json"
+if running "$dir/registry.pid" && grep -q '"readonly"' "$dir/config.yml" 2>/dev/null; then
+  log "registry on $gateway:$port, read-only (already running)"
+else
+  if running "$dir/registry.pid"; then
+    kill "$(cat "$dir/registry.pid")"
+    for _ in $(seq 1 50); do running "$dir/registry.pid" || break; sleep 0.1; done
+  fi
+  "$python" -m tests.fixtures.registry serve --bind "$gateway" --port "$port" --dir "$dir" >"$dir/registry.pid"
+  log "registry on $gateway:$port, read-only"
+fi
+"$python" -m tests.fixtures.registry check --registry "$gateway:$port" --dir "$dir"
+log "seeded: the lock's CUDA image names (FIXTURE: a Debian image); digests (skopeo's, of what it pushed) in $dir/digests.json"
 
 fpr=$("$python" -m tests.fixtures.registry toolkit-repo "$dir/toolkit-repo")
 if running "$dir/toolkit-repo.pid"; then
