@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from gpuprov.core import login
+from gpuprov.node_text import printable
 from gpuprov.shared.cluster import load, reachable_nodes, refresh
 from gpuprov.shared.console import Console
 from gpuprov.ssh import node_key
@@ -27,6 +28,10 @@ def _auth(key) -> dict:
     return {"key_filename": str(key), "look_for_keys": False, "allow_agent": False}
 
 
+def _shown(line: str) -> str:
+    return printable(line.removesuffix("\r"), lines=True)
+
+
 @dataclass(frozen=True)
 class ExecResult:
     node: str
@@ -35,7 +40,9 @@ class ExecResult:
 
 
 class PrefixedStream:
-    """A file-like that writes whole lines, each prefixed with the node's name."""
+    """A file-like that writes whole lines, each prefixed with the node's name, as text: what a
+    node prints (a command's output is the node's words) reaches the terminal with every
+    character it could act on made ``?`` (gpuprov/node_text.py; tabs kept, a CRLF's CR dropped)."""
 
     _lock = threading.Lock()
 
@@ -48,7 +55,7 @@ class PrefixedStream:
         if lines:
             with self._lock:
                 for line in lines:
-                    self.target.write(f"{self.prefix}{line}\n")
+                    self.target.write(f"{self.prefix}{_shown(line)}\n")
                 self.target.flush()
         return len(data)
 
@@ -62,7 +69,7 @@ class PrefixedStream:
         """The last line, even without its newline."""
         if self.buffer:
             with self._lock:
-                self.target.write(f"{self.prefix}{self.buffer}\n")
+                self.target.write(f"{self.prefix}{_shown(self.buffer)}\n")
                 self.target.flush()
             self.buffer = ""
 

@@ -76,3 +76,19 @@ def test_exec_output_keeps_a_line_whole_across_chunks_and_flushes() -> None:
     assert target.getvalue() == "node-1 ! cat: /etc/x: Permission denied\n"
     stream.end()
     assert target.getvalue().splitlines() == ["node-1 ! cat: /etc/x: Permission denied", "node-1 ! last"]
+
+
+def test_exec_output_reaches_the_terminal_as_text() -> None:
+    """`gpuprov exec` prints what the node's command printed: an escape sequence a node sends
+    (a screen clear, OSC 52 writing the operator's clipboard) becomes '?', tabs stay, a CRLF's
+    CR goes."""
+    import io
+
+    from gpuprov.core.remote import PrefixedStream
+
+    target = io.StringIO()
+    stream = PrefixedStream("node-1 | ", target)
+    stream.write("ok\tcol\r\n\x1b[2Jcleared\n\x1b]52;c;cHduZWQ=\x07tail")
+    stream.end()
+    assert target.getvalue().splitlines() == ["node-1 | ok\tcol", "node-1 | ?[2Jcleared",
+                                              "node-1 | ?]52;c;cHduZWQ=?tail"]
