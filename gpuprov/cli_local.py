@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from gpuprov import cli_output
+from gpuprov.cli_options import DRIVER
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
 
@@ -20,8 +21,8 @@ VERIFY_OPTIONS = [
     click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="--local, untyped: the NVIDIA "
                  "GPUs this machine must show (0: none). Without --type or --gpus the count is not checked."),
     click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...)."),
-    click.option("--driver", metavar="VERSION|BRANCH", help="--local: the driver release or branch the "
-                 "lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
+    click.option("--driver", type=DRIVER, metavar="VERSION|BRANCH", help="--local: the driver release or "
+                 "branch the lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
     click.option("--cuda", metavar="LINE", help="--local: the CUDA line the lock pins (`gpuprov stack "
                  "--cuda`: 11.8, 12.9, 13.0; default: the lock's): what the CUDA, cuDNN and NCCL probes expect."),
     click.option("--only", metavar="GROUPS", help="Only these probe groups, a marker expression: gpu, "

@@ -12,9 +12,22 @@ from typing import Any
 
 import click
 
-from gpuprov import defaults
+from gpuprov import defaults, validate
 from gpuprov.providers import DEFAULT_PROVIDER
 from gpuprov.providers import names as provider_names
+
+
+class DriverType(click.types.StringParamType):
+    """`--driver`: a branch (580) or a release (580.95.05), checked when the flag is read, so
+    every command that takes it refuses the same value with the same line (validate.driver)."""
+
+    name = "driver"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return validate.driver(super().convert(value, param, ctx))
+
+
+DRIVER = DriverType()
 
 
 def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -126,7 +139,8 @@ UP_OPTIONS = [
     click.option("--source", type=click.Choice(defaults.PACKAGE_SOURCES),
         help=f"Package source for the NVIDIA stack (default: {defaults.LOCAL_SOURCE} for docker, "
         f"else {defaults.DEFAULT_SOURCE})."),
-    click.option("--driver", metavar="BRANCH", help="Driver branch or release (default: the lock's)."),
+    click.option("--driver", type=DRIVER, metavar="BRANCH",
+                 help="Driver branch or release (default: the lock's)."),
     click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
         help="Kernel module flavour (default: from the GPUs: proprietary for V100, else open)."),
     click.option("--cuda", metavar="X.Y", help=f"CUDA line (default {defaults.DEFAULT_CUDA}, the one gpuprov "

@@ -5,14 +5,14 @@ from __future__ import annotations
 import click
 
 from gpuprov import cli_output, defaults
-from gpuprov.cli_options import output_option
+from gpuprov.cli_options import DRIVER, output_option
 from gpuprov.shared.console import Console
 
 
 @click.command()
 @click.argument("name")
-@click.option("--driver", metavar="VERSION|BRANCH", help="Move the driver to this branch or release "
-              "(checked by the resolver; fabric manager follows).")
+@click.option("--driver", type=DRIVER, metavar="VERSION|BRANCH", help="Move the driver to this branch or "
+              "release (checked by the resolver; fabric manager follows).")
 @click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES),
               help="Move the driver's kernel module flavour (old packages out, new ones in).")
 @click.option("--cuda", metavar="LINE", help="Move the CUDA line (11.8, 13, ...): the toolkit, cuDNN and NCCL "

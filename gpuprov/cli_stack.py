@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpuprov import cli_output, defaults
-from gpuprov.cli_options import output_option
+from gpuprov.cli_options import DRIVER, output_option
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pricing import PURPOSES, SORTS
 from gpuprov.shared.console import Console
@@ -125,8 +125,8 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
               "that major); 12.4 with --os debian13 --source distro (Debian 13's own, its default there); "
               "12.9 (the default there) or 13.0 with --os ubuntu24.04 (13.0 only with --source mirror). "
               "Every line resolves here; up installs 11.8, and 13.0 with --source mirror.")
-@click.option("--driver", metavar="BRANCH", help="Driver branch (580) or exact release (default: "
-              "the newest supported long-term branch for the type).")
+@click.option("--driver", type=DRIVER, metavar="BRANCH", help="Driver branch (580) or exact release "
+              "(default: the newest supported long-term branch for the type).")
 @click.option("--kernel-module", type=click.Choice(defaults.KERNEL_MODULES), help="Default: from the GPU.")
 @click.option("--source", type=click.Choice(defaults.PACKAGE_SOURCES), default=defaults.DEFAULT_SOURCE,
               show_default=True, help="Package source the nodes install from.")
