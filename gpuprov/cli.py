@@ -18,7 +18,7 @@ from gpuprov.cli_health import health
 from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
 from gpuprov.cli_monitor import monitor
-from gpuprov.cli_options import output_option, up_options
+from gpuprov.cli_options import output_option, refuse_empty_values, up_options
 from gpuprov.cli_patch import patch
 from gpuprov.cli_ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli_stack import cuda_for_install, stack, types
@@ -353,6 +353,7 @@ cli.add_command(patch)
 cli.add_command(monitor)
 cli.add_command(ssh_cmd)
 cli.add_command(ssh_config_cmd)
+refuse_empty_values(cli)
 
 
 # -- entry point ---------------------------------------------------------------------------------

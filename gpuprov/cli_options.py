@@ -1,4 +1,5 @@
-"""The flags of `gpuprov up` and the output flag every reading command takes.
+"""The flags of `gpuprov up`, the output flag every reading command takes, and what every
+flag's value is held to when it is read (before a command does anything).
 
 Which provider takes which flag is declared by each provider's options type
 (gpuprov.providers.options_for); the --provider choices come from the registry, and every
@@ -13,6 +14,7 @@ from typing import Any
 import click
 
 from gpuprov import defaults, validate
+from gpuprov.errors import BadInput
 from gpuprov.providers import DEFAULT_PROVIDER
 from gpuprov.providers import names as provider_names
 
@@ -28,6 +30,57 @@ class DriverType(click.types.StringParamType):
 
 
 DRIVER = DriverType()
+
+# The parameter types whose value is not text as the user typed it; every other one (click's
+# STRING, Path, Choice, DriverType, a type added later) is, and an empty one is never meant.
+NOT_TEXT = (click.types.IntParamType, click.types.FloatParamType, click.types.BoolParamType,
+            click.types.UnprocessedParamType)
+
+
+def takes_text(param: click.Parameter) -> bool:
+    """A flag or argument whose value is text (not a switch, a number or `exec`'s raw words)."""
+    return not getattr(param, "is_flag", False) and not isinstance(param.type, NOT_TEXT)
+
+
+def refuse_empty_values(group: click.Group) -> None:
+    """Every text flag and argument of every command under ``group``, subcommands included,
+    refuses an empty or all-whitespace value (BadInput: one line naming it, exit 2) as it is
+    read: click would hand '' on as a value, and the commands take a false value for "not
+    given". Run once, when the commands are registered (gpuprov.cli)."""
+    for command in _commands(group):
+        for param in command.params:
+            if takes_text(param) and not getattr(param.callback, "refuses_empty", False):
+                param.callback = _refusing_empty(param.callback)
+
+
+def _commands(command: click.Command) -> list[click.Command]:
+    found = [command]
+    for sub in getattr(command, "commands", {}).values():
+        found += _commands(sub)
+    return found
+
+
+def _refusing_empty(callback: Callable[..., Any] | None) -> Callable[..., Any]:
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        given = ctx.get_parameter_source(param.name or "") not in (click.core.ParameterSource.DEFAULT,
+                                                                   click.core.ParameterSource.DEFAULT_MAP)
+        for item in value if isinstance(value, tuple) else (value,):
+            if given and isinstance(item, str) and not item.strip():
+                name = flag_name(param)
+                optional = isinstance(param, click.Option) and not param.required
+                out = f", or leave {name} out" if optional else ""
+                raise BadInput(f"{name} {item!r}: empty; give a value{out}")
+        return value if callback is None else callback(ctx, param, value)
+
+    check.refuses_empty = True  # type: ignore[attr-defined]
+    return check
+
+
+def flag_name(param: click.Parameter) -> str:
+    """How the user names ``param``: its long flag (--output, not -o), or an argument's NAME."""
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
 
 
 def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:

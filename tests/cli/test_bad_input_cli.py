@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import pytest
 
+from gpuprov.cli import cli
 from tests.conftest import invoke
 
 DRIVER_LINE = "gpuprov: --driver 'abc': expected a branch (580) or a release (580.95.05)"
@@ -31,4 +33,71 @@ def test_driver_is_checked_as_it_is_read(capsys, gpuprov_home: Path, args: list[
     every command taking --driver now reads it with one type and answers with the same line."""
     line = _one_line(*invoke(capsys, *args, "--driver", "abc"))
     assert line == DRIVER_LINE
+    assert not gpuprov_home.exists()
+
+
+# -- every command, every text value ----------------------------------------------------------
+# Values whose emptiness is documented as meaningful, each with its reason: none.
+EMPTY_ALLOWED: dict[tuple[str, str], str] = {}
+NOT_TEXT = (click.types.IntParamType, click.types.FloatParamType, click.types.BoolParamType,
+            click.types.UnprocessedParamType)
+
+
+def _commands(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+    found = [(path, command)] if path else []
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        found += _commands(sub, (*path, name))
+    return found
+
+
+def _text_params() -> list[tuple[tuple[str, ...], click.Parameter]]:
+    """Every flag and argument whose value is text (click.STRING, Path, Choice, any type but
+    numbers, switches and `exec`'s raw words), of every command and subcommand."""
+    return [(path, param) for path, command in _commands(cli) for param in command.params
+            if not getattr(param, "is_flag", False) and not isinstance(param.type, NOT_TEXT)
+            and not isinstance(command, click.Group)]
+
+
+def _args_for(path: tuple[str, ...], tested: click.Parameter, value: str) -> list[str]:
+    """The command line that gives ``tested`` the value, first, and every argument a value."""
+    command = cli
+    for name in path:
+        command = command.commands[name]
+    args = list(path) + ([max(tested.opts, key=len), value] if isinstance(tested, click.Option) else [])
+    for param in command.params:
+        if isinstance(param, click.Argument):
+            args.append(value if param is tested else ("true" if param.nargs == -1 else "demo"))
+    return args
+
+
+TEXT_PARAMS = _text_params()
+
+
+def test_the_walk_finds_the_text_values() -> None:
+    names = {(" ".join(path), param.name) for path, param in TEXT_PARAMS}
+    assert {("stack", "instance_type"), ("types", "gpu"), ("up", "cuda"), ("up", "region"),
+            ("image bake", "region"), ("up", "hosts_file"), ("status", "name")} <= names
+    assert len(TEXT_PARAMS) > 80
+
+
+@pytest.mark.parametrize("value", ["", " \t"])
+@pytest.mark.parametrize(("path", "param"), TEXT_PARAMS,
+                         ids=[f"{' '.join(p)}:{q.name}" for p, q in TEXT_PARAMS])
+def test_an_empty_value_is_bad_input_everywhere(capsys, gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                path: tuple[str, ...], param: click.Parameter, value: str) -> None:
+    """`stack --type ''` printed a lock for no type; `--cuda ''`, `--gpu ''`, `--region ''` were
+    taken as not given. Refused as the command line is read: no command body runs (each one here
+    fails the test if it does), so no AWS, Docker or SSH, and no state directory is made."""
+    if (" ".join(path), param.name) in EMPTY_ALLOWED:
+        pytest.skip(EMPTY_ALLOWED[(" ".join(path), param.name)])
+
+    def ran(*_: object, **__: object) -> None:
+        raise AssertionError(f"gpuprov {' '.join(path)} ran with {param.name}={value!r}")
+
+    for _, command in _commands(cli):
+        if not isinstance(command, click.Group):  # a group's own callback runs before its commands parse
+            monkeypatch.setattr(command, "callback", ran)
+    line = _one_line(*invoke(capsys, *_args_for(path, param, value)))
+    named = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
+    assert named in line, line
     assert not gpuprov_home.exists()
