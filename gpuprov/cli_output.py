@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from gpuprov.cli_table import table
 
 if TYPE_CHECKING:
     from gpuprov.shared.results import (
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     )
 
 NODE_COLUMNS = ["node", "id", "address", "ssh", "state", "zone", "type"]
+NODE_KEEP = ("id", "address")  # what a user copies: never cut (cli_table)
 
 
 def emit_json(data: Any) -> None:
@@ -39,20 +41,6 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(serialise(data), indent=2, sort_keys=False))
 
 
-def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    # Cells (and titles) carry what nodes said (probe details, errors): text, never markup.
-    out = Table(title=None if title is None else Text(title), title_justify="left")
-    for col in columns:
-        out.add_column(col)
-    for row in rows:
-        out.add_row(*[Text("" if v is None else str(v)) for v in row])
-    Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(out)
-
-
 def node_rows(nodes: list[NodeRow]) -> list[list[Any]]:
     return [[n.name, n.id, n.address, n.ssh_port, n.state, n.zone, n.instance_type] for n in nodes]
 
@@ -61,7 +49,7 @@ def up_result(result: UpResult, output: str) -> None:
     if output == "json":
         emit_json(result)
         return
-    table(f"cluster {result.cluster} ({result.provider})", NODE_COLUMNS, node_rows(result.nodes))
+    table(f"cluster {result.cluster} ({result.provider})", NODE_COLUMNS, node_rows(result.nodes), keep=NODE_KEEP)
     if result.bootstrap is not None:
         provision_table(result.cluster, result.bootstrap)
     if result.health is not None:
@@ -75,7 +63,8 @@ def replaced_table(title: str, rows: list[Replacement]) -> None:
     """Nodes that left the cluster (`up --min-count`, `patch --onto-image`), what took their place."""
     if rows:
         table(title, ["node", "id", "replaced by", "kept", "why", "when"],
-              [[r.old, r.old_id, r.new or "(nothing)", "yes" if r.kept else "", r.why, r.when] for r in rows])
+              [[r.old, r.old_id, r.new or "(nothing)", "yes" if r.kept else "", r.why, r.when] for r in rows],
+              keep=("id",), under=("why",))
 
 
 def provision_table(cluster: str, data: ProvisionResult | Bootstrap) -> None:
@@ -104,6 +93,7 @@ def status(name: str, data: StatusResult) -> None:
         f"{name} ({data.provider}): {data.state}" + (f" ({data.failed_step} failed)" if data.failed_step else ""),
         NODE_COLUMNS,
         node_rows(data.nodes),
+        keep=NODE_KEEP,
     )
     lock = data.stack
     if lock:
@@ -127,6 +117,7 @@ def status(name: str, data: StatusResult) -> None:
         ["id", "kind", "started", "ok", "artifacts"],
         [[r.id, r.kind, r.started, {True: "yes", False: "no", None: "running"}[r.ok], r.artifact_dir]
          for r in data.runs],
+        keep=("artifacts",), under=("artifacts",),
     )
 
 
@@ -214,7 +205,7 @@ def verify_table(name: str, data: VerifyResult) -> None:
     rows = [[host, r.probe, r.status.upper(), r.detail] for host, results in data.hosts.items() for r in results]
     s = data.summary
     table(f"verify {name}: {s.pass_} pass, {s.fail} fail, {s.skip} skip",
-          ["node", "probe", "status", "detail"], rows)
+          ["node", "probe", "status", "detail"], rows, keep=("probe",), under=("detail",))
 
 
 def settings_table(recorded: dict[str, Setting] | None) -> None:
@@ -222,7 +213,7 @@ def settings_table(recorded: dict[str, Setting] | None) -> None:
         click.echo("settings: not recorded yet (the next `up` records them)")
         return
     table("settings (recorded with the cluster)", ["setting", "value", "from"],
-          [[k, v.value, v.from_] for k, v in recorded.items()] or [["(none)", "", ""]])
+          [[k, v.value, v.from_] for k, v in recorded.items()] or [["(none)", "", ""]], keep=("value",))
 
 
 def money(value: float | None) -> str:
@@ -261,6 +252,7 @@ def types_table(rows: list[dict[str, Any]], region: str, spot: bool, table_date:
             + (["; ".join(r["why"])] if show_why else [])
             for r in rows
         ],
+        under=("why",),
     )
     if any(r["price"] is None and r["provider"] == "aws" for r in rows):
         click.echo(f"-: no {kind} price confirmed for {region} (the bundled table leaves out what its public "
@@ -274,8 +266,9 @@ def stack_table(instance_type: str, data: dict[str, Any]) -> None:
         "instance_type", "gpu", "arch", "source", "driver_branch", "driver_branch_kind", "driver_eol",
         "driver", "kernel_module", "fabricmanager", "cuda", "cudnn", "nccl", "efa_installer", "hash")
         if key in data]
-    rows += [["note", note] for note in data["notes"]]
     table(f"stack for {instance_type}", ["", "version"], rows)
+    for note in data["notes"]:  # sentences: a line each, under the table
+        click.echo(f"note: {note}")
 
 
 def eol_warning(lock: dict[str, Any] | None) -> None:
@@ -300,4 +293,5 @@ def health_table(data: Any) -> None:
              r.action] for r in data.checks]
     s = data.summary
     table(f"health {data.cluster} ({data.level}): {s.pass_} pass, {s.fail} fail, {s.skip} skip",
-                     ["node", "check", "status", "found", "expected", "action"], rows)
+          ["node", "check", "status", "found", "expected", "action"], rows, keep=("check",),
+          under=("found", "expected", "action"))

@@ -44,13 +44,14 @@ def test_stack_default_line_is_unchanged(capsys, gpuprov_home: Path) -> None:
     assert data["hash"] == stack.resolve("p4d.24xlarge").short_hash()
 
 
-def test_types_marks_the_cuda_lines(capsys, gpuprov_home: Path) -> None:
+def test_types_marks_the_cuda_lines(capsys, gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, out, _ = invoke(capsys, "types", "-o", "json")
     rows = {r["instance_type"]: r for r in json.loads(out)}
     assert code == 0
     assert rows["p6-b200.48xlarge"]["cuda_lines"] == ["12.9", "13.0"]
     assert rows["p3.2xlarge"]["cuda_lines"] == ["11.8", "12.9"]
     assert rows["g5.xlarge"]["cuda_lines"] == ["11.8", "12.9", "13.0"]
+    monkeypatch.setenv("COLUMNS", "200")  # a wide output: each row's cells on one line (100 wraps them)
     code, out, _ = invoke(capsys, "types", "--gpu", "B200")
     assert code == 0 and "cuda" in out and "12.9 13.0" in out
 
