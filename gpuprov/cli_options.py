@@ -3,7 +3,7 @@ flag's value is held to when it is read (before a command does anything).
 
 Which provider takes which flag is declared by each provider's options type
 (gpuprov.providers.options_for); the --provider choices come from the registry, and every
-default and closed list of choices from gpuprov.defaults.
+default, closed list of choices and numeric bound from gpuprov.defaults.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ UP_OPTIONS = [
     ),
     click.option(
         "--count",
-        type=click.IntRange(min=1),
+        type=click.IntRange(min=1, max=defaults.MAX_NODES),
         metavar="N",
         help="Number of nodes (static: defaults to every host in --hosts).",
     ),
@@ -141,9 +141,12 @@ UP_OPTIONS = [
         "(default: --region's)."),
     click.option(
         "--disk-gb",
-        type=click.IntRange(min=8, max=16384),
+        type=click.IntRange(min=defaults.NODE_FREE_GIB, max=defaults.MAX_DISK_GB),
         metavar="GIB",
-        help="Root volume size in GiB, encrypted gp3 (aws; default 200, room for CUDA; at least 48).",
+        help="Root volume size in GiB, encrypted gp3 (aws; default 200, room for CUDA; at least "
+        f"{defaults.NODE_FREE_GIB + defaults.AWS_IMAGE_ROOT_GIB}: the {defaults.NODE_FREE_GIB} GiB free the "
+        f"bootstrap needs beside the image's own {defaults.AWS_IMAGE_ROOT_GIB}; "
+        f"{defaults.NODE_FREE_GIB} with --image).",
     ),
     click.option(
         "--capacity-reservation",
@@ -172,11 +175,11 @@ UP_OPTIONS = [
         show_default=True, help="push: Ansible runs here, over SSH to every node. pull: each new node "
         "fetches a bundle served from here, or on aws from the cluster's S3 bucket (checked by its sha256), "
         "bootstraps and verifies itself, and reports back (docker, static and aws providers). auto: pull above 32 nodes where the provider has it, else push."),
-    click.option("--min-count", type=click.IntRange(min=1), metavar="K",
+    click.option("--min-count", type=click.IntRange(min=1, max=defaults.MAX_NODES), metavar="K",
         help="aws: accept a launch of at least K nodes when capacity runs short in every zone, and "
         "at least K nodes that pass the bootstrap and health gate: a node that fails them is named, "
         "terminated and replaced (default: all --count or nothing)."),
-    click.option("--retries", type=click.IntRange(min=0), metavar="N",
+    click.option("--retries", type=click.IntRange(min=0, max=defaults.MAX_RETRIES), metavar="N",
         help="With --min-count: rounds of replacements for nodes that fail the bootstrap or health gate "
         "(default 1: one fresh node clears a bad host; a second failure points at the image or the "
         "plays, where more launches only cost more; 0: none)."),

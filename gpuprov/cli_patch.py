@@ -20,13 +20,15 @@ from gpuprov.shared.console import Console
 @click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
 @click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
 @click.option("--all", "all_", is_flag=True, help="Driver (the lock's branch pin), kernel and microcode.")
-@click.option("--batch", type=int, default=1, show_default=True, metavar="N", help="Nodes per batch.")
+@click.option("--batch", type=click.IntRange(min=1, max=defaults.MAX_NODES), default=1, show_default=True,
+              metavar="N", help="Nodes per batch.")
 @click.option("--check", is_flag=True, help="Print per node what would change; change nothing.")
 @click.option("--drain", metavar="CMD", help="Shell command run here before each node (GPUPROV_NODE set).")
 @click.option("--resume", metavar="CMD", help="Shell command run here after each healthy node.")
-@click.option("--grace", type=int, metavar="SECONDS", help="Slurm clusters: how long a drained node's "
-              "running jobs get to end before it is patched (default 1800); still running after it: "
-              "the node is left drained, not patched, and the roll stops.")
+@click.option("--grace", type=click.IntRange(min=0, max=defaults.MAX_GRACE_S), metavar="SECONDS",
+              help="Slurm clusters: how long a drained node's running jobs get to end before it is "
+              "patched (default 1800); still running after it: the node is left drained, not patched, "
+              "and the roll stops.")
 @click.option("--force", is_flag=True, help="Slurm clusters: patch a drained node without waiting for "
               "its jobs (they may fail).")
 @click.option("--no-reboot", is_flag=True, help="Never reboot; report the reboots needed.")

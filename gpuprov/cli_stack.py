@@ -16,8 +16,10 @@ from gpuprov.shared.console import Console
 
 @click.command()
 @click.option("--gpu", metavar="MODEL", help="Only types with this GPU (A100, H100, ...).")
-@click.option("--gpus", type=int, metavar="N", help="Only types with at least N GPUs.")
-@click.option("--min-gpu-mem", type=int, metavar="GIB", help="Only types with at least GIB of memory per GPU.")
+@click.option("--gpus", type=click.IntRange(min=1, max=defaults.MAX_NODE_GPUS), metavar="N",
+              help="Only types with at least N GPUs.")
+@click.option("--min-gpu-mem", type=click.IntRange(min=1, max=defaults.MAX_GPU_MEM_GIB), metavar="GIB",
+              help="Only types with at least GIB of memory per GPU.")
 @click.option("--max-price", type=float, metavar="USD", help="Only types that cost at most USD per instance-hour "
               "here (on-demand; with --spot, spot).")
 @click.option("--spot", is_flag=True, help="Spot prices (EC2's spot price history, cheapest zone) instead of on-demand.")

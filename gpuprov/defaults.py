@@ -48,3 +48,24 @@ LOCAL_NODE_FREE_GIB = 20
 # (Debian's and Canonical's AMIs: an 8 GiB root snapshot): --disk-gb below NODE_FREE_GIB plus
 # this leaves the preflight too little, so `up` refuses it before launching anything.
 AWS_IMAGE_ROOT_GIB = 8
+
+# The bounds of every number the command line takes (click.IntRange, each shown in `--help`):
+# checked when the flag is read, before anything is created or changed.
+# A cluster's nodes (`up --count`, `--min-count`, `patch --batch`), for every provider: on aws
+# one all-or-nothing RunInstances in one zone (the reasons: gpuprov.providers.aws.common
+# MAX_COUNT; docs/scale.md).
+MAX_NODES = 256
+# `up --min-count --retries`: rounds of replacements (default 1; past a few, more launches only
+# cost more: the image or the plays are at fault).
+MAX_RETRIES = 10
+# A node's GPUs (`types --gpus`, `verify|health --local --gpus`): well above the 16 of the
+# largest single machines (DGX-2), every type gpuprov knows has at most 8.
+MAX_NODE_GPUS = 64
+# One GPU's memory in GiB (`types --min-gpu-mem`): B200's is 180.
+MAX_GPU_MEM_GIB = 1024
+# `patch --grace`: seconds a drained node's jobs get to end (default 1800): at most a week.
+MAX_GRACE_S = 7 * 24 * 3600
+# aws root volume (`up --disk-gb`, GiB): EBS gp3 takes at most 16384; the least is the free
+# space the preflight asks (NODE_FREE_GIB) beside the image's own share (AWS_IMAGE_ROOT_GIB),
+# NODE_FREE_GIB alone with --image (its share is its owner's to know).
+MAX_DISK_GB = 16384

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import pytest
 
+from gpuprov import defaults
 from gpuprov.cli import cli
 from tests.conftest import invoke
 
@@ -101,3 +102,53 @@ def test_an_empty_value_is_bad_input_everywhere(capsys, gpuprov_home: Path, monk
     named = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
     assert named in line, line
     assert not gpuprov_home.exists()
+
+
+# -- every whole number has bounds ---------------------------------------------------------------------
+def _number_params() -> list[tuple[tuple[str, ...], click.Parameter]]:
+    return [(path, param) for path, command in _commands(cli) for param in command.params
+            if isinstance(param.type, click.types.IntParamType) and not getattr(param, "is_flag", False) and not getattr(param, "count", False)]
+
+
+NUMBER_PARAMS = _number_params()
+
+
+def test_the_walk_finds_the_numbers() -> None:
+    names = {(" ".join(path), param.name) for path, param in NUMBER_PARAMS}
+    assert {("up", "count"), ("up", "disk_gb"), ("patch", "batch"), ("patch", "grace"), ("types", "gpus"),
+            ("verify", "gpus"), ("health", "gpus")} <= names
+
+
+@pytest.mark.parametrize(("path", "param"), NUMBER_PARAMS, ids=[f"{' '.join(p)}:{q.name}" for p, q in NUMBER_PARAMS])
+def test_every_number_has_bounds_shown_in_help(capsys, path: tuple[str, ...], param: click.Parameter) -> None:
+    """Counts, batches, retries, timeouts and sizes: a lower and an upper bound, read with the
+    flag (`patch --batch 99999999999999999999` was taken), and written in `--help`."""
+    kind = param.type
+    assert isinstance(kind, click.IntRange), (path, param.name, kind)
+    assert kind.min is not None and kind.max is not None, (path, param.name, kind)
+    code, out, _ = invoke(capsys, *path, "--help")
+    assert code == 0 and kind._describe_range() in " ".join(out.split()), (param.name, kind._describe_range())
+
+
+def test_a_batch_past_its_bound_is_refused(capsys, gpuprov_home: Path) -> None:
+    line = _one_line(*invoke(capsys, "patch", "demo", "--microcode", "--batch", "99999999999999999999", "--check"))
+    assert "--batch" in line and f"1<=x<={defaults.MAX_NODES}" in line
+    assert not gpuprov_home.exists()
+
+
+def test_disk_gb_help_and_refusal_agree(capsys, gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up --help` said [8<=x<=16384] and "at least 48", and 20 was refused asking for 48. The
+    48 is the preflight's 40 GiB free beside the image's own 8 (40 with --image): the flag's
+    range is the 40 no launch goes below, the help says both, and the refusals name the same."""
+    least = defaults.NODE_FREE_GIB + defaults.AWS_IMAGE_ROOT_GIB
+    code, out, _ = invoke(capsys, "up", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and f"[{defaults.NODE_FREE_GIB}<=x<={defaults.MAX_DISK_GB}]" in text
+    assert f"at least {least}" in text and f"{defaults.NODE_FREE_GIB} with --image" in text
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing may reach it
+    base = ["up", "--provider", "aws", "--type", "p4d.24xlarge", "--count", "1", "--dry-run", "--yes"]
+    line = _one_line(*invoke(capsys, *base, "--disk-gb", "20"))
+    assert f"{defaults.NODE_FREE_GIB}<=x<={defaults.MAX_DISK_GB}" in line
+    assert not gpuprov_home.exists()  # refused as the flag is read
+    line = _one_line(*invoke(capsys, *base, "--disk-gb", str(least - 4)))  # refused by the preflight
+    assert f"give --disk-gb {least} or more" in line

@@ -50,7 +50,8 @@ def _assert_bad_input(code: int, out: str, err: str, needle: str) -> None:
         (["up", "--count", "1"], "--type is required for the aws provider"),
         (["up", "--provider", "docker"], "--count is required"),
         # Finding 12: a limit is checked before anything is made (was: host keys generated forever).
-        (["up", "--provider", "docker", "--count", "1000000000"], "at most 16 local nodes"),
+        (["up", "--provider", "docker", "--count", "1000000000"], "1000000000 is not in the range 1<=x<=256"),
+        (["up", "--provider", "docker", "--count", "17"], "at most 16 local nodes"),
         (["up", "--provider", "docker", "--count", "1", "--name", "Bad_Name"], "invalid cluster name"),
         (["up", "--provider", "docker", "--count", "1", "--type", "p4d.24xlarge"],
          "only the 'docker-node' type"),

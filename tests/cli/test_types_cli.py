@@ -47,7 +47,7 @@ def test_region_shows_that_regions_prices(capsys, gpuprov_home: Path, monkeypatc
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--region", "eu-wst-1"], "unknown AWS region 'eu-wst-1'; did you mean eu-west-1"),
-    (["--gpus", "0"], "--gpus 0: expected at least 1"),
+    (["--gpus", "0"], "0 is not in the range 1<=x<=64"),
     (["--max-price", "-1"], "--max-price -1.0"),
     (["--cuda", "10.2"], "CUDA lines"),
     (["--for", "training", "--sort", "price"], "--sort and --for training both order the list"),

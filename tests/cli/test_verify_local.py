@@ -52,7 +52,7 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         (["demo", "--gpus", "2"], "--gpus: only with --local"),
         (["demo", "--type", "p4d.24xlarge", "--driver", "580"], "--type, --driver: only with --local"),
         (["demo", "-o", "junit"], "-o junit: only with --local"),
-        (["--local", "--gpus", "-1"], "-1 is not in the range x>=0"),
+        (["--local", "--gpus", "-1"], "-1 is not in the range 0<=x<=64"),
         (["--local", "--gpus", "two"], "'two' is not a valid integer"),
         (["--local", "--type", "p4d.24xl"], "did you mean p4d.24xlarge"),
         (["--local", "--type", "p4d.24xlarge", "--gpus", "8"], "exclude each other"),

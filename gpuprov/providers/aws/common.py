@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpuprov import defaults
 from gpuprov.errors import GpuprovError, PartialLaunch
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers.aws import api
@@ -35,7 +36,7 @@ LIVE_STATES = ("pending", "running", "stopping", "stopped")
 #   types (default quota: 5 per region).
 # - It stops a typo (`--count 1000000000`) before any work, quota readable or not
 #   (the vCPU quota is checked too, but Service Quotas may not answer).
-MAX_COUNT = 256
+MAX_COUNT = defaults.MAX_NODES  # every provider's --count bound, read as the flag is
 SSH_MIN_PREFIX = {4: 16, 6: 48}  # wider SSH ranges only with allow_wide_ssh_cidr
 
 
