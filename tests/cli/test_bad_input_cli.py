@@ -152,3 +152,45 @@ def test_disk_gb_help_and_refusal_agree(capsys, gpuprov_home: Path, monkeypatch:
     assert not gpuprov_home.exists()  # refused as the flag is read
     line = _one_line(*invoke(capsys, *base, "--disk-gb", str(least - 4)))  # refused by the preflight
     assert f"give --disk-gb {least} or more" in line
+
+
+# -- static hosts files --------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "needles"), [
+    # gpuprov's format with hosts: written as a mapping: Ansible took it as a group and warned
+    # "Skipping key (gpu1) ... _AnsibleTaggedStr", then "lists no hosts".
+    ("hosts:\n  gpu1: 10.0.0.1\n", ["host gpu1", "hosts: is a mapping, not a list"]),
+    ("user: root\nhosts:\n  gpu1:\n    address: 10.0.0.1\n", ["host gpu1", "hosts: is a mapping"]),
+    ("hosts:\n  name: gpu1\n  address: 10.0.0.1\n  user: root\n", ["host gpu1", "- name: gpu1"]),
+    # An Ansible inventory with a key its yaml plugin skips, or a host's variables that are no mapping.
+    ("all:\n  gpu1:\n    ansible_host: 10.0.0.1\n", ["group all", "unknown key gpu1"]),
+    ("all:\n  hosts:\n    gpu1: 10.0.0.1\n", ["host gpu1", "expected a mapping of its variables"]),
+    ("all:\n  hosts: [gpu1, gpu2]\n", ["group all", "hosts: expected a mapping, not a list"]),
+    # An instance type the catalog does not know: it named neither the file nor the host.
+    ("user: root\nhosts:\n  - name: gpu1\n    address: 10.0.0.1\n    instance_type: p9.huge\n",
+     ["host gpu1", "instance_type: unknown instance type 'p9.huge'"]),
+])
+def test_a_hosts_file_ansible_would_skip_part_of_is_refused(capsys, gpuprov_home: Path, tmp_path: Path,
+                                                             text: str, needles: list[str]) -> None:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text(text)
+    line = _one_line(*invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts), "--dry-run"))
+    assert f"hosts file {hosts}:" in line and "Tagged" not in line, line
+    for needle in needles:
+        assert needle in line, line
+    assert not gpuprov_home.exists() or not any(gpuprov_home.iterdir())  # (reading the catalog makes it)
+
+
+def test_an_ini_hosts_file_names_the_host_of_an_unknown_type(capsys, gpuprov_home: Path, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.ini"
+    hosts.write_text("[gpu]\ngpu1 ansible_host=10.0.0.1 ansible_user=root gpuprov_instance_type=p9.huge\n")
+    line = _one_line(*invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts), "--dry-run"))
+    assert f"hosts file {hosts}: host gpu1: gpuprov_instance_type: unknown instance type 'p9.huge'" in line
+
+
+def test_an_ansible_group_named_hosts_is_still_a_group(tmp_path: Path) -> None:
+    from gpuprov.providers import static
+
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("hosts:\n  vars:\n    ansible_user: root\n  hosts:\n    gpu1:\n      ansible_host: 10.0.0.1\n")
+    found, _ = static.parse_hosts_file(str(hosts))
+    assert [(h.name, h.address, h.user) for h in found] == [("gpu1", "10.0.0.1", "root")]

@@ -36,8 +36,9 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import inventory_loader
 from ansible.utils.vars import combine_vars
 
-from gpuprov import validate
+from gpuprov import catalog, validate
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.providers.static import inventory_shape
 
 HOST_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/]+={0,3}")
 
@@ -105,6 +106,8 @@ def parse_hosts_file(path: str | None) -> tuple[list[StaticHost], Path | None]:
         if file.suffix in YAML_SUFFIXES and not isinstance(data, Mapping):
             raise BadInput(f"hosts file {path} is malformed: expected a mapping at the top "
                            "(gpuprov's 'hosts:' list, or an Ansible inventory's groups such as 'all:')")
+        if isinstance(data, Mapping):
+            inventory_shape.check(_plain(data, f"hosts file {path}"), f"hosts file {path}", KNOWN | {"known_hosts"})
         hosts, known = _ansible_inventory(loader, file, path, yaml_mapping=isinstance(data, Mapping)), None
     if not hosts:
         raise BadInput(f"hosts file {path} lists no hosts")
@@ -204,7 +207,8 @@ def _host(name: str, sources: list[dict[str, Any]], where: str) -> StaticHost:
     field, key = pick("key")
     key = None if key is None else validate.text(key, f"{at}: {field}")
     field, itype = pick("instance_type")
-    itype = None if itype is None else validate.instance_type(itype, f"{at}: {field}")
+    itype = None if itype is None else _known_type(validate.instance_type(itype, f"{at}: {field}"),
+                                                   f"{at}: {field}")
     field, host_key = pick("host_key")
     if host_key is not None:
         host_key = " ".join(validate.text(host_key, f"{at}: {field}").split()[:2])
@@ -214,6 +218,15 @@ def _host(name: str, sources: list[dict[str, Any]], where: str) -> StaticHost:
     return StaticHost(name=name, address=address, user=user, port=port, key=key,
                       instance_type=itype, gpus=gpus, host_key=host_key, root_free_gib=free,
                       apt_keep_downloads=keep)
+
+
+def _known_type(name: str, where: str) -> str:
+    """An instance type the catalog knows (the lock is resolved for it), refused naming the host."""
+    try:
+        catalog.get(name)
+    except BadInput as exc:
+        raise BadInput(f"{where}: {exc}") from None
+    return name
 
 
 def _known_keys(data: Mapping[str, Any], allowed: frozenset[str] | set[str], where: str) -> None:
