@@ -3,9 +3,8 @@
 The JSON shapes are documented for users in docs/json-output.md; tests/unit/test_json_shapes.py
 holds the two equal, both ways. A field's JSON name is its own unless its metadata says otherwise
 (``pass``, ``from`` are Python keywords); an ``OPTIONAL`` field is left out of the JSON while it
-is None (present only when it applies).
-
-This module imports nothing heavy: the CLI's `-o json` path loads it.
+is None (present only when it applies). This module imports nothing heavy: the CLI's `-o json`
+path loads it.
 """
 
 from __future__ import annotations
@@ -230,14 +229,7 @@ class ProvisionResult:
     hosts: dict[str, HostStats]
     errors: dict[str, str]
     manifest: dict[str, ManifestCheck] | None = field(default=None, metadata={OPTIONAL: True})
-    # `provision --check`: per node, the name of each task that would change (check mode's
-    # changed tasks, then the commands it skipped that would run, counted in the node's changed).
-    would_change: dict[str, list[str]] | None = field(default=None, metadata={OPTIONAL: True})
-
-    @property
-    def pending(self) -> bool:
-        """A check run found something to change (a count of changes on some node)."""
-        return any(s.changed for s in self.hosts.values())
+    would_change: dict[str, list[str]] | None = field(default=None, metadata={OPTIONAL: True})  # --check
 
 
 @dataclass(frozen=True)
@@ -380,7 +372,6 @@ class HealthResult:
     summary: VerifySummary
 
 
-# What each command prints with `--output json`: docs/json-output.md documents these.
 @dataclass
 class MonitorResult:
     """`gpuprov monitor`: the monitoring play on each node, and where Prometheus answers."""
@@ -395,7 +386,7 @@ class MonitorResult:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-SHAPES: dict[str, Any] = {
+SHAPES: dict[str, Any] = {  # what each command prints with `-o json` (docs/json-output.md)
     "up": UpResult,
     "list": list[ClusterRow],
     "status": StatusResult,
