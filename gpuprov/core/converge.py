@@ -139,7 +139,13 @@ def run_site(
     finally:
         store.finish_run(run_id, ok, summary)
     if not check and ok and not tags:
-        store.set_cluster_state(cluster.name, "bootstrapped")
+        changed = any(h.changed for h in outcome.hosts.values())
+        # A run that changed nothing leaves a verified cluster verified (what verify proved
+        # still holds); one that changed something is bootstrapped until verify runs again.
+        if changed or cluster.state != "verified":
+            store.set_cluster_state(cluster.name, "bootstrapped")
+        if changed:
+            console.say(f"  next: gpuprov verify {cluster.name} (the nodes changed since their probes ran)")
     elif not check and not ok:
         store.set_failed_step(cluster.name, "bootstrap")
     console.say(f"  artifacts: {artifacts.artifact_dir if artifacts is not None else run_dir}")

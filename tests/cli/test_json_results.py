@@ -176,3 +176,25 @@ def test_provision_check_exits_3_with_changes_pending_and_names_them(capsys, clu
     monkeypatch.setattr(runner, "run_playbook", planned({"n1": ["A managed file", "Hold NVIDIA packages"]}))
     code, out, _ = invoke_text(capsys, "provision", cluster, "--check", "--full")
     assert code == 3 and "n1: would change (2): A managed file; Hold NVIDIA packages" in out, out
+
+
+def test_a_provision_that_changed_nothing_keeps_the_cluster_verified(capsys, cluster, monkeypatch) -> None:
+    """Issue 53, section 2: a no-op `provision` leaves a verified cluster verified; one that
+    changed a node makes it bootstrapped and says `verify` is the next step."""
+    monkeypatch.setattr(ssh, "unreachable_nodes", lambda nodes, key, known: {})
+
+    def converged(changed: int):
+        def run(playbook: Path, files: Any, hosts: list[str], run_dir: Path, **kw: Any) -> PlaybookResult:
+            stats = {h: {"ok": 5, "changed": changed, "failed": 0, "unreachable": 0, "tasks": 6} for h in hosts}
+            return PlaybookResult(ok=True, rc=0, status="successful", hosts=stats, errors={}, artifact_dir=run_dir)
+        return run
+
+    Store().set_cluster_state(cluster, "verified")
+    monkeypatch.setattr(runner, "run_playbook", converged(0))
+    code, _, err = invoke(capsys, "provision", cluster, "--full", "-o", "json")
+    assert code == 0 and "next: gpuprov verify" not in err, err
+    assert Store().get_cluster(cluster).state == "verified"
+    monkeypatch.setattr(runner, "run_playbook", converged(1))
+    code, _, err = invoke(capsys, "provision", cluster, "--full", "-o", "json")
+    assert code == 0 and f"next: gpuprov verify {cluster}" in err, err
+    assert Store().get_cluster(cluster).state == "bootstrapped"
