@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output, defaults
+from gpuprov import cli_output
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
 
@@ -21,12 +21,13 @@ from gpuprov.shared.console import Console
 @click.option("--node", "nodes", multiple=True, metavar="N", help="Only this node (repeatable).")
 @click.option("--local", is_flag=True, help="Check this machine itself: no state, no SSH (run as root).")
 @click.option("--type", "local_type", metavar="TYPE", help="--local: the instance type this machine is.")
-@click.option("--gpus", type=click.IntRange(min=0, max=defaults.MAX_NODE_GPUS), metavar="N",
-              help="--local, untyped: the GPUs it must show.")
+@click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="--local, untyped: the GPUs it must show.")
 @click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...).")
 @click.option("--output", "-o", type=click.Choice(["table", "json", "junit"]), default="table",
               show_default=True, help="Table for people, JSON (one document on stdout), or JUnit XML.")
-def health(name: str | None, level: str, nodes: tuple[str, ...], local: bool, output: str,
+@click.option("--all", "every", is_flag=True, help="Print every row, each skip too (default: the pass and fail "
+              "rows, one line per skip reason; JSON and JUnit hold every row).")
+def health(name: str | None, level: str, nodes: tuple[str, ...], local: bool, output: str, every: bool,
            **flags: Any) -> int:
     """Check the nodes' hardware now: GPUs, driver, NVLink, ECC, row remaps, Xid errors,
     clocks, temperature, EFA, memlock. Each failure names the node, the check, what was
@@ -51,7 +52,7 @@ def health(name: str | None, level: str, nodes: tuple[str, ...], local: bool, ou
     elif output == "junit":
         click.echo(junit(data))
     else:
-        cli_output.health_table(data)
+        cli_output.health_table(data, every=every, again="gpuprov health --local" if local else None)
     return 0 if data.ok else 1
 
 

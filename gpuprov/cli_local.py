@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output, defaults
+from gpuprov import cli_output
 from gpuprov.cli_options import DRIVER
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
@@ -18,9 +18,8 @@ VERIFY_OPTIONS = [
                  "state, no SSH (testinfra's local connection; run as root for the whole check)."),
     click.option("--type", "local_type", metavar="TYPE", help="--local: the instance type this machine "
                  "is (`gpuprov types`): its GPU count and model, and the lock resolved for it."),
-    click.option("--gpus", type=click.IntRange(min=0, max=defaults.MAX_NODE_GPUS), metavar="N",
-                 help="--local, untyped: the NVIDIA GPUs this machine must show (0: none). Without --type "
-                 "or --gpus the count is not checked."),
+    click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="--local, untyped: the NVIDIA "
+                 "GPUs this machine must show (0: none). Without --type or --gpus the count is not checked."),
     click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...)."),
     click.option("--driver", type=DRIVER, metavar="VERSION|BRANCH", help="--local: the driver release or "
                  "branch the lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
@@ -32,6 +31,8 @@ VERIFY_OPTIONS = [
     click.option("--output", "-o", type=click.Choice(["table", "json", "junit"]), default="table",
                  show_default=True, help="Table for people, JSON (one document on stdout) for programs; "
                  "junit (--local): pytest's JUnit XML on stdout."),
+    click.option("--all", "every", is_flag=True, help="Print every row, each skip too (default: the pass and "
+                 "fail rows, one line per skip reason; JSON and JUnit hold every row)."),
 ]
 
 # The flags of VERIFY_OPTIONS that only --local takes, as the user spells them.
@@ -63,7 +64,8 @@ def cluster_name(name: str | None, local: bool, output: str, flags: dict[str, An
 
 
 def verify_local(level: str, output: str, local_type: str | None, gpus: int | None,
-                 gpu_model: str | None, driver: str | None, cuda: str | None, only: str | None) -> int:
+                 gpu_model: str | None, driver: str | None, cuda: str | None, only: str | None,
+                 every: bool = False) -> int:
     from gpuprov.core import local  # lazy: CLI start-up
     from gpuprov.shared import localhost  # lazy: CLI start-up
 
@@ -75,5 +77,5 @@ def verify_local(level: str, output: str, local_type: str | None, gpus: int | No
     elif output == "junit":
         click.echo(junit, nl=not junit.endswith("\n"))
     else:
-        cli_output.verify_table(localhost.LOCAL, data)
+        cli_output.verify_table(localhost.LOCAL, data, every=every, again="gpuprov verify --local")
     return 0 if data.ok else 1

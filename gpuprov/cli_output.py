@@ -6,8 +6,8 @@ of docs/json-output.md); the tables read the same results' attributes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         StatusResult,
         UpResult,
         VerifyResult,
+        VerifySummary,
     )
 
 NODE_COLUMNS = ["node", "id", "address", "ssh", "state", "zone", "type"]
@@ -54,8 +55,7 @@ def up_result(result: UpResult, output: str) -> None:
         provision_table(result.cluster, result.bootstrap)
     if result.health is not None:
         # The counts, and the failing rows (`gpuprov health NAME` shows every row).
-        health_table(dataclasses.replace(result.health, checks=[
-            r for r in result.health.checks if r.status == "fail"]))
+        health_table(result.health, failing_only=True)
     replaced_table(f"set aside and replaced ({result.cluster})", result.replaced or [])
 
 
@@ -201,11 +201,51 @@ def patch_table(name: str, check: bool, data: PatchResult) -> None:
     )
 
 
-def verify_table(name: str, data: VerifyResult) -> None:
-    rows = [[host, r.probe, r.status.upper(), r.detail] for host, results in data.hosts.items() for r in results]
+def verify_table(name: str, data: VerifyResult, every: bool = False, again: str | None = None) -> None:
+    """The PASS and FAIL rows (the FAIL rows last), one line per skip reason, and the counts
+    again at the end with the next step. ``every`` (--all): every row, in the nodes' order.
+    ``again``: the command that runs it again (default: `gpuprov verify NAME`)."""
+    rows = [(host, r) for host, results in data.hosts.items() for r in results]
     s = data.summary
-    table(f"verify {name}: {s.pass_} pass, {s.fail} fail, {s.skip} skip",
-          ["node", "probe", "status", "detail"], rows, keep=("probe",), under=("detail",))
+    counts = f"verify {name}: {s.pass_} pass, {s.fail} fail, {s.skip} skip"
+    shown = rows if every else shown_rows(rows, lambda row: row[1].status)
+    table(counts, ["node", "probe", "status", "detail"], [[h, r.probe, r.status.upper(), r.detail] for h, r in shown],
+          keep=("probe",), under=("detail",))
+    if every:
+        return
+    skip_lines([(h, r.probe, r.detail) for h, r in rows if r.status == "skip"], "probe")
+    fix = f" (`gpuprov provision {name}` converges the nodes again)" if again is None else ""
+    summary_line(counts, s, f"fix what the FAIL rows name{fix}", again or f"gpuprov verify {name}")
+
+
+def summary_line(counts: str, s: VerifySummary, fix: str, again: str) -> None:
+    """The counts again, after the rows: ok, or FAILED and what to do next."""
+    click.echo(counts + (f": FAILED; next: {fix}, then `{again}`" if s.fail else ": ok")
+               + (f" (`{again} --all`: every row)" if s.skip else ""))
+
+
+def shown_rows(rows: list[Any], status: Callable[[Any], str]) -> list[Any]:
+    """The rows a table shows by default: those that passed, then those that failed (near the
+    counts at the end); skips are counted by reason (skip_lines)."""
+    return [r for r in rows if status(r) == "pass"] + [r for r in rows if status(r) == "fail"]
+
+
+def skip_lines(skips: list[tuple[str, str, str]], noun: str) -> None:
+    """One line per skip reason, from (node, probe or check, reason): how many it covers and
+    on which nodes (`SKIP 9 probes on 2 nodes (n1, n2): no Slurm on this node`)."""
+    by_reason: dict[str, list[tuple[str, str]]] = {}
+    for node, what, reason in skips:
+        by_reason.setdefault(reason, []).append((node, what))
+    for reason, covered in by_reason.items():
+        nodes = list(dict.fromkeys(node for node, _ in covered))
+        names = list(dict.fromkeys(what for _, what in covered))
+        what = names[0] if len(names) == 1 else f"{len(names)} {noun}s"
+        where = nodes[0] if len(nodes) == 1 else f"{len(nodes)} nodes" + (
+            f" ({', '.join(nodes)})" if len(nodes) <= SKIP_NODES_NAMED else "")
+        click.echo(f"SKIP {what} on {where}: {reason or '(no reason given)'}")
+
+
+SKIP_NODES_NAMED = 4  # a skip reason names its nodes up to this many, then counts them
 
 
 def settings_table(recorded: dict[str, Setting] | None) -> None:
@@ -288,10 +328,21 @@ def eol_warning_of(name: str) -> None:
     eol_warning(record.lock if record is not None else None)
 
 
-def health_table(data: Any) -> None:
-    rows = [[r.node, r.check, r.status.upper(), r.found or r.reason or "", r.expected,
-             r.action] for r in data.checks]
+def health_table(data: Any, every: bool = False, failing_only: bool = False, again: str | None = None) -> None:
+    """As verify_table: the PASS and FAIL rows, one line per skip reason, the counts again with
+    the next step; ``every`` (--all): every row. ``failing_only`` (under `up`): the counts and
+    the FAIL rows alone (none failed: the count line alone)."""
     s = data.summary
-    table(f"health {data.cluster} ({data.level}): {s.pass_} pass, {s.fail} fail, {s.skip} skip",
-          ["node", "check", "status", "found", "expected", "action"], rows, keep=("check",),
-          under=("found", "expected", "action"))
+    counts = f"health {data.cluster} ({data.level}): {s.pass_} pass, {s.fail} fail, {s.skip} skip"
+    shown = (data.checks if every else [r for r in data.checks if r.status == "fail"] if failing_only
+             else shown_rows(data.checks, lambda r: r.status))
+    if not shown:
+        click.echo(counts)
+        return
+    table(counts, ["node", "check", "status", "found", "expected", "action"],
+          [[r.node, r.check, r.status.upper(), r.found or r.reason or "", r.expected, r.action] for r in shown],
+          keep=("check",), under=("found", "expected", "action"))
+    if every or failing_only:
+        return
+    skip_lines([(r.node, r.check, r.reason or r.found or "") for r in data.checks if r.status == "skip"], "check")
+    summary_line(counts, s, "the action of each FAIL row", again or f"gpuprov health {data.cluster}")

@@ -59,8 +59,10 @@ def test_node_text_in_the_live_table_is_printed_as_it_came() -> None:
     assert f"gpu_[b]preflight : {TASK}" in text
 
 
-def test_node_text_in_a_result_table_is_printed_as_it_came(capsys) -> None:
+def test_node_text_in_a_result_table_is_printed_as_it_came(capsys, monkeypatch) -> None:
     from gpuprov import cli_output
+
+    monkeypatch.setenv("COLUMNS", "200")  # the detail on one line (under xdist COLUMNS may say 80)
     from gpuprov.shared.results import ProbeRow, VerifyResult, VerifySummary
 
     data = VerifyResult(cluster="c", ok=False, hosts={"n[1]": [ProbeRow("gpus_on_pci_bus", "fail", MSG)]},
