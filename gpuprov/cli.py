@@ -254,7 +254,7 @@ def provision(name: str, check: bool, tags: str | None, full: bool, via: str, sc
     if not data.ok:
         return 1
     # --check: 0 nothing to change, CHANGES_PENDING something would change (docs/exit-codes.md)
-    return CHANGES_PENDING if check and data.pending else 0
+    return CHANGES_PENDING if check and any(s.changed for s in data.hosts.values()) else 0
 
 
 @cli.command()

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output
+from gpuprov import cli_output, defaults
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
 
@@ -21,7 +21,8 @@ from gpuprov.shared.console import Console
 @click.option("--node", "nodes", multiple=True, metavar="N", help="Only this node (repeatable).")
 @click.option("--local", is_flag=True, help="Check this machine itself: no state, no SSH (run as root).")
 @click.option("--type", "local_type", metavar="TYPE", help="--local: the instance type this machine is.")
-@click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="--local, untyped: the GPUs it must show.")
+@click.option("--gpus", type=click.IntRange(min=0, max=defaults.MAX_NODE_GPUS), metavar="N",
+              help="--local, untyped: the GPUs it must show.")
 @click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...).")
 @click.option("--output", "-o", type=click.Choice(["table", "json", "junit"]), default="table",
               show_default=True, help="Table for people, JSON (one document on stdout), or JUnit XML.")

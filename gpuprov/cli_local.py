@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output
+from gpuprov import cli_output, defaults
 from gpuprov.cli_options import DRIVER
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
@@ -18,8 +18,9 @@ VERIFY_OPTIONS = [
                  "state, no SSH (testinfra's local connection; run as root for the whole check)."),
     click.option("--type", "local_type", metavar="TYPE", help="--local: the instance type this machine "
                  "is (`gpuprov types`): its GPU count and model, and the lock resolved for it."),
-    click.option("--gpus", type=click.IntRange(min=0), metavar="N", help="--local, untyped: the NVIDIA "
-                 "GPUs this machine must show (0: none). Without --type or --gpus the count is not checked."),
+    click.option("--gpus", type=click.IntRange(min=0, max=defaults.MAX_NODE_GPUS), metavar="N",
+                 help="--local, untyped: the NVIDIA GPUs this machine must show (0: none). Without --type "
+                 "or --gpus the count is not checked."),
     click.option("--gpu-model", metavar="MODEL", help="--local, with --gpus: their model (H100, A100, ...)."),
     click.option("--driver", type=DRIVER, metavar="VERSION|BRANCH", help="--local: the driver release or "
                  "branch the lock pins (default: the lock's, as `gpuprov stack` resolves it)."),
