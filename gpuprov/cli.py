@@ -138,7 +138,8 @@ def up(
                                                       provider, _console(), _launch_confirmation(yes))
     spec = request.spec
     cli_output.up_result(result, output)
-    cli_output.eol_warning_of(spec.name)
+    if not dry_run:  # once, for the lock the cluster now runs
+        cli_output.eol_warning_of(spec.name)
     return 1 if (result.bootstrap is not None and not result.bootstrap.ok) or (
         result.health is not None and not result.health.ok) else 0
 
@@ -207,7 +208,6 @@ def status(name: str, output: str) -> int:
     from gpuprov.core import reading  # lazy: CLI start-up
 
     data = reading.status(name)
-    cli_output.eol_warning_of(name)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -251,6 +251,8 @@ def provision(name: str, check: bool, tags: str | None, full: bool, via: str, sc
         cli_output.emit_json(data)
     else:
         cli_output.provision_table(name, data)
+    if not check:
+        cli_output.eol_warning_of(name)
     if not data.ok:
         return 1
     # --check: 0 nothing to change, CHANGES_PENDING something would change (docs/exit-codes.md)
@@ -272,7 +274,6 @@ def verify(name: str | None, level: str, local: bool, output: str, **flags: Any)
     if name is None:
         return cli_local.verify_local(level, output, **flags)
     data = converge.verify(name, console=_console(), level=level, only=flags.get("only"))
-    cli_output.eol_warning_of(name)
     if output == "json":
         cli_output.emit_json(data)
     else:

@@ -102,6 +102,10 @@ def status(name: str, data: StatusResult) -> None:
             f"CUDA {lock['cuda']}, cuDNN {lock['cudnn']}"
             + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
         )
+    if data.driver_eol:
+        from gpuprov import drivers  # lazy: CLI start-up
+
+        click.echo(drivers.eol_field(lock))
     settings_table(data.settings)
     images_lines(data)
     replaced_table("replaced", data.replaced)

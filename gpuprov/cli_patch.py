@@ -67,4 +67,6 @@ def patch(name: str, driver: str | None, kernel_module: str | None, cuda: str | 
         cli_output.emit_json(data)
     else:
         cli_output.patch_table(name, check, data)
+    if not check:
+        cli_output.eol_warning_of(name)  # the lock the roll ended on
     return 0 if data.ok else 1

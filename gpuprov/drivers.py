@@ -218,6 +218,16 @@ def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | No
     return said + move
 
 
+def eol_field(lock: dict[str, Any] | None, on: date | None = None) -> str | None:
+    """``eol_warning`` (and gpuprov.stack.eol_warning, said for the same locks) as a short field,
+    for a command that only reads (status, verify --local): `driver: R535, end of life 2026-06
+    (see gpuprov stack)`; None when it has nothing to say."""
+    branch = str((lock or {}).get("driver_branch") or "")
+    if not branch or not past_eol(branch, on):
+        return None
+    return f"driver: R{branch}, end of life {lifecycle(branch)['eol']} (see gpuprov stack)"
+
+
 def fabricmanager_package(src: dict[str, Any], branch: str) -> str | None:
     """Fabric manager's package name in ``src`` for ``branch``: NVIDIA's repositories carry the
     branch in it through R575 (nvidia-fabricmanager-575) and not from R580 (nvidia-fabricmanager)."""

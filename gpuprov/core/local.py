@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gpuprov import stack
+from gpuprov import drivers
 from gpuprov.errors import GpuprovError
 from gpuprov.probes.run import run_local_probes
 from gpuprov.shared.console import Console
@@ -34,9 +34,9 @@ def verify_local(req: LocalRequest, *, console: Console, level: str = "quick") -
     console.say(f"verify --local: {p.node}, expecting {p.expecting}"
                 + (f"; probes: {req.only}" if req.only else ""))
     console.say(f"  {lock_line(p.lock)}")
-    eol = stack.eol_warning(p.lock)
+    eol = drivers.eol_field(p.lock)
     if eol:
-        console.say(f"gpuprov: warning: {eol}")
+        console.say(f"  {eol}")
     run_dir = Path(tempfile.mkdtemp(prefix="gpuprov-verify-local-"))
     try:
         probed = run_local_probes({"*": {**p.expectation, "stack": p.lock}}, run_dir, level=level,

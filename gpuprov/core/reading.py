@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gpuprov import providers
+from gpuprov import providers, stack
 from gpuprov.ansible.inventory import render, to_json
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import GpuprovError
@@ -107,6 +107,7 @@ def status(name: str, store: Store | None = None) -> StatusResult:
               for k in cluster.spec.get("kept") or []],
         slurm=scheduler.slurm_status(cluster, files, nodes),
         cost=_cost(cluster.provider, nodes),
+        driver_eol=stack.eol_warning(cluster.lock),
     )
 
 

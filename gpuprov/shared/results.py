@@ -127,6 +127,7 @@ class StatusResult:
     # Each node's Slurm state and reason (clusters with `--scheduler slurm`; None otherwise).
     slurm: SlurmStatus | None = None
     cost: ClusterCost | None = None  # each node's launch time, price and cost so far; the totals
+    driver_eol: str | None = None  # the lock's driver branch past its end of life: the warning; else None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ row. Built from a recorded run (the H200's verify --local, as two nodes) and fro
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,18 @@ def test_verify_command_counts_skips_and_all_and_json_keep_every_row(capsys, rac
     code, out, _ = invoke(capsys, "verify", rack, "-o", "json")
     assert [r["status"] for r in json.loads(out)["hosts"]["n1"]] == ["skip", "pass"]
 
+
+def test_a_branch_past_its_end_of_life_is_a_short_field_of_status_and_not_said_by_verify(
+        capsys, rack: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuprov import drivers, stack
+
+    monkeypatch.setattr(drivers, "today", lambda: date(2026, 12, 1))  # R535 past its end of life (2026-06)
+    Store().set_lock(rack, stack.resolve("p4d.24xlarge", driver="535").as_dict())
+    code, out, err = invoke(capsys, "status", rack)
+    assert code == 0 and "driver: R535, end of life 2026-06 (see gpuprov stack)" in out.splitlines()
+    assert "warning" not in err and "reached its end of life" not in out
+    code, out, err = invoke(capsys, "status", rack, "-o", "json")
+    assert json.loads(out)["driver_eol"].startswith("driver branch R535 (long-term) reached its end of life in 2026-06")
+    assert err == ""
+    code, out, err = invoke(capsys, "verify", rack)
+    assert code == 0 and "end of life" not in out + err
