@@ -82,7 +82,7 @@ def up(request: UpRequest, *, console: Console, store: Store | None = None,
 def _planned(request: UpRequest, spec: ClusterSpec, provider: Provider, store: Store, console: Console,
              health: str, tags: list[str], mode: str) -> Run:
     """The run's plan (read-only), shown."""
-    run = prepare(spec, provider, store, console)
+    run = prepare(spec, provider, store, console, dry_run=request.dry_run)
     run.health, run.tags, run.mode = health, tags, mode
     if mode == "pull" and not request.dry_run and provider.supports("pull_channel"):
         # Before the plan is shown, the record and the launch: a channel that cannot serve (a

@@ -56,8 +56,10 @@ class Run:
 
 
 # -- before anything is created ---------------------------------------------------------------
-def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Console) -> Run:
-    """State, recorded settings, the provider's plan and the version lock: all read-only."""
+def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Console, *, dry_run: bool = False) -> Run:
+    """State, recorded settings, the provider's plan and the version lock: all read-only. A dry
+    run where the provider cannot be asked (aws without credentials) plans with what gpuprov
+    carries (Provider.unasked_plan): no image is chosen then."""
     existing = store.get_cluster(spec.name)
     if existing is not None and existing.provider != spec.provider:
         raise BadInput(
@@ -74,7 +76,10 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
     spec = dataclasses.replace(spec, settings=recorded, stack=spec.stack.checked())
     image = None
     files = files_for(spec.name, create=False)
-    if provider.supports("baked_images"):
+    plan = provider.unasked_plan(spec) if dry_run else None
+    if plan is not None:
+        lock = resolve_lock(plan.spec, existing, provider)
+    elif provider.supports("baked_images"):
         # The lock first: it says which baked image new nodes boot from, which the plan checks.
         lock = resolve_lock(spec, existing, provider)
         spec, image = choose_image(spec, provider, lock)

@@ -9,7 +9,7 @@ Providers never import click.
 
 This interface is the only way core reaches a provider: each provider checks its
 own flags (check_spec), differences in behaviour are attributes (adopts_existing,
-pins_without_bootstrap, billable), and optional abilities (dry_run, terminate_nodes,
+pins_without_bootstrap, billable), and optional abilities (unasked_plan, dry_run, terminate_nodes,
 find_orphans/destroy_orphans, list_tagged_clusters) have defaults here that do
 nothing or raise NotSupported; ``supporting(ability)`` lists the providers that have one.
 """
@@ -162,6 +162,13 @@ class Provider(ABC):
         """Validate the request before anything is created (BadInput), and count what exists:
         the Plan's ``existing`` is how many nodes carry the cluster's label at the provider.
         How many to create (``to_create``, at least ``min_create``) is core's to fill in."""
+
+    def unasked_plan(self, spec: ClusterSpec) -> Plan | None:
+        """`up --dry-run`'s plan where the provider cannot be asked from here (aws: no
+        credentials): made of what gpuprov carries (the catalog, the bundled prices), its notes
+        naming on one line what it could not check, and its dry run asking nothing. None where
+        the provider can be asked (the default): plan() and dry_run() then check everything."""
+        return None
 
     def dry_run(self, plan: Plan, report: Reporter) -> None:
         """`up --dry-run`: ask the provider whether this run would be allowed, creating

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.pricing.regions import FALLBACK_REGION
 
 # Throttling (RequestLimitExceeded) is retried by botocore's adaptive mode:
 # exponential backoff with jitter plus a client-side rate limiter. It only
@@ -242,15 +243,41 @@ def connect(region: str | None, *, need_credentials: bool = True, attempts: int 
     """A session for ``region`` (else the configured default). Checks, without any API
     call, that the profile and the config files are usable, that the region exists and
     that credentials are there: BadInput (ConfigError) otherwise."""
+    return _configured(lambda: _connect(region, need_credentials=need_credentials, attempts=attempts))
+
+
+def without_credentials(region: str | None) -> tuple[str, str] | None:
+    """Where boto3 finds no credentials here: (the region a plan made without AWS is priced in,
+    where it came from): --region, AWS_DEFAULT_REGION, AWS_REGION, the profile's, else us-east-1
+    as `gpuprov types` takes it. None where credentials are found (AWS is asked then). No API
+    call; the config's faults are ConfigError, as ``connect`` says them."""
+    return _configured(lambda: _unconfigured_region(region))
+
+
+def _configured(read: Any) -> Any:
+    """``read()``, a botocore configuration error in it turned into its one line (ConfigError)."""
     from botocore.exceptions import BotoCoreError
 
     try:
-        return _connect(region, need_credentials=need_credentials, attempts=attempts)
+        return read()
     except BotoCoreError as exc:
         error = config_error(exc)
         if error is None:
             raise
         raise error from None
+
+
+def _unconfigured_region(region: str | None) -> tuple[str, str] | None:
+    import boto3
+
+    session = boto3.session.Session()
+    if session.get_credentials() is not None:
+        return None
+    name, source = resolve_region(region, session)
+    if not name:
+        return FALLBACK_REGION, "the default"
+    check_region(session, name, source)
+    return name, source
 
 
 def _connect(region: str | None, *, need_credentials: bool, attempts: int) -> Aws:

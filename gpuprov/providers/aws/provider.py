@@ -1,6 +1,6 @@
 """The AWS provider: each phase lives in its own module; this class only routes to them.
 
-plan (preflight.py) -> launch (launch.py, resources.py) -> wait_ready (ready.py) ->
+plan (preflight.py; a dry run without credentials: offline.py) -> launch (launch.py, resources.py) -> wait_ready (ready.py) ->
 describe -> terminate (teardown.py). What plan prepared travels in ``Plan.details``
 (a frozen AwsPlan): nothing is cached on the provider between calls.
 """
@@ -11,7 +11,18 @@ from typing import Any
 
 from gpuprov import paths
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
-from gpuprov.providers.aws import api, dryrun, images, launch, preflight, ready, s3, s3_named, teardown
+from gpuprov.providers.aws import (
+    api,
+    dryrun,
+    images,
+    launch,
+    offline,
+    preflight,
+    ready,
+    s3,
+    s3_named,
+    teardown,
+)
 from gpuprov.providers.aws.common import members, node_record, read_record, region_of, update_record
 from gpuprov.providers.aws.options import AwsOptions, of
 from gpuprov.state import NodeRecord
@@ -36,7 +47,12 @@ class AwsProvider(Provider):
     def plan(self, spec: ClusterSpec, files: ClusterFiles) -> Plan:
         return preflight.make_plan(self.check_spec(spec))
 
+    def unasked_plan(self, spec: ClusterSpec) -> Plan | None:
+        return offline.plan(spec)
+
     def dry_run(self, plan: Plan, report: Reporter) -> None:
+        if isinstance(plan.details, offline.Unasked):  # no credentials: its notes say what is not checked
+            return
         dryrun.dry_run(self._details(plan), report, pull=plan.pull is not None)
 
     def launch(self, plan: Plan, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
