@@ -22,7 +22,8 @@ from gpuprov.shared.console import Console
               help="Only types with at least GIB of memory per GPU.")
 @click.option("--max-price", type=float, metavar="USD", help="Only types that cost at most USD per instance-hour "
               "here (on-demand; with --spot, spot).")
-@click.option("--spot", is_flag=True, help="Spot prices (EC2's spot price history, cheapest zone) instead of on-demand.")
+@click.option("--spot", is_flag=True, help="Spot prices (EC2's spot price history, cheapest zone, as a --refresh with AWS "
+              "credentials reads them) instead of on-demand.")
 @click.option("--efa", is_flag=True, help="Only types with EFA.")
 @click.option("--nvswitch", is_flag=True, help="Only types whose GPUs sit on NVSwitch (all-to-all NVLink).")
 @click.option("--cuda", metavar="LINE", help="Only types whose GPUs this CUDA line drives (11.8, 12.9, 13.0).")
@@ -64,13 +65,9 @@ def types(gpu: str | None, gpus: int | None, min_gpu_mem: int | None, max_price:
     if gpu and not any((t.gpu_model or "").lower() == gpu.lower() for t in known):
         models = sorted({t.gpu_model for t in known if t.gpu_model})
         raise BadInput(f"no instance type with GPU '{gpu}'; known GPUs: {', '.join(models)}")
-    if not found and max_price is not None:
-        over = select.cheapest_over(known, region, need)
-        cheapest = (f"; the cheapest that meets the rest is {over.itype.name} at "
-                    f"${over.price.usd_per_hour:.2f}/h ({over.price.words()})" if over and over.price else
-                    "; no type that meets the rest has a known price here")
-        raise BadInput(f"no instance type costs at most ${max_price:.2f}/h "
-                       f"{'spot' if spot else 'on-demand'} in {region}{cheapest}")
+    unanswered = select.unanswered(known, region, need, found)
+    if unanswered:  # nothing meets the filters, or --spot with no spot price here: one line, exit 2
+        raise BadInput(unanswered)
     rows = [offer_row(o) for o in found]
     if output == "json":
         cli_output.emit_json(rows)

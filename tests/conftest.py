@@ -55,6 +55,25 @@ def gpuprov_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture
+def no_aws(gpuprov_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No AWS configuration at all, so boto3 finds no region and no credentials: every AWS_*
+    variable removed, HOME and the AWS config and credentials files empty, no metadata service.
+    The empty AWS config file is returned (a test may write a profile in it)."""
+    for name in [v for v in os.environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    home = tmp_path / "user-home"
+    home.mkdir()
+    config, credentials = tmp_path / "aws-config", tmp_path / "aws-credentials"
+    config.write_text("")
+    credentials.write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return config
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment for an end-to-end module: its own state directory, real engines."""

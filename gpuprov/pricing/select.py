@@ -11,7 +11,8 @@ The --for rules (docs/cost.md):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput
@@ -162,8 +163,77 @@ def _note(offer: Offer, rule: str) -> Offer:
     return Offer(offer.itype, offer.price, [rule, *offer.why])
 
 
-def cheapest_over(types: list[InstanceType], region: str, need: Need) -> Offer | None:
-    """The cheapest priced type that meets every need but the budget (for the refusal's words)."""
-    unbounded = Need(**{**need.__dict__, "max_price": None, "purpose": None, "sort": "price"})
-    found, _ = offers(types, region, unbounded)
-    return next((o for o in found if o.price is not None), None)
+# -- an empty answer, explained (`types` exits 2 with it) ---------------------------------------
+@dataclass(frozen=True)
+class _Filter:
+    """One filter a list can come back empty for: the Need field, what it asks in words, and of
+    the type that misses it, how far it is (the smallest key is the closest) and what it has
+    (the words after its name)."""
+
+    field: str
+    asks: Callable[[Need, str], str]
+    key: Callable[[Offer], float] = lambda o: 0.0
+    has: Callable[[Offer], str] = lambda o: ""
+
+
+def _runs(offer: Offer) -> str:
+    from gpuprov import cuda_lines  # lazy: CLI start-up
+
+    return f" ({offer.itype.arch or 'no GPU'}: CUDA {' '.join(cuda_lines.lines_for_arch(offer.itype.arch))})"
+
+
+_FILTERS = (  # in the order a refusal looks at them
+    _Filter("gpus", lambda n, _: f"has at least {n.gpus} GPUs (--gpus {n.gpus})",
+            lambda o: -o.itype.gpu_count, lambda o: f" ({o.itype.gpu_count} x {o.itype.gpu_model or 'GPU'})"),
+    _Filter("min_gpu_mem", lambda n, _: f"has at least {n.min_gpu_mem} GiB per GPU (--min-gpu-mem {n.min_gpu_mem})",
+            lambda o: -o.itype.gpu_memory_gib, lambda o: f" ({o.itype.gpu_memory_gib} GiB per GPU)"),
+    _Filter("max_price", lambda n, r: f"costs at most ${n.max_price:.2f}/h {'spot' if n.spot else 'on-demand'} in {r}",
+            lambda o: o.price.usd_per_hour if o.price else math.inf,
+            lambda o: f" at ${o.price.usd_per_hour:.2f}/h ({o.price.words()})" if o.price else ""),
+    _Filter("nvswitch", lambda n, _: "has NVSwitch (--nvswitch)", has=lambda o: " (no NVSwitch)"),
+    _Filter("efa", lambda n, _: "has EFA (--efa)", has=lambda o: " (no EFA)"),
+    _Filter("cuda", lambda n, _: f"runs CUDA {n.cuda} (--cuda {n.cuda})", has=_runs),
+    _Filter("gpu", lambda n, _: f"has {n.gpu} GPUs (--gpu {n.gpu})", has=lambda o: f" ({o.itype.gpu_model or 'no GPU'})"),
+)
+
+
+def unanswered(types: list[InstanceType], region: str, need: Need, found: list[Offer]) -> str | None:
+    """Why ``found`` (the offers of ``need``) answers nothing, in one line; None where it
+    answers. A --spot list without a spot price says where one comes from; an empty list names
+    the filter that empties it and the type closest to it that meets the rest."""
+    if need.spot and not any(o.price for o in offers(types, region, replace(need, max_price=None))[0]):
+        return (f"no spot price known in {region}: the bundled table carries on-demand prices only (spot "
+                "prices move by zone and hour, and EC2's spot price history has them); `gpuprov types --spot "
+                f"--refresh --region {region}` reads them, with AWS credentials; `gpuprov types` shows the "
+                "on-demand prices")
+    if found:
+        return None
+    asked = [f for f in _FILTERS if getattr(need, f.field) not in (None, False)]
+    bare = _bare(need)
+    for f in asked:  # a filter whose want alone empties the list: the others are met
+        words = _closest(types, region, need, replace(need, **{f.field: getattr(bare, f.field)}), f)
+        if words:
+            return words
+    for f in asked:  # a filter no type meets even alone
+        if not offers(types, region, replace(bare, **{f.field: getattr(need, f.field)}))[0]:
+            return _closest(types, region, need, bare, f)
+    return "no instance type meets all of: " + "; ".join(f.asks(need, region) for f in asked)
+
+
+def _bare(need: Need) -> Need:
+    """``need`` without its filters: the kind of price and the order alone."""
+    return Need(spot=need.spot, purpose=need.purpose, sort=need.sort)
+
+
+def _closest(types: list[InstanceType], region: str, need: Need, rest: Need, f: _Filter) -> str | None:
+    """The refusal naming filter ``f`` and the closest type that meets ``rest``; None where no
+    type meets ``rest``."""
+    found, _ = offers(types, region, rest)
+    if not found:
+        return None
+    others = rest != _bare(need)
+    head = f"no instance type {'that meets the other filters ' if others else ''}{f.asks(need, region)}"
+    closest = min(found, key=f.key)  # the first of the list's own order among the closest
+    if f.key(closest) == math.inf:
+        return f"{head}; none of them has a known price here"
+    return f"{head}; the {'cheapest' if f.field == 'max_price' else 'closest'} is {closest.itype.name}{f.has(closest)}"

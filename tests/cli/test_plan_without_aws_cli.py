@@ -6,7 +6,6 @@ real `up` without credentials is refused as before."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,23 +14,6 @@ from gpuprov.state import Store
 from tests.conftest import invoke
 
 UP = ("up", "--name", "plan", "--type", "p4d.24xlarge", "--count", "4", "--yes")
-
-
-@pytest.fixture
-def no_aws(gpuprov_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No AWS configuration at all; the empty AWS config file is returned (a test may write it)."""
-    for name in [v for v in os.environ if v.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    home = tmp_path / "user-home"
-    home.mkdir()
-    config, credentials = tmp_path / "aws-config", tmp_path / "aws-credentials"
-    config.write_text("")
-    credentials.write_text("")
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return config
 
 
 def nothing_recorded(gpuprov_home: Path) -> None:

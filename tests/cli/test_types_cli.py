@@ -52,8 +52,8 @@ def test_region_shows_that_regions_prices(capsys, gpuprov_home: Path, monkeypatc
     (["--cuda", "10.2"], "CUDA lines"),
     (["--for", "training", "--sort", "price"], "--sort and --for training both order the list"),
     (["--gpu", "Z9000"], "no instance type with GPU 'Z9000'"),
-    (["--max-price", "0.3", "--gpus", "8"], "no instance type costs at most $0.30/h on-demand in us-east-1; "
-     "the cheapest that meets the rest is g5.48xlarge at $16.29/h"),
+    (["--max-price", "0.3", "--gpus", "8"], "no instance type that meets the other filters costs at most $0.30/h "
+     "on-demand in us-east-1; the cheapest is g5.48xlarge at $16.29/h"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, gpuprov_home: Path, monkeypatch, args: list[str], needle: str) -> None:
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
@@ -84,11 +84,45 @@ def test_filters_compose(capsys, gpuprov_home: Path, monkeypatch) -> None:
     assert "p3.8xlarge" not in by_name(rows(capsys, "--cuda", "13.0"))
 
 
-def test_spot_without_a_fetch_shows_no_price_and_says_how(capsys, gpuprov_home: Path) -> None:
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_spot_without_a_fetch_says_why_there_is_no_price_and_how_to_get_one(capsys, no_aws: Path, output: str) -> None:
+    """The bundled table carries on-demand prices only: a table of `-` under its title answered
+    nothing."""
+    code, out, err = invoke(capsys, "types", "--spot", "-o", output)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "no spot price known in us-east-1: the bundled table carries on-demand prices only" in err
+    assert "`gpuprov types --spot --refresh --region us-east-1` reads them, with AWS credentials" in err
+
+
+def test_spot_prices_fetched_before_are_listed(capsys, no_aws: Path) -> None:
+    from gpuprov.pricing import prices
+
+    prices.record_spot("us-east-1", {"p5.48xlarge": {"us-east-1a": (31.5, "2026-11-01T00:00:00Z")}})
     found = by_name(rows(capsys, "--spot", "--gpu", "H100"))
-    assert found["p5.48xlarge"]["price"] is None
-    code, out, _ = invoke(capsys, "types", "--spot", "--gpu", "H100")
-    assert code == 0 and "spot, cheapest zone" in out and "types --refresh --region us-east-1" in out
+    assert found["p5.48xlarge"]["price"]["usd_per_hour"] == 31.5 and found["p5.48xlarge"]["price"]["kind"] == "spot"
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--gpus", "64"], "no instance type has at least 64 GPUs (--gpus 64); the closest is "),
+    (["--min-gpu-mem", "1000"], "no instance type has at least 1000 GiB per GPU (--min-gpu-mem 1000); "
+     "the closest is p6-b200.48xlarge (179 GiB per GPU)"),
+    (["--max-price", "0.1"], "no instance type costs at most $0.10/h on-demand in us-east-1; the cheapest is "
+     "g4dn.xlarge at $0.53/h"),
+    (["--gpu", "H100", "--gpus", "16"], "no instance type that meets the other filters has at least 16 GPUs "
+     "(--gpus 16); the closest is p5.48xlarge (8 x H100)"),
+    (["--gpu", "T4", "--nvswitch"], "no instance type that meets the other filters has NVSwitch (--nvswitch); "
+     "the closest is g4dn.xlarge (no NVSwitch)"),
+    (["--gpu", "V100", "--cuda", "13.0"], "runs CUDA 13.0 (--cuda 13.0); the closest is p3.16xlarge (sm_70: CUDA"),
+    (["--gpus", "64", "--min-gpu-mem", "1000"], "no instance type has at least 64 GPUs (--gpus 64)"),
+])
+def test_a_filter_nothing_meets_names_it_and_the_closest_type(capsys, no_aws: Path, args: list[str],
+                                                              needle: str) -> None:
+    """An empty list answered nothing, with exit 0, where --max-price named the cheapest: every
+    filter now answers as --max-price does, in table and JSON alike."""
+    for output in ("table", "json"):
+        code, out, err = invoke(capsys, "types", "-o", output, *args)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert needle in err, err
 
 
 PROBE = """import sys

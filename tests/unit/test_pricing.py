@@ -90,8 +90,9 @@ def test_budget_leaves_out_the_unpriced_and_says_so(gpuprov_home: Path) -> None:
     found, notes = select.offers(aws, "us-east-1", select.Need(max_price=40, nvswitch=True))
     assert names(found) == ["p4d.24xlarge", "p4de.24xlarge"]
     assert notes == ["left out, no on-demand price known in us-east-1: p5e.48xlarge"]
-    over = select.cheapest_over(aws, "us-east-1", select.Need(max_price=0.1, gpus=8))
-    assert (over.itype.name, over.price.usd_per_hour) == ("g5.48xlarge", 16.288)
+    need = select.Need(max_price=0.1, gpus=8)
+    found, _ = select.offers(aws, "us-east-1", need)
+    assert found == [] and "the cheapest is g5.48xlarge at $16.29/h" in select.unanswered(aws, "us-east-1", need, found)
 
 
 def test_training_rule_puts_the_fabric_first_then_price_per_gpu(gpuprov_home: Path) -> None:
