@@ -5,8 +5,9 @@ A terminal's width is rich's (the terminal, or COLUMNS); piped output honours CO
 never wraps; the words of the columns a table names in ``keep`` (ids, addresses, paths, URLs:
 what a user copies) stay whole on one line; the others wrap between words, and a word of
 FOLD_FROM characters or more folds. Where that is still too wide, the table is wider than the
-output. A column named ``under`` (a type's `why`) stays in the table when every row then fits
-on one line, and otherwise goes under its row, on a line of its own.
+output. A title is a line of its own, never wrapped. The columns named ``under`` (a type's
+`why`, a probe's detail, a run's artifacts) stay in the table when every row then fits on one
+line, and otherwise go under their row, a line each.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]], *, keep:
 
     console = Console(highlight=False, soft_wrap=False, width=width())
     cells = [["" if v is None else str(v) for v in row] for row in rows]
-    if title is not None:
-        _say(console, Text(title))  # what nodes said, in titles too: text, never markup
+    if title is not None:  # one line, never wrapped (grep finds it whole); text, never markup
+        console.print(Text(title), no_wrap=True, crop=False, overflow="ignore")
     moved = [i for i, col in enumerate(columns) if col in under]
     if moved and sum(_natural(columns, cells)) + 3 * len(columns) + 1 > console.width:
         stay = [i for i in range(len(columns)) if i not in moved]
