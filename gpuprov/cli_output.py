@@ -132,7 +132,7 @@ def cost_lines(cost: ClusterCost | None) -> None:
     if cost.nodes:
         table("cost (list prices: an estimate, not a bill)", ["node", "launched", "kind", "$/h", "so far $", "source"],
               [[r.node, r.launched or "-", r.kind, money(r.usd_per_hour), money(r.usd_so_far),
-                r.source or r.why or ""] for r in cost.nodes])
+                r.source or r.why or ""] for r in cost.nodes], under=("source",))
     if cost.usd_per_hour is not None:
         click.echo(f"cost: ${money(cost.usd_per_hour)}/h now, ${money(cost.usd_so_far)} so far")
     else:

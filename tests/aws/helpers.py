@@ -20,8 +20,10 @@ def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, st
     return int(exc.value.code or 0), out, err
 
 
-def up(capsys, ami: str, name: str, *extra: str, count: int = 4, itype: str = "p4d.24xlarge"):
-    return invoke(capsys, "up", "--name", name, "--type", itype, "--count", str(count), "--image", ami,
+def up(capsys, ami: str, name: str, *extra: str, count: int = 4, itype: str | None = "p4d.24xlarge"):
+    """`up` on the emulated EC2 (``itype`` None: no --type, the budget picks one)."""
+    typed = ("--type", itype) if itype is not None else ()
+    return invoke(capsys, "up", "--name", name, *typed, "--count", str(count), "--image", ami,
                   "--ssh-cidr", CIDR, "--no-bootstrap", "--yes", "-o", "json", *extra)
 
 

@@ -170,7 +170,7 @@ def test_a_budget_no_type_meets_is_refused_naming_the_cheapest(capsys, shim: Shi
 
 
 def test_max_price_without_a_type_picks_the_cheapest_gpu_type(capsys, shim: Shim, ami: str) -> None:
-    code, _, err = up(capsys, ami, "anygpu", "--max-price", "0.6", "--dry-run", count=1, itype="")
+    code, _, err = up(capsys, ami, "anygpu", "--max-price", "0.6", "--dry-run", count=1, itype=None)
     assert code == 0, err
     assert "chosen: g4dn.xlarge in us-east-1 at $0.526/h" in err and "next-cheapest" not in err
     assert shim.mutating() == []
