@@ -138,8 +138,8 @@ def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_modul
           os_name: str, output: str) -> int:
     """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA.
 
-    Also which operating systems the roles are proven on here (Debian 12, and Debian 13 for the
-    preflight, driver and cuda plays and three roles) and which they only claim (Ubuntu)."""
+    Also which operating systems the roles are proven on here (Debian 12; Debian 13 with --source
+    distro: the whole site on a local node, `make test-debian13`) and which they only claim (Ubuntu)."""
     from gpuprov import platforms  # lazy: CLI start-up
     from gpuprov import stack as stack_mod  # lazy: CLI start-up
 

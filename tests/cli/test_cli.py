@@ -288,3 +288,14 @@ def test_unwritable_state_dir_is_one_line_exit_1(capsys, tmp_path: Path, monkeyp
 def test_wide_ssh_flag_is_for_aws_only(capsys, gpuprov_home: Path) -> None:
     code, out, err = invoke(capsys, "up", "--provider", "docker", "--count", "1", "--allow-wide-ssh-cidr")
     _assert_bad_input(code, out, err, "--allow-wide-ssh-cidr is for --provider aws")
+
+
+def test_stack_help_says_what_debian_13_is_proven_for_as_the_readme_does(capsys) -> None:
+    """Issue 53, section 7: `stack --help` said Debian 13 was proven for three plays and three
+    roles while `stack`'s output and the README say the whole site (`make test-debian13`)."""
+    code, out, _ = invoke(capsys, "stack", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "three roles" not in text
+    assert "Debian 13 with --source distro: the whole site on a local node" in text
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "installs the whole site from trixie's own archive" in readme
