@@ -358,9 +358,18 @@ refuse_empty_values(cli)
 
 
 # -- entry point ---------------------------------------------------------------------------------
+def debug_anywhere(args: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` before the command or after it (`gpuprov verify demo --debug`), never after a
+    ``--`` (a command's own words, as `exec NAME -- prog --debug`): the arguments with it moved
+    before the command, and whether it was given."""
+    end = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:end] if a != "--debug"]
+    debug = len(head) < end
+    return (["--debug", *head, *args[end:]] if debug else list(args)), debug
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
+    args, debug = debug_anywhere(sys.argv[1:] if argv is None else argv)
     try:
         code = cli.main(args=args, prog_name="gpuprov", standalone_mode=False)
     except click.exceptions.Abort:

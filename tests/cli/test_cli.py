@@ -299,3 +299,18 @@ def test_stack_help_says_what_debian_13_is_proven_for_as_the_readme_does(capsys)
     assert "Debian 13 with --source distro: the whole site on a local node" in text
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "installs the whole site from trixie's own archive" in readme
+
+
+def test_debug_is_taken_after_the_command_too_never_after_a_double_dash() -> None:
+    """Issue 53, section 7: `gpuprov verify demo --debug` was refused (no such option)."""
+    from gpuprov.cli import debug_anywhere
+
+    assert debug_anywhere(["verify", "demo", "--debug"]) == (["--debug", "verify", "demo"], True)
+    assert debug_anywhere(["--debug", "list"]) == (["--debug", "list"], True)
+    assert debug_anywhere(["exec", "demo", "--", "prog", "--debug"]) == (["exec", "demo", "--", "prog", "--debug"], False)
+    assert debug_anywhere(["list"]) == (["list"], False)
+
+
+def test_debug_after_the_command_shows_the_traceback(capsys, gpuprov_home: Path) -> None:
+    code, _, err = invoke(capsys, "status", "nosuch", "--debug")
+    assert code == 2 and "Traceback" in err and "no such option" not in err.lower(), err
