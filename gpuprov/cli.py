@@ -18,7 +18,7 @@ from gpuprov.cli_health import health
 from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
 from gpuprov.cli_monitor import monitor
-from gpuprov.cli_options import output_option, refuse_empty_values, up_options
+from gpuprov.cli_options import debug_anywhere, output_option, refuse_empty_values, up_options
 from gpuprov.cli_patch import patch
 from gpuprov.cli_ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli_stack import cuda_for_install, stack, types
@@ -358,16 +358,6 @@ refuse_empty_values(cli)
 
 
 # -- entry point ---------------------------------------------------------------------------------
-def debug_anywhere(args: list[str]) -> tuple[list[str], bool]:
-    """``--debug`` before the command or after it (`gpuprov verify demo --debug`), never after a
-    ``--`` (a command's own words, as `exec NAME -- prog --debug`): the arguments with it moved
-    before the command, and whether it was given."""
-    end = args.index("--") if "--" in args else len(args)
-    head = [a for a in args[:end] if a != "--debug"]
-    debug = len(head) < end
-    return (["--debug", *head, *args[end:]] if debug else list(args)), debug
-
-
 def main(argv: list[str] | None = None) -> None:
     args, debug = debug_anywhere(sys.argv[1:] if argv is None else argv)
     try:

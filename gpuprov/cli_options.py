@@ -219,3 +219,13 @@ def up_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(UP_OPTIONS):
         fn = option(fn)
     return fn
+
+
+def debug_anywhere(args: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` before the command or after it (`gpuprov verify demo --debug`), never after a
+    ``--`` (a command's own words, as `exec NAME -- prog --debug`): the arguments with it moved
+    before the command, and whether it was given."""
+    end = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:end] if a != "--debug"]
+    debug = len(head) < end
+    return (["--debug", *head, *args[end:]] if debug else list(args)), debug

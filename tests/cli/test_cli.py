@@ -303,7 +303,7 @@ def test_stack_help_says_what_debian_13_is_proven_for_as_the_readme_does(capsys)
 
 def test_debug_is_taken_after_the_command_too_never_after_a_double_dash() -> None:
     """Issue 53, section 7: `gpuprov verify demo --debug` was refused (no such option)."""
-    from gpuprov.cli import debug_anywhere
+    from gpuprov.cli_options import debug_anywhere
 
     assert debug_anywhere(["verify", "demo", "--debug"]) == (["--debug", "verify", "demo"], True)
     assert debug_anywhere(["--debug", "list"]) == (["--debug", "list"], True)
