@@ -161,7 +161,7 @@ def images_lines(data: StatusResult) -> None:
     click.echo("images: " + "; ".join(f"{image} ({len(nodes)} node(s))" for image, nodes in by_image.items()))
     for row in data.images:
         if row.matches_lock is False:
-            click.echo(f"WARNING: {row.node} booted from {row.image}, baked for lock {row.baked_for}, not the "
+            click.echo(f"gpuprov: warning: {row.node} booted from {row.image}, baked for lock {row.baked_for}, not the "
                        f"cluster's lock {(data.stack or {}).get('hash')}; `gpuprov provision {data.cluster}` "
                        "converges it, or rebuild it from an image of this lock")
 

@@ -14,7 +14,13 @@ class Console:
         self.rich = RichConsole(stderr=True, quiet=quiet, highlight=False, soft_wrap=True)
 
     def say(self, text: str) -> None:
+        # A warning reads as an error does: a line of its own that starts `gpuprov:`.
+        if text.lstrip().startswith(WARNING):
+            text = f"gpuprov: {text.lstrip()}"
         self.rich.print(text, highlight=False, markup=False, emoji=False)  # text, as it came
+
+
+WARNING = "warning: "  # how every warning starts; said as `gpuprov: warning: ...`
 
 
 def reporter(console: Console) -> Callable[[str], None]:

@@ -155,7 +155,7 @@ def test_refresh_offline_falls_back_to_the_bundled_table(capsys, gpuprov_home: P
     monkeypatch.setenv("GPUPROV_AWS_MAX_ATTEMPTS", "1")
     code, out, err = invoke(capsys, "types", "--refresh", "--region", "us-west-2", "--gpu", "A100")
     assert code == 0, err
-    assert err.startswith("warning: not refreshed: cannot reach the AWS ec2 endpoint http://127.0.0.1:9"), err
+    assert err.startswith("gpuprov: warning: not refreshed: cannot reach the AWS ec2 endpoint http://127.0.0.1:9"), err
     assert "bundled table as of 2026-08-26" in out and "21.96" in out
     assert not (gpuprov_home / "pricing").exists()
 

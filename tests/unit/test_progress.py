@@ -92,3 +92,17 @@ def test_exec_output_reaches_the_terminal_as_text() -> None:
     stream.end()
     assert target.getvalue().splitlines() == ["node-1 | ok\tcol", "node-1 | ?[2Jcleared",
                                               "node-1 | ?]52;c;cHduZWQ=?tail"]
+
+
+def test_a_warning_reads_as_an_error_does(capsys) -> None:
+    """Issue 53, section 7: every warning a command says starts `gpuprov:` on a line of its own,
+    as errors do (an indented plan note too); other lines are as they came."""
+    from gpuprov.shared.console import Console
+
+    console = Console()
+    console.say("  warning: could not read the vCPU quota 'x' (AccessDenied): y; going on")
+    console.say("warning: spot prices not read (Throttling)")
+    console.say("  plan: 4 x p4d.24xlarge")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["gpuprov: warning: could not read the vCPU quota 'x' (AccessDenied): y; going on",
+                   "gpuprov: warning: spot prices not read (Throttling)", "  plan: 4 x p4d.24xlarge"]
