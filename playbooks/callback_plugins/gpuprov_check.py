@@ -60,6 +60,8 @@ class CallbackModule(CallbackBase):
         path = os.environ.get("GPUPROV_WOULD_CHANGE")
         if not path or not _would_run(result._result) or _never_changes(result._task):
             return
-        row = {"host": result._host.get_name(), "task": result._task.get_name()}
+        task = result._task
+        # The task's own name, as ansible-runner's events give it (no "role : " before it).
+        row = {"host": result._host.get_name(), "task": task.name or task.action}
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")

@@ -30,7 +30,7 @@ DEBIAN = "/aws/service/debian/release/12/latest/amd64"  # the default --os (test
         (["--type", "p4d.24xlarge", "--image", "ami-00000000000000000"], "--image ami-00000000000000000"),
         (["--type", "p4d.24xlarge", "--count", "0"], "0 is not in the range"),
         (["--type", "p4d.24xlarge", "--disk-gb", "4"], "4 is not in the range"),
-        (["--type", "p4d.24xlarge", "--disk-gb", "30"], "--disk-gb 30 leaves the node less than the 40 GiB free"),
+        (["--type", "p4d.24xlarge", "--disk-gb", "30"], "'--disk-gb': 30 is not in the range 40<=x<=16384"),
         (["--type", "p4d.24xlarge", "--capacity-reservation", "r-1"], "expected an id like cr-"),
     ],
 )
