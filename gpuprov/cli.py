@@ -87,6 +87,7 @@ def up(
     keep_failed: bool,
     tags: str | None,
     health: str,
+    no_verify: bool,
     source: str | None,
     driver: str | None,
     kernel_module: str | None,
@@ -128,7 +129,8 @@ def up(
             scheduler=Scheduler(kind=scheduler, controller=slurm_controller, controller_only=slurm_controller_only),
         )
         return launching.UpRequest(spec, bootstrap=not no_bootstrap, rollback=rollback, health=health, tags=tags,
-                                   mode=bootstrap_mode, dry_run=dry_run, name_generated=name_generated)
+                                   mode=bootstrap_mode, dry_run=dry_run, name_generated=name_generated,
+                                   verify=not no_verify)
 
     if max_price is None and regions is None:
         request = request_for(instance_type, region)
@@ -137,11 +139,12 @@ def up(
         request, result = cli_budget.up_within_budget(request_for, instance_type, region, regions, max_price, spot,
                                                       provider, _console(), _launch_confirmation(yes))
     spec = request.spec
-    cli_output.up_result(result, output)
-    if not dry_run:  # once, for the lock the cluster now runs
+    if not dry_run:  # once, for the lock the cluster now runs (before the last line, the verdict)
         cli_output.eol_warning_of(spec.name)
-    return 1 if (result.bootstrap is not None and not result.bootstrap.ok) or (
-        result.health is not None and not result.health.ok) else 0
+    cli_output.up_result(result, output)
+    failed = [result.bootstrap and not result.bootstrap.ok, result.health and not result.health.ok,
+              result.verdict and result.verdict.ready is False]
+    return 1 if any(failed) else 0
 
 
 def _launch_confirmation(yes: bool) -> Callable[[Any], bool]:

@@ -169,7 +169,7 @@ UP_OPTIONS = [
     click.option(
         "--no-bootstrap",
         is_flag=True,
-        help="Launch and wait until the nodes run; no SSH wait, no playbooks, no probes.",
+        help="Launch and wait until the nodes run; no SSH wait, no playbooks, no health checks, no probes.",
     ),
     click.option("--bootstrap", "bootstrap_mode", type=click.Choice(["auto", "push", "pull"]), default="auto",
         show_default=True, help="push: Ansible runs here, over SSH to every node. pull: each new node "
@@ -192,6 +192,8 @@ UP_OPTIONS = [
     click.option("--health", default="quick", show_default=True, metavar="off|quick|standard",
         help="Health checks on the nodes once bootstrapped (as `gpuprov health`); exit 1 when one "
         "fails. standard adds DCGM's diagnostic and NCCL inside each node (minutes). None with --no-bootstrap."),
+    click.option("--no-verify", is_flag=True, help="Skip the probes `up` runs once the nodes are "
+        "bootstrapped and healthy (`gpuprov verify NAME` runs them later); the cluster stays bootstrapped."),
     click.option("--source", type=click.Choice(defaults.PACKAGE_SOURCES),
         help=f"Package source for the NVIDIA stack (default: {defaults.LOCAL_SOURCE} for docker, "
         f"else {defaults.DEFAULT_SOURCE})."),

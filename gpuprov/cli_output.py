@@ -49,14 +49,20 @@ def node_rows(nodes: list[NodeRow]) -> list[list[Any]]:
 def up_result(result: UpResult, output: str) -> None:
     if output == "json":
         emit_json(result)
-        return
-    table(f"cluster {result.cluster} ({result.provider})", NODE_COLUMNS, node_rows(result.nodes), keep=NODE_KEEP)
-    if result.bootstrap is not None:
-        provision_table(result.cluster, result.bootstrap)
-    if result.health is not None:
-        # The counts, and the failing rows (`gpuprov health NAME` shows every row).
-        health_table(result.health, failing_only=True)
-    replaced_table(f"set aside and replaced ({result.cluster})", result.replaced or [])
+    else:
+        table(f"cluster {result.cluster} ({result.provider})", NODE_COLUMNS, node_rows(result.nodes), keep=NODE_KEEP)
+        if result.bootstrap is not None:
+            provision_table(result.cluster, result.bootstrap)
+        if result.health is not None:
+            # The counts, and the failing rows (`gpuprov health NAME` shows every row).
+            health_table(result.health, failing_only=True)
+        if result.verify is not None:  # as `verify` prints it
+            verify_table(result.cluster, result.verify)
+        replaced_table(f"set aside and replaced ({result.cluster})", result.replaced or [])
+    if result.verdict is not None:  # the run's last line, after its tables (stderr, as its progress)
+        v = result.verdict
+        word = {True: "ready", False: "not ready", None: "not ready yet"}[v.ready]
+        click.echo(f"{result.cluster}: {word}: {v.why}; next: `{v.next}`", err=True)
 
 
 def replaced_table(title: str, rows: list[Replacement]) -> None:

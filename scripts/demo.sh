@@ -4,7 +4,7 @@
 # Node 1 is bootstrapped from scratch (the driver's DKMS build, CUDA, cuDNN, Docker, ...), verified
 # and baked into an image for its lock (`gpuprov image bake`); node 2 boots from that image and
 # converges with nothing to change. A later demo finds what is there: the cluster itself (a no-op
-# `up` and `verify`), else the baked image (both nodes from it), else it starts from scratch.
+# `up`), else the baked image (both nodes from it), else it starts from scratch.
 # Each step says what it does and about how long it takes; the figures are this kind of machine's
 # (docs/local.md: measured on a 2-core AMD EPYC, about 1.7 times a 2-core Intel Xeon's).
 #   scripts/demo.sh [NAME]
@@ -25,7 +25,7 @@ plan=$(gpuprov up --provider docker --count 2 --name "$name" --dry-run -o json 2
 baked=$(field '(d.get("image") or {}).get("ref") or ""' <<<"$plan")
 
 if [ "$nodes" -ge 2 ]; then
-  log "cluster $name has its $nodes nodes: up again checks each node's manifest (seconds), then verify"
+  log "cluster $name has its $nodes nodes: up again checks each node's manifest (seconds) and verifies them unless nothing changed since their probes"
 elif [ -n "$baked" ] && [ "$nodes" -eq 0 ]; then
   log "both nodes from $baked, the image baked for the lock: about 3 minutes"
 else
@@ -44,6 +44,7 @@ else
   log "node 2 from the baked image (about 2 minutes)"
 fi
 t=$(date +%s)
+# `up` runs the probes itself before it calls the cluster ready (none again on a cluster verified
+# since its last change), and ends with one line: ready or not, and the next command.
 gpuprov up --provider docker --count 2 --name "$name" --yes
-gpuprov verify "$name"
 log "nodes up and verified in $(took "$t"); the demo's nodes took $(took "$started")"

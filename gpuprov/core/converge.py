@@ -12,6 +12,7 @@ from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir, parse_tags, write_extravars
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.health import node_bundle
+from gpuprov.manifest import record as manifest_record
 from gpuprov.manifest import steps as manifests
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterFiles, Provider
@@ -87,6 +88,7 @@ def run_site(
     tags: list[str] | None = None,
     slurm_checked: bool = False,
     use_manifest: bool = False,
+    say_next: bool = True,
 ) -> ProvisionResult:
     """Run site.yml (every play, or only ``tags``) on ``nodes`` of ``cluster`` under its version
     lock: the inventory and the run's variables written, the run recorded with its artifacts, an
@@ -126,6 +128,9 @@ def run_site(
     run_dir = new_run_dir(files, kind)
     run_id = store.start_run(cluster.name, kind, str(run_dir))
     ok, summary = False, {}
+    # A node that held no manifest before this run (new, or never converged whole) was never
+    # proven by verify: the cluster does not stay verified through its run, changed or not.
+    unproven = [n.name for n in to_run if n.name not in manifest_record.records(cluster)]
     try:
         if not check and whole:
             manifests.forget(store, cluster.name, to_run)
@@ -142,9 +147,9 @@ def run_site(
         changed = any(h.changed for h in outcome.hosts.values())
         # A run that changed nothing leaves a verified cluster verified (what verify proved
         # still holds); one that changed something is bootstrapped until verify runs again.
-        if changed or cluster.state != "verified":
+        if changed or unproven or cluster.state != "verified":
             store.set_cluster_state(cluster.name, "bootstrapped")
-        if changed:
+        if (changed or unproven) and say_next:
             console.say(f"  next: gpuprov verify {cluster.name} (the nodes changed since their probes ran)")
     elif not check and not ok:
         store.set_failed_step(cluster.name, "bootstrap")

@@ -1,4 +1,4 @@
-"""`up`: check, plan, launch, reach, bootstrap, health; each step a function of one run."""
+"""`up`: check, plan, launch, reach, bootstrap, health, probes; each step a function of one run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuprov.ansible.runner import parse_tags
-from gpuprov.core import counts, health_gate, min_count
+from gpuprov.core import counts, health_gate, min_count, up_verdict
 from gpuprov.core.plan_words import plan_cost, show_plan
 from gpuprov.core.up_steps import Run, check_health, launch, prepare, record, up_result, wait_ready
 from gpuprov.errors import BadInput, GpuprovError
@@ -35,7 +35,8 @@ class UpRequest:
     always undo what it made. ``health``: the health gate's level once bootstrapped (``off``:
     none). ``tags``: bootstrap with only these plays (the cluster stays short of
     ``bootstrapped``). ``mode``: push, pull (gpuprov.pull) or auto. ``dry_run``: check and show
-    the plan, create nothing. ``name_generated``: say the generated name."""
+    the plan, create nothing. ``name_generated``: say the generated name. ``verify``: the probes
+    once bootstrapped and healthy, before the cluster is called ready (gpuprov.core.up_verdict)."""
 
     spec: ClusterSpec
     bootstrap: bool = True
@@ -45,6 +46,7 @@ class UpRequest:
     mode: str = "auto"
     dry_run: bool = False
     name_generated: bool = False
+    verify: bool = True
 
 
 def up(request: UpRequest, *, console: Console, store: Store | None = None,
@@ -83,7 +85,7 @@ def _planned(request: UpRequest, spec: ClusterSpec, provider: Provider, store: S
              health: str, tags: list[str], mode: str) -> Run:
     """The run's plan (read-only), shown."""
     run = prepare(spec, provider, store, console, dry_run=request.dry_run)
-    run.health, run.tags, run.mode = health, tags, mode
+    run.health, run.tags, run.mode, run.verify = health, tags, mode, request.verify
     if mode == "pull" and not request.dry_run and provider.supports("pull_channel"):
         # Before the plan is shown, the record and the launch: a channel that cannot serve (a
         # pull_bucket setting naming a missing bucket) stops here, nothing made or billed. (A
@@ -125,6 +127,7 @@ def launch_and_bootstrap(run: Run, bootstrap: bool) -> UpResult:
             run.console.say(f"{run.name}: {len(nodes)} node(s) reachable with pinned host keys "
                             "(--no-bootstrap: no playbooks)")
             return up_result(run, nodes)
-        return min_count.bootstrap(run, nodes)  # with --min-count: failures set aside and replaced
+        # with --min-count: failures set aside and replaced; then the probes and the verdict
+        return up_verdict.finish(run, min_count.bootstrap(run, nodes))
 
 

@@ -46,6 +46,7 @@ class Run:
     image: ImageUsed | None = None  # what new nodes boot from (providers with images)
     mode: str = "push"  # how new nodes bootstrap: push (Ansible from here) or pull (gpuprov.pull)
     pull: Any = None  # a pull bootstrap under way (gpuprov.pull.controller.Session)
+    verify: bool = True  # the probes once bootstrapped and healthy (`--no-verify`: none)
 
     @property
     def name(self) -> str:
@@ -218,7 +219,7 @@ def bootstrap_nodes(run: Run, nodes: list[NodeRecord]) -> UpResult:
     try:
         outcome = pull.bootstrap(run, cluster, nodes, push=run_site) if run.mode == "pull" else run_site(
             run.store, cluster, run.provider, run.files, nodes, console=run.console, tags=run.tags or None,
-            use_manifest=run.existing is not None)
+            use_manifest=run.existing is not None, say_next=not run.verify)
     except BaseException:
         if run.rollback:
             rollback(run, nodes, whole=run.created_record)

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 FILES = (
     "__init__.py", "errors.py", "paths.py", "node_text.py",
     "catalog/__init__.py", "catalog/instance_types.json",
-    "shared/__init__.py", "shared/results.py", "shared/costs.py", "shared/manifest_result.py",
+    "shared/__init__.py", "shared/results.py", "shared/json_form.py", "shared/costs.py",
+    "shared/manifest_result.py",
     *(f"health/{m}.py" for m in ("__init__", "checks_deep", "checks_gpu", "checks_node", "checks_state", "dcgm",
                                   "facts", "floors", "gather", "nccl", "node_check", "parse", "xid")),
 )

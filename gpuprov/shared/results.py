@@ -15,31 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpuprov.shared.costs import ClusterCost, ClusterPrice, PlanCost
+from gpuprov.shared.json_form import JSON_NAME, OPTIONAL
+from gpuprov.shared.json_form import json_name as json_name
+from gpuprov.shared.json_form import serialise as serialise
 from gpuprov.shared.manifest_result import ManifestCheck
 
 if TYPE_CHECKING:
     from gpuprov.state import NodeRecord, RunRecord
-
-OPTIONAL = "optional"  # metadata key: leave the field out of the JSON while it is None
-JSON_NAME = "json"  # metadata key: the field's name in the JSON, where it is no Python name
-
-
-def json_name(f: dataclasses.Field[Any]) -> str:
-    return str(f.metadata.get(JSON_NAME, f.name))
-
-
-def serialise(obj: Any) -> Any:
-    """The JSON form of a result (dataclasses, their lists and maps, plain data): every `-o json`."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        values = vars(obj)
-        return {json_name(f): serialise(values[f.name]) for f in dataclasses.fields(obj)
-                if not (f.metadata.get(OPTIONAL) and values[f.name] is None)}
-    if isinstance(obj, Mapping):
-        return {str(k): serialise(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [serialise(v) for v in obj]
-    return obj
-
 
 # -- nodes, list, status ------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -266,6 +248,18 @@ class UpResult:
     # replacements; --dry-run: what the planned cluster costs (`status` has a cluster's cost).
     replaced: list[Replacement] | None = field(default=None, metadata={OPTIONAL: True})
     cost: PlanCost | None = field(default=None, metadata={OPTIONAL: True})
+    # The probes `up` ran once bootstrapped and healthy; its last line (gpuprov.core.up_verdict).
+    verify: VerifyResult | None = field(default=None, metadata={OPTIONAL: True})
+    verdict: Verdict | None = field(default=None, metadata={OPTIONAL: True})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``ready``: probes passed; False: a step failed; None: bootstrapped, not verified."""
+
+    ready: bool | None
+    why: str
+    next: str
 
 
 # -- verify ----------------------------------------------------------------------------------------

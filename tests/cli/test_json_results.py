@@ -180,8 +180,13 @@ def test_provision_check_exits_3_with_changes_pending_and_names_them(capsys, clu
 
 def test_a_provision_that_changed_nothing_keeps_the_cluster_verified(capsys, cluster, monkeypatch) -> None:
     """Issue 53, section 2: a no-op `provision` leaves a verified cluster verified; one that
-    changed a node makes it bootstrapped and says `verify` is the next step."""
+    changed a node makes it bootstrapped and says `verify` is the next step. So does a no-op on
+    a node that held no manifest before the run (new to the cluster, or its last whole run
+    failed): nothing proved it since it was converged."""
+    from gpuprov.manifest import record
+
     monkeypatch.setattr(ssh, "unreachable_nodes", lambda nodes, key, known: {})
+    monkeypatch.setattr(record, "records", lambda c: {n: {"fixture": "a manifest held"} for n in NODES})
 
     def converged(changed: int):
         def run(playbook: Path, files: Any, hosts: list[str], run_dir: Path, **kw: Any) -> PlaybookResult:
@@ -195,6 +200,12 @@ def test_a_provision_that_changed_nothing_keeps_the_cluster_verified(capsys, clu
     assert code == 0 and "next: gpuprov verify" not in err, err
     assert Store().get_cluster(cluster).state == "verified"
     monkeypatch.setattr(runner, "run_playbook", converged(1))
+    code, _, err = invoke(capsys, "provision", cluster, "--full", "-o", "json")
+    assert code == 0 and f"next: gpuprov verify {cluster}" in err, err
+    assert Store().get_cluster(cluster).state == "bootstrapped"
+    Store().set_cluster_state(cluster, "verified")
+    monkeypatch.setattr(record, "records", lambda c: {n: {"fixture": "a manifest held"} for n in NODES[:-1]})
+    monkeypatch.setattr(runner, "run_playbook", converged(0))
     code, _, err = invoke(capsys, "provision", cluster, "--full", "-o", "json")
     assert code == 0 and f"next: gpuprov verify {cluster}" in err, err
     assert Store().get_cluster(cluster).state == "bootstrapped"

@@ -77,27 +77,27 @@ def remove_image(ref: str | None) -> None:
     handoff_file().unlink(missing_ok=True)
 
 
-def passed_probes(verify_json: str) -> list[str]:
-    """The probes that passed on every node of a `verify -o json`, sorted."""
-    hosts = json.loads(verify_json)["hosts"]
+def passed_probes(verified: dict[str, Any]) -> list[str]:
+    """The probes that passed on every node of a `verify -o json` document, sorted."""
+    hosts = verified["hosts"]
     sets = [{p["probe"] for p in probes if p["status"] == "pass"} for probes in hosts.values()]
     return sorted(set.intersection(*sets)) if sets else []
 
 
 def from_scratch(env: dict[str, str], name: str) -> dict[str, Any]:
-    """One node from scratch (the whole site, the driver's DKMS build), verified and baked: the
-    `up` and `image bake` results and the probes that passed, as published. The node stays."""
+    """One node from scratch (the whole site, the driver's DKMS build), verified by `up` itself
+    (its probes once bootstrapped and healthy) and baked: the `up` and `image bake` results and
+    the probes that passed, as published. The node stays."""
     first = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--no-baked", "-o", "json",
                     env=env, timeout=UP_S)
-    assert first.returncode == 0, first.stderr[-3000:]
-    verify = run_cli("verify", name, "-o", "json", env=env)
-    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    up = json.loads(first.stdout)
     bake = run_cli("image", "bake", "--from", name, "-o", "json", env=env, timeout=BAKE_S)
     assert bake.returncode == 0, bake.stderr[-3000:]
     image = json.loads(bake.stdout)
     return {"ref": image["ref"], "lock_hash": image["lock_hash"], "repo": env["GPUPROV_BAKED_REPO"],
-            "passed": passed_probes(verify.stdout), "up": (json.loads(first.stdout), first.stderr),
-            "bake": (image, bake.stderr), "verify": json.loads(verify.stdout)}
+            "passed": passed_probes(up["verify"]), "up": (up, first.stderr),
+            "bake": (image, bake.stderr), "verify": up["verify"]}
 
 
 def made_alone(env: dict[str, str]) -> dict[str, Any]:

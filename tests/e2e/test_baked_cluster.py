@@ -130,11 +130,16 @@ def test_host_keys_are_pinned_before_first_contact(cluster, benv) -> None:
     assert (cdir / "id_ed25519").stat().st_mode & 0o777 == 0o600
 
 
-def test_verify_passes_exactly_what_the_node_from_scratch_passes(cluster, benv, scratch) -> None:
-    name, data, _ = cluster
-    proc = run_cli("verify", name, "-o", "json", env=benv)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(proc.stdout)
+def test_verify_passes_exactly_what_the_node_from_scratch_passes(grown, benv, scratch) -> None:
+    """Issue 53: each `up` ran the probes before it called the cluster ready. The first made the
+    cluster verified; the second added a node that was never probed (converged from the image
+    with nothing to change), so the cluster was probed again, both nodes, before it was ready."""
+    name, (one, one_err), (data, stderr) = grown
+    assert one["verdict"]["ready"] is True and set(one["verify"]["hosts"]) == {f"{name}-node-1"}, one_err[-2000:]
+    assert data["verdict"] == {"ready": True, "next": f"gpuprov ssh {name}",
+                               "why": f"2 node(s) verified ({data['verify']['summary']['pass']} probes passed)"}
+    assert stderr.rstrip().splitlines()[-1] == f"{name}: ready: {data['verdict']['why']}; next: `gpuprov ssh {name}`"
+    result = data["verify"]
     assert_verified(result, {n["name"] for n in data["nodes"]})
     # each node booted from the baked image passes exactly what the node from scratch passed
     passed = [sorted(p["probe"] for p in probes if p["status"] == "pass") for probes in result["hosts"].values()]

@@ -68,6 +68,10 @@ def test_up_launches_and_bootstraps(scratch) -> None:
     assert stats["failed"] == 0 and stats["unreachable"] == 0 and stats["changed"] > 0, stats
     # progress was reported per node while the playbook ran
     assert f"{name}-node-1: gpu_preflight" in stderr
+    # Issue 53: `up` ran the probes before it called the cluster ready, and said so last.
+    assert data["verify"]["ok"] is True and data["verdict"]["ready"] is True, data.get("verdict")
+    assert stderr.rstrip().splitlines()[-1] == (f"{name}: ready: {data['verdict']['why']}; next: `gpuprov ssh {name}`")
+    assert "next: gpuprov verify" not in stderr  # `up` verified: no step left to name
     # The bootstrap installed about 2 GiB of packages (driver, CUDA's toolkit); the preflight's
     # DPkg::Post-Invoke hook removed each download once dpkg had installed it.
     node = f"{name}-node-1"
@@ -76,11 +80,16 @@ def test_up_launches_and_bootstraps(scratch) -> None:
     assert node_sh(node, "find /var/cache/apt/archives -name '*.deb' | wc -l").strip() == "0"
 
 
-def test_verify_passes_or_skips_with_reason(scratch) -> None:
-    """The from-scratch node's probes (the grown unit holds its nodes to exactly these passes)."""
+def test_verify_passes_or_skips_with_reason(scratch, env) -> None:
+    """The from-scratch node's probes, as `up` ran them (the grown unit holds its nodes to exactly
+    these passes); the cluster they leave is verified, and its verify run recorded."""
     name, record = scratch
     assert_verified(record["verify"], {f"{name}-node-1"})
     assert record["passed"] and "dkms_module_for_every_kernel" in record["passed"]
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert status["state"] == "verified"
+    kinds = [r["kind"] for r in status["runs"]]
+    assert "verify-quick" in kinds and "provision" in kinds, kinds
 
 
 def test_a_converged_node_holds_its_manifest_root_only(scratch, env) -> None:

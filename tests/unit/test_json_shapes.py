@@ -209,7 +209,10 @@ def _built() -> dict[str, Any]:
                        replaced=replaced,
                        cost=costs.PlanCost(nodes=4, usd_per_node_hour=21.96, usd_per_hour=87.84, usd_per_day=2108.16,
                                            kind="on-demand", region="us-east-1", zone=None,
-                                           source="bundled table", as_of="2026-08-26", why=None)),
+                                           source="bundled table", as_of="2026-08-26", why=None),
+                       verify=VerifyResult(cluster="c", ok=False, hosts={"n1": [ProbeRow("gpu", "fail", "0 GPUs")]},
+                                           summary=VerifySummary(pass_=3, fail=1, skip=2)),
+                       verdict=results.Verdict(ready=False, why="1 probe(s) failed (n1)", next="gpuprov verify c")),
         "list": [ClusterRow(name="c", provider="aws", nodes=1, created="2025-01-01T00:00:00+00:00",
                             state="bootstrapped (verify failed)")],
         "status": StatusResult(

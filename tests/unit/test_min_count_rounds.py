@@ -66,7 +66,8 @@ def fleet(gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
     provider = Fleet()
     monkeypatch.setattr(launching, "get_provider", lambda name: provider)
 
-    def provision(store, cluster, prov, files, nodes, *, console, check=False, tags=None, use_manifest=False):
+    def provision(store, cluster, prov, files, nodes, *, console, check=False, tags=None, use_manifest=False,
+                  say_next=True):
         bad = {n.name for n in nodes if n.id in provider.bad_bootstrap}
         hosts = {n.name: HostStats(ok=3, changed=1, failed=int(n.name in bad), unreachable=0, tasks=4) for n in nodes}
         ok = not bad
@@ -89,7 +90,8 @@ def fleet(gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
 def _up(capsys: pytest.CaptureFixture[str], count: int, *, health: str = "off", **options: Any):
     """`up` of cluster fc: its result, and the lines it said (stderr)."""
     spec = ClusterSpec(name="fc", provider="fleet", instance_type=None, count=count, **options)
-    result = launching.up(launching.UpRequest(spec, health=health), console=Console())
+    # (no probes: the rounds end with the health gate; `up`'s probes after it: test_up_verdict.py)
+    result = launching.up(launching.UpRequest(spec, health=health, verify=False), console=Console())
     return result, capsys.readouterr().err.splitlines()
 
 
