@@ -134,5 +134,5 @@ def _table(rows: list[Any]) -> None:
 
     cli_output.table("baked images", ["image", "lock", "driver", "cuda", "from", "baked", "size"],
           [[i.ref, i.lock_hash, f"{i.lock.get('driver', '')} ({i.lock.get('source', '')})",
-            i.lock.get("cuda", ""), i.source, i.created, "" if i.size_gb is None else f"{i.size_gb} GB"]
+            i.lock.get("cuda", ""), i.source, i.created, "" if i.size_gib is None else f"{i.size_gib} GiB"]
            for i in rows])

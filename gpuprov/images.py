@@ -15,9 +15,10 @@ shell histories, temporary files.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from gpuprov.clock import utc_text
 
 # The lock fields an image records beside its hash (labels on docker, tags on aws).
 LOCK_FIELDS = ("driver", "source", "kernel_module", "cuda", "cudnn", "fabricmanager", "instance_type")
@@ -35,7 +36,7 @@ class BakedImage:
     source: str  # CLUSTER/NODE it was baked from
     lock: dict[str, str]  # LOCK_FIELDS as recorded with the image
     region: str | None = None
-    size_gb: float | None = None
+    size_gib: float | None = None
     # The OS the node ran (aws: the cluster's --os); None where the provider has one OS.
     os: str | None = None
 
@@ -57,7 +58,7 @@ def clean_script() -> str:
 
 
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_text()
 
 
 def lock_record(lock: dict[str, Any]) -> dict[str, str]:

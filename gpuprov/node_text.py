@@ -42,3 +42,18 @@ def printable_data(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [printable_data(v, depth + 1) for v in value]
     return value
+
+
+def memlock_text(value: str, unit: int) -> str:
+    """A memlock limit as a node gives it (``unit``: its bytes per count, 1 for /proc/PID/limits,
+    1024 for `ulimit -l`), in one form everywhere: ``unlimited``, or MiB with the bytes
+    (``8 MiB (8388608 bytes)``); anything else, printable, as it came."""
+    if value == "unlimited":
+        return value
+    if not value.isdigit() or len(value) > 20:  # no count of a 64-bit limit: as it came
+        return printable(value)
+    size = int(value) * unit
+    whole, rest = divmod(size, 2**20)
+    if not whole:
+        return f"{size} bytes"
+    return f"{whole}{f'.{rest * 10 // 2**20}' if rest * 10 // 2**20 else ''} MiB ({size} bytes)"

@@ -15,11 +15,11 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
+from gpuprov.clock import utc_text
 from gpuprov.errors import DamagedFile, GpuprovError
 
 # Each entry moves the schema from version i to i+1. Never edit a released
@@ -79,7 +79,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def now() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat()
+    return utc_text()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from gpuprov.health import parse, xid
 from gpuprov.health.checks_gpu import failed, no_gpu, passed, skipped
 from gpuprov.health.facts import Expect, Facts
+from gpuprov.node_text import memlock_text
 from gpuprov.shared.results import HealthCheck
 
 
@@ -49,14 +50,17 @@ def memlock(facts: Facts, expect: Expect) -> HealthCheck:
     pid1 = facts.text("memlock_pid1").split()
     ceiling = pid1[-1] if pid1 else "unknown"
     if facts.container and ceiling != "unlimited":
-        return skipped("memlock", f"container node ({facts.container}): its engine caps memlock at {ceiling} "
-                       "and the node cannot raise it (run the node with --ulimit memlock=-1)", want)
-    user = facts.text("memlock_user").split()
-    problems = [] if user == ["unlimited", "unlimited"] else [f"user session: {' / '.join(user) or 'no answer'}"]
+        return skipped("memlock", f"container node ({facts.container}): its engine caps memlock at "
+                       f"{memlock_text(ceiling, 1)} and the node cannot raise it (run the node with "
+                       "--ulimit memlock=-1)", want)
+    user = facts.text("memlock_user").split()  # `ulimit -l`: KiB
+    problems = [] if user == ["unlimited", "unlimited"] else [
+        "user session: " + (" / ".join(memlock_text(v, 1024) for v in user) or "no answer")]
     if facts.text("systemd").strip() == "yes":
         service = facts.text("memlock_systemd").strip()
         if service != "DefaultLimitMEMLOCK=infinity":
-            problems.append(f"services: {service or 'no answer'}")
+            key, _, value = service.partition("=")
+            problems.append(f"services: {key}={memlock_text(value, 1)}" if value else f"services: {service or 'no answer'}")
     fix = f"re-apply the rdma role (`{expect.provision} --tags rdma`): it sets memlock unlimited"
     if problems:
         return failed("memlock", "; ".join(problems), want, fix)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuprov import catalog
+from gpuprov.clock import utc_text
 from gpuprov.pricing import prices
 
 NO_PRICE = {
@@ -78,7 +79,7 @@ def so_far(provider: str, nodes: list[Any], *, now: datetime | None = None,
     for node in nodes:
         launched = _launched(node)
         price = node_price(node)
-        row: dict[str, Any] = {"node": node.name, "launched": launched.isoformat() if launched else None,
+        row: dict[str, Any] = {"node": node.name, "launched": utc_text(launched) if launched else None,
                                "kind": "spot" if node.extra.get("spot") else "on-demand",
                                "usd_per_hour": None, "usd_so_far": None, "source": None, "why": None}
         if node.state not in RUNNING:

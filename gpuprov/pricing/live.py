@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpuprov import catalog
+from gpuprov.clock import utc_text
 from gpuprov.pricing import prices
 from gpuprov.providers.aws import api
 
@@ -184,7 +185,7 @@ def _time(value: Any) -> datetime:
 
 
 def _iso(value: Any) -> str:
-    return _time(value).astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return utc_text(_time(value))
 
 
 def spot_cost(steps: list[tuple[datetime, float]], start: datetime, end: datetime) -> float | None:

@@ -16,12 +16,12 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpuprov import catalog, paths
 from gpuprov.catalog import InstanceType
+from gpuprov.clock import utc_text
 from gpuprov.errors import DamagedFile
 
 ON_DEMAND = "on-demand"
@@ -60,7 +60,7 @@ def usd(value: float) -> str:
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return utc_text()
 
 
 def cache_file(region: str) -> Path:

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from gpuprov import catalog
+from gpuprov.node_text import memlock_text
 from gpuprov.probes.nodefacts import (
     in_container,
     installed_version,
@@ -40,7 +41,7 @@ def _memlock_ceiling(host) -> str:
 def _skip_if_capped(host) -> None:
     ceiling = _memlock_ceiling(host)
     if in_container(host) and ceiling != "unlimited":
-        pytest.skip(f"container node: its engine caps memlock at {ceiling} bytes and the node "
+        pytest.skip(f"container node: its engine caps memlock at {memlock_text(ceiling, 1)} and the node "
                     "cannot raise it (run the node with --ulimit memlock=-1)")
 
 

@@ -11,10 +11,10 @@ import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 from gpuprov import paths, ssh, stack, validate
+from gpuprov.clock import utc_text
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, Provider
 from gpuprov.providers import get as get_provider
@@ -58,7 +58,7 @@ def cluster_lock(name: str) -> Iterator[None]:
         except BlockingIOError:
             raise GpuprovError(f"cluster '{name}' is busy: {_lock_holder(os.pread(fd, 4096, 0))}") from None
         held = {"pid": os.getpid(), "command": _command_words(name),
-                "since": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                "since": utc_text()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(held).encode(), 0)
         yield

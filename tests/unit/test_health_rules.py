@@ -76,7 +76,8 @@ def test_memlock_as_the_rdma_role_sets_it() -> None:
     bad = facts(memlock_user="8192\n8192", memlock_pid1="unlimited unlimited", systemd="yes",
                 memlock_systemd="DefaultLimitMEMLOCK=8388608")
     row = checks_node.memlock(bad, Expect(provision="gpuprov provision demo"))
-    assert row.status == "fail" and row.found == "user session: 8192 / 8192; services: DefaultLimitMEMLOCK=8388608"
+    assert row.status == "fail" and row.found == ("user session: 8 MiB (8388608 bytes) / 8 MiB (8388608 bytes); "
+                                                "services: DefaultLimitMEMLOCK=8 MiB (8388608 bytes)")
     assert "gpuprov provision demo --tags rdma" in row.action
     capped = facts(container="docker", memlock_pid1="8388608 8388608", memlock_user="8192\n8192")
     assert checks_node.memlock(capped, Expect()).status == "skip"

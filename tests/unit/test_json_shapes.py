@@ -123,7 +123,7 @@ def _image() -> dict[str, Any]:
 
     return BakedImage(id="ami-0123456789abcdef0", ref="ami-0123456789abcdef0", provider="aws",
                       lock_hash="0123456789ab", created="2026-11-25T10:00:00Z", source="demo/demo-node-1",
-                      lock=dict.fromkeys(LOCK_FIELDS, "x"), region="us-east-1", size_gb=200.0,
+                      lock=dict.fromkeys(LOCK_FIELDS, "x"), region="us-east-1", size_gib=200.0,
                       os="debian12").public()
 
 

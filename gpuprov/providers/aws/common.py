@@ -8,9 +8,11 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from gpuprov import defaults
+from gpuprov.clock import utc_text
 from gpuprov.errors import GpuprovError, PartialLaunch
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers.aws import api
@@ -167,4 +169,4 @@ def _iso(value: Any) -> str:
     """A time as ISO 8601 (boto3 gives datetimes; state and tests may give text); "" for none."""
     if value is None:
         return ""
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return utc_text(value) if isinstance(value, datetime) else str(value)

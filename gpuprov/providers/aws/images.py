@@ -55,7 +55,7 @@ def _image(found: dict[str, Any], region: str) -> Any:
                       created=tags.get("gpuprov:baked-at") or str(found.get("CreationDate", "")),
                       source=tags.get("gpuprov:baked-from", ""),
                       lock={k: tags.get(f"gpuprov:lock.{k}", "") for k in LOCK_FIELDS},
-                      region=region, size_gb=float(size) if size else None, os=tags.get("gpuprov:os") or None)
+                      region=region, size_gib=float(size) if size else None, os=tags.get("gpuprov:os") or None)
 
 
 def baked(region: str | None, lock_hash: str | None = None) -> list[Any]:

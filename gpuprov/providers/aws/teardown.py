@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
+from gpuprov.clock import utc_text
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, Orphans, Reporter
 from gpuprov.providers.aws import api, s3, s3_named
@@ -67,7 +69,7 @@ def tagged_clusters(region: str | None) -> dict[str, dict[str, Any]]:
         entry = out.setdefault(name, {"nodes": 0, "created": "", "region": aws.region})
         entry["nodes"] += 1
         launched = instance.get("LaunchTime")
-        stamp = launched.replace(microsecond=0).isoformat() if hasattr(launched, "isoformat") else str(launched or "")
+        stamp = utc_text(launched) if isinstance(launched, datetime) else str(launched or "")
         entry["created"] = min(entry["created"] or stamp, stamp)
     for group in aws.ec2.describe_security_groups(Filters=[{"Name": "tag-key", "Values": [TAG]}])["SecurityGroups"]:
         name = tags_of(group).get(TAG, "")

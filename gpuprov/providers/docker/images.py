@@ -47,7 +47,7 @@ def baked(repo: str) -> list[Any]:
             lock_hash=labels[IMAGE_LABEL], created=labels.get("gpuprov.baked-at", ""),
             source=labels.get("gpuprov.baked-from", ""),
             lock={k: labels.get(f"gpuprov.lock.{k}", "") for k in LOCK_FIELDS},
-            size_gb=round(info.get("Size", 0) / 1e9, 2)))
+            size_gib=round(info.get("Size", 0) / 2**30, 2)))
     return sorted(out, key=lambda i: (i.created, i.id))
 
 
@@ -101,7 +101,7 @@ def bake(cluster: Any, node: NodeRecord, repo: str, report: Reporter) -> Any:
     found = next((i for i in baked(repo) if i.ref == tag), None)
     if found is None:
         raise GpuprovError(f"committed {tag} but it is not listed as a baked image")
-    report(f"{node.name}: baked {tag} ({found.size_gb} GB) for lock {lock['hash']}")
+    report(f"{node.name}: baked {tag} ({found.size_gib} GiB) for lock {lock['hash']}")
     return found
 
 
