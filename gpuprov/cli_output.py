@@ -49,7 +49,7 @@ def node_rows(nodes: list[NodeRow]) -> list[list[Any]]:
 def up_result(result: UpResult, output: str) -> None:
     if output == "json":
         emit_json(result)
-    else:
+    elif not result.dry_run:  # a dry run's plan was said (stderr); it has no nodes to show
         table(f"cluster {result.cluster} ({result.provider})", NODE_COLUMNS, node_rows(result.nodes), keep=NODE_KEEP)
         if result.bootstrap is not None:
             provision_table(result.cluster, result.bootstrap)

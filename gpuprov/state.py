@@ -142,24 +142,36 @@ RESTORE = ("restore it from a backup, or move it aside (gpuprov starts a new one
 
 class Store:
     def __init__(self, path: Path | None = None) -> None:
+        """The store at ``path``. A file that does not exist yet is made by the first write, not
+        here: a command that only reads (a dry run, a refused request) leaves no database."""
         self.path = path or (paths.home() / "state.db")
+        self._ready = False
+        if self.path.exists():
+            self._open()
+
+    def _open(self) -> None:
         self._migrate()
         if self.path.stat().st_mode & 0o077:  # the WAL and shared-memory files sqlite makes take its mode
             with suppress(OSError):
                 os.chmod(self.path, 0o600)
+        self._ready = True
 
     # -- plumbing ---------------------------------------------------------
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, file: bool = False) -> Iterator[sqlite3.Connection]:
         """A connection, closed after use. The file's faults, at open or later (a page damaged
         since, a record of another shape), are one line naming it: damage is DamagedFile (exit
         2); what is not damage (permissions, a full disk, a lock held past the timeout) exit 1."""
         conn = None
         try:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            # No file yet and nothing to write: an empty database of the current schema, in memory.
+            empty = not file and not self._ready and not self.path.exists()
+            conn = sqlite3.connect(":memory:" if empty else self.path, timeout=30.0, isolation_level=None)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA foreign_keys = ON")
+            if empty:
+                conn.executescript(";".join(MIGRATIONS) + f";PRAGMA user_version = {SCHEMA_VERSION}")
             yield conn
         except sqlite3.OperationalError as exc:
             raise GpuprovError(f"state database {self.path} cannot be used ({exc}); fix its permissions or "
@@ -174,8 +186,10 @@ class Store:
                 conn.close()
 
     @contextmanager
-    def _tx(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
-        with self._connect() as conn:
+    def _tx(self, mode: str = "IMMEDIATE", opening: bool = False) -> Iterator[sqlite3.Connection]:
+        if not self._ready and not opening:
+            self._open()  # the first write makes the file
+        with self._connect(file=True) as conn:
             conn.execute(f"BEGIN {mode}")
             try:
                 yield conn
@@ -186,10 +200,10 @@ class Store:
             conn.execute("COMMIT")
 
     def _migrate(self) -> None:
-        with self._connect() as conn:
+        with self._connect(file=True) as conn:
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 conn.execute("PRAGMA journal_mode = WAL")
-        with self._tx("EXCLUSIVE") as conn:
+        with self._tx("EXCLUSIVE", opening=True) as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise GpuprovError(

@@ -146,6 +146,11 @@ def test_dry_run_creates_nothing(capsys, gpuprov_home: Path, tmp_path: Path) -> 
     assert "1 existing host(s)" in err
     assert Store().list_clusters() == []
     assert not (gpuprov_home / "clusters" / "plan-only").exists()
+    # As a table: the plan, and no empty node table after it; no state database either.
+    code, out, err = invoke(capsys, "up", "--provider", "static", "--hosts", str(hosts), "--name", "plan-only",
+                            "--dry-run")
+    assert code == 0 and out == "" and "plan: plan-only (static): 1 x node" in err, out + err
+    assert not any(p.is_file() for p in gpuprov_home.rglob("*")), sorted(gpuprov_home.rglob("*"))
 
 
 def loaded_by_help(names: set[str]) -> list[str]:

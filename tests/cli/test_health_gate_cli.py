@@ -16,7 +16,7 @@ ONE_OF = "--health full: one of off, quick, standard"
 
 def _nothing_made(home: Path) -> None:
     assert Store().list_clusters() == []
-    assert not any(p.is_file() for p in home.rglob("*") if p.name != "state.db")
+    assert not any(p.is_file() for p in home.rglob("*")), sorted(home.rglob("*"))  # not even a state.db
 
 
 @pytest.mark.parametrize(("level", "needle"), [

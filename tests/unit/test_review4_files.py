@@ -154,13 +154,20 @@ def test_a_state_directory_open_to_others_is_made_0700_and_the_database_0600(cap
 
 
 def test_a_new_database_is_0600(capsys, gpuprov_home: Path) -> None:
+    """Made by the first write, 0600 whatever the umask; a command that only reads (`list` on a
+    new machine) makes none."""
+    from gpuprov.state import Store
+
     old = os.umask(0o022)
     try:
         code, _, err = invoke(capsys, "list")
+        assert code == 0, err
+        assert not (gpuprov_home / "state.db").exists()
+        Store().create_cluster("first", "docker", {})
     finally:
         os.umask(old)
-    assert code == 0, err
     assert (gpuprov_home / "state.db").stat().st_mode & 0o777 == 0o600
+    assert [c.name for c in Store().list_clusters()] == ["first"]
 
 
 def test_a_state_directory_that_cannot_be_made_0700_is_refused_with_why(capsys, gpuprov_home: Path,
