@@ -1,6 +1,6 @@
 """How the CLI prints: JSON for programs, rich tables for people (rich loads on first use).
 
-Every `--output json` goes through ``emit_json`` (gpuprov.core.results.serialise: the shapes
+Every `--output json` goes through ``emit_json`` (gpuprov.shared.results.serialise: the shapes
 of docs/json-output.md); the tables read the same results' attributes.
 """
 
@@ -35,7 +35,7 @@ NODE_KEEP = ("id", "address")  # what a user copies: never cut (cli_table)
 
 
 def emit_json(data: Any) -> None:
-    """One JSON document on stdout: a command's result (a dataclass of core.results), or plain
+    """One JSON document on stdout: a command's result (a dataclass of gpuprov.shared.results), or plain
     data (types, stack, inventory)."""
     from gpuprov.shared.results import serialise  # lazy: CLI start-up
 

@@ -1,7 +1,8 @@
 """What `gpuprov health` reads on a node: one fixed shell script, run once per node (over the
 cluster's pinned-host-key SSH, or here with --local), that prints the raw output of each tool
 in a named section. Nothing is decided on the node: every parser and verdict is Python
-(gpuprov.health.parse, gpuprov.health.checks), tested on recordings of real machines.
+(gpuprov.health.parse, gpuprov.health.checks_gpu and the other checks_ modules), tested on
+recordings of real machines.
 
 The script is a constant: nothing of the inventory or the user's input reaches it.
 """

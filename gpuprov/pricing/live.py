@@ -43,9 +43,7 @@ def pricing_client(aws: api.Aws) -> Any:
     """The Price List Query API's client (its endpoint is in us-east-1, for every region)."""
     cache = aws.__dict__.setdefault("_clients", {})
     if "pricing" not in cache:
-        from botocore.config import Config
-
-        client = aws.session.client("pricing", region_name=PRICING_REGION, config=Config(
+        client = aws.session.client("pricing", region_name=PRICING_REGION, config=api.Config(
             retries={"mode": "adaptive", "max_attempts": aws.attempts}, connect_timeout=10, read_timeout=60,
             user_agent_extra="gpuprov"))
         client.meta.events.register("after-call-error", api._unreachable_hook("pricing", client.meta.endpoint_url))

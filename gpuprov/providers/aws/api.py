@@ -41,6 +41,19 @@ QUOTA_ERRORS = frozenset(
     {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow"}
 )
 
+# botocore's names the other modules use, imported on first use (`except api.ClientError:`
+# evaluates the name only when an exception reaches it): this module is the one that imports
+# boto3 and botocore (tests/unit/test_aws_adaptor.py holds it).
+_BOTOCORE = {"ClientError": "exceptions", "BotoCoreError": "exceptions", "Config": "config"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BOTOCORE:
+        import importlib
+
+        return getattr(importlib.import_module(f"botocore.{_BOTOCORE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None) or {}

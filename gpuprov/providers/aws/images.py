@@ -75,12 +75,10 @@ def locks_of(image_ids: set[str], region: str | None) -> dict[str, str]:
     ids = sorted(i for i in image_ids if i.startswith("ami-"))
     if not ids:
         return {}
-    from botocore.exceptions import ClientError
-
     aws = api.connect(region)
     try:
         found = aws.ec2.describe_images(ImageIds=ids)["Images"]
-    except ClientError:  # one AMI gone (InvalidAMIID.NotFound) makes the whole call fail
+    except api.ClientError:  # one AMI gone (InvalidAMIID.NotFound) makes the whole call fail
         return {}
     return {i["ImageId"]: tags_of(i)[LOCK_TAG] for i in found if tags_of(i).get(LOCK_TAG)}
 

@@ -96,8 +96,6 @@ def _run_with_failover(
     fresh: bool,
     report: Reporter,
 ) -> list[str]:
-    from botocore.exceptions import ClientError
-
     spec, aws, tried = prep.spec, prep.aws, []
     count, least = counts  # how many to launch, and the least a short launch may bring
     zones = prep.zones
@@ -126,7 +124,7 @@ def _run_with_failover(
             params["ClientToken"] = f"{spec.name}-{batch}-{zone}{suffix}"[:64]
             try:
                 answer = aws.ec2.run_instances(**params)
-            except ClientError as exc:
+            except api.ClientError as exc:
                 code, message = api.error_code(exc), api.error_message(exc)
                 if code in api.CAPACITY_ERRORS:
                     report(f"zone {zone}: {code}: {message}")

@@ -205,15 +205,13 @@ def prepare(spec: ClusterSpec) -> AwsPlan:
 
 
 def facts(aws: api.Aws, name: str) -> InstanceType:
-    from botocore.exceptions import ClientError
-
     cached = catalog.cached_types(aws.region, max_age_s=catalog.CACHE_MAX_AGE_S).get(name)
     if cached is not None:
         return cached
 
     try:
         records = aws.ec2.describe_instance_types(InstanceTypes=[name])["InstanceTypes"]
-    except ClientError as exc:
+    except api.ClientError as exc:
         if api.error_code(exc).startswith("InvalidInstanceType"):
             known = [t.name for t in catalog.all_types(aws.region) if t.provider == "aws"]
             raise BadInput(
@@ -295,11 +293,9 @@ def find_image(aws: api.Aws, spec: ClusterSpec, itype: InstanceType, existing: l
 
 
 def _described(aws: api.Aws, image_id: str, itype: InstanceType, what: str) -> dict[str, Any]:
-    from botocore.exceptions import ClientError
-
     try:
         found = aws.ec2.describe_images(ImageIds=[image_id])["Images"]
-    except ClientError as exc:
+    except api.ClientError as exc:
         raise BadInput(f"{what} {image_id}: {api.error_code(exc)}: {api.error_message(exc)}") from None
     if not found:
         raise BadInput(f"{what} {image_id} does not exist in {aws.region}")

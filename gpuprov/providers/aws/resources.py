@@ -13,15 +13,13 @@ from gpuprov.providers.aws.common import TAG, tag_specs
 
 
 def ensure_key_pair(aws: api.Aws, name: str, files: ClusterFiles, *, replace_ok: bool, report: Reporter) -> str:
-    from botocore.exceptions import ClientError
-
     key_name = f"gpuprov-{name}"
     material = files.key.with_suffix(".pub").read_bytes()
     try:
         aws.ec2.import_key_pair(KeyName=key_name, PublicKeyMaterial=material,
                                 TagSpecifications=tag_specs(name, "key-pair"))
         report(f"key pair {key_name} imported (private key stays in {files.key})")
-    except ClientError as exc:
+    except api.ClientError as exc:
         if api.error_code(exc) != "InvalidKeyPair.Duplicate":
             raise
         if replace_ok:  # no instance uses it: make it match the local key
@@ -60,8 +58,6 @@ def ingress_rules(group_id: str, cidr: str) -> list[dict[str, Any]]:
 
 
 def ensure_security_group(aws: api.Aws, name: str, vpc: str, cidr: str, report: Reporter) -> str:
-    from botocore.exceptions import ClientError
-
     group_name = f"gpuprov-{name}"
     try:
         group_id = aws.ec2.create_security_group(
@@ -71,7 +67,7 @@ def ensure_security_group(aws: api.Aws, name: str, vpc: str, cidr: str, report: 
         aws.ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=ingress_rules(group_id, cidr))
         report(f"security group {group_id}: SSH from {cidr}, all traffic between members")
         return str(group_id)
-    except ClientError as exc:
+    except api.ClientError as exc:
         if api.error_code(exc) != "InvalidGroup.Duplicate":
             raise
     group = aws.ec2.describe_security_groups(
@@ -91,8 +87,6 @@ def update_ssh_rule(aws: api.Aws, name: str, cidr: str, report: Reporter) -> Non
 def set_ingress(aws: api.Aws, group: dict[str, Any], cidr: str, report: Reporter) -> None:
     """The group's rules become exactly gpuprov's: SSH from ``cidr`` only (any other SSH range
     a previous `up` allowed is revoked, not kept beside it), all traffic between members."""
-    from botocore.exceptions import ClientError
-
     group_id = group["GroupId"]
     ssh_rule, members_rule = ingress_rules(group_id, cidr)
     want = {r["CidrIp"] for r in ssh_rule.get("IpRanges", [])} | {r["CidrIpv6"] for r in ssh_rule.get("Ipv6Ranges", [])}
@@ -123,7 +117,7 @@ def set_ingress(aws: api.Aws, group: dict[str, Any], cidr: str, report: Reporter
             continue
         try:
             aws.ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[rule])
-        except ClientError as exc:
+        except api.ClientError as exc:
             if api.error_code(exc) != "InvalidPermission.Duplicate":
                 raise
         if key == "ssh":
@@ -135,26 +129,22 @@ def uses_placement_group(itype: InstanceType, count: int) -> bool:
 
 
 def ensure_placement_group(aws: api.Aws, name: str, zone: str, report: Reporter) -> str:
-    from botocore.exceptions import ClientError
-
     group = f"gpuprov-{name}-{zone}"
     try:
         aws.ec2.create_placement_group(GroupName=group, Strategy="cluster",
                                        TagSpecifications=tag_specs(name, "placement-group"))
         report(f"placement group {group} (cluster strategy)")
-    except ClientError as exc:
+    except api.ClientError as exc:
         if api.error_code(exc) != "InvalidPlacementGroup.Duplicate":
             raise
     return group
 
 
 def delete_placement_group(aws: api.Aws, group: str, report: Reporter) -> None:
-    from botocore.exceptions import ClientError
-
     try:
         aws.ec2.delete_placement_group(GroupName=group)
         report(f"placement group {group} deleted")
-    except ClientError as exc:
+    except api.ClientError as exc:
         report(f"placement group {group} not deleted: {api.error_code(exc)}")
 
 

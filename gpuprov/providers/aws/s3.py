@@ -64,11 +64,9 @@ def bucket_pattern(cluster: str) -> re.Pattern[str]:
 
 def client(aws: api.Aws) -> Any:
     """The region's S3 client: SigV4 (presigned URLs and POST policies), adaptive retries."""
-    from botocore.config import Config
-
     cache = aws.__dict__.setdefault("_clients", {})
     if "s3v4" not in cache:
-        cache["s3v4"] = aws.session.client("s3", region_name=aws.region, config=Config(
+        cache["s3v4"] = aws.session.client("s3", region_name=aws.region, config=api.Config(
             signature_version="s3v4", retries={"mode": "adaptive", "max_attempts": aws.attempts},
             connect_timeout=10, read_timeout=60, user_agent_extra="gpuprov"))
         cache["s3v4"].meta.events.register("before-parameter-build.s3", _owner_expected(aws),
@@ -91,8 +89,6 @@ def _owner_expected(aws: api.Aws) -> Any:
 def find_buckets(aws: api.Aws, cluster: str) -> list[str]:
     """The buckets gpuprov made for ``cluster``: named by its pattern, and tagged with the
     cluster or (a crash between create and tag) not tagged at all."""
-    from botocore.exceptions import ClientError
-
     s3, pattern, out = client(aws), bucket_pattern(cluster), []
     for page in s3.get_paginator("list_buckets").paginate(Prefix=f"gpuprov-{cluster}-"):
         for bucket in page.get("Buckets", []):
@@ -101,7 +97,7 @@ def find_buckets(aws: api.Aws, cluster: str) -> list[str]:
                 continue
             try:
                 tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name)["TagSet"]}
-            except ClientError as exc:
+            except api.ClientError as exc:
                 if api.error_code(exc) != "NoSuchTagSet":
                     raise
                 tags = {}
@@ -255,13 +251,11 @@ def dry_run(aws: api.Aws, cluster: str, report: Reporter) -> list[str]:
     the others through IAM's policy simulator on the caller's own principal, where the
     credentials may call it (iam:SimulatePrincipalPolicy, not in the minimal policy); where
     not, each is said to be not checked."""
-    from botocore.exceptions import ClientError
-
     refused = []
     try:
         client(aws).list_buckets(Prefix=f"gpuprov-{cluster}-", MaxBuckets=1)
         report("dry run: s3:ListAllMyBuckets allowed")
-    except ClientError as exc:
+    except api.ClientError as exc:
         if api.error_code(exc) not in DENIED:
             raise
         report(f"dry run: s3:ListAllMyBuckets REFUSED ({api.error_code(exc)})")
@@ -275,22 +269,18 @@ def simulate(aws: api.Aws, asks: tuple[tuple[tuple[str, ...], str], ...], report
     """Each (actions, resource ARN) asked of IAM's policy simulator on the caller's own
     principal; the refused actions. Where the simulator cannot be asked, each is said to be
     not checked (and none counts as refused)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     refused = []
     try:
         principal = caller_principal(aws)
-        from botocore.config import Config
-
         # Asked as gpuprov makes them: on a bucket of this account (the policy's s3:ResourceAccount).
         context = [{"ContextKeyName": key, "ContextKeyValues": [aws.account], "ContextKeyType": "string"}
                    for key in ("s3:ResourceAccount", "aws:PrincipalAccount")]
-        iam = aws.session.client("iam", region_name=aws.region, config=Config(retries={"max_attempts": 2}))
+        iam = aws.session.client("iam", region_name=aws.region, config=api.Config(retries={"max_attempts": 2}))
         results = [r for actions, arn in asks for r in iam.simulate_principal_policy(
             PolicySourceArn=principal, ActionNames=list(actions), ResourceArns=[arn],
             ContextEntries=context)["EvaluationResults"]]
-    except (ClientError, BotoCoreError, ValueError) as exc:
-        why = api.error_code(exc) if isinstance(exc, ClientError) else type(exc).__name__
+    except (api.ClientError, api.BotoCoreError, ValueError) as exc:
+        why = api.error_code(exc) if isinstance(exc, api.ClientError) else type(exc).__name__
         for actions, _ in asks:
             for action in actions:
                 report(f"dry run: {action} not checked (S3 has no dry run; IAM's policy simulator: {why})")
@@ -326,11 +316,9 @@ def open_channel(cluster: str, region: str | None, report: Reporter, expires_s: 
 def tagged_buckets(aws: api.Aws, cluster: str) -> list[str]:
     """The cluster's buckets, for `down` and the orphan search: [] where S3 refuses the listing
     (credentials without s3:ListAllMyBuckets never made one)."""
-    from botocore.exceptions import ClientError
-
     try:
         return find_buckets(aws, cluster)
-    except ClientError as exc:
+    except api.ClientError as exc:
         if api.error_code(exc) in ("AccessDenied", "AllAccessDisabled"):
             return []
         raise

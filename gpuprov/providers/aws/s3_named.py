@@ -51,12 +51,10 @@ def reach(aws: api.Aws, bucket: str, cluster: str) -> str | None:
     """ListObjectsV2 on the cluster's prefix, and the bucket's region (None: GetBucketLocation
     refused). BadInput where the bucket is missing or in another region than the cluster's (the
     setting is wrong), GpuprovError where these credentials may not list it."""
-    from botocore.exceptions import ClientError
-
     client = s3.client(aws)
     try:
         client.list_objects_v2(Bucket=bucket, Prefix=prefix(cluster), MaxKeys=1)
-    except ClientError as exc:
+    except api.ClientError as exc:
         code = api.error_code(exc)
         if code == "NoSuchBucket":
             raise BadInput(f"S3 bucket {bucket} (the pull_bucket setting) does not exist; gpuprov creates "
@@ -79,11 +77,9 @@ def reach(aws: api.Aws, bucket: str, cluster: str) -> str | None:
 
 def location(aws: api.Aws, bucket: str) -> str | None:
     """The bucket's region; None where GetBucketLocation is refused."""
-    from botocore.exceptions import ClientError
-
     try:
         found = s3.client(aws).get_bucket_location(Bucket=bucket).get("LocationConstraint")
-    except ClientError as exc:
+    except api.ClientError as exc:
         if api.error_code(exc) in s3.DENIED:
             return None
         raise
@@ -93,8 +89,6 @@ def location(aws: api.Aws, bucket: str) -> str | None:
 def inspect(aws: api.Aws, bucket: str) -> list[str]:
     """What the bucket's owner set that gpuprov relies on, one line each: found, missing (a
     warning) or not checked (these credentials may not read it). Nothing is changed."""
-    from botocore.exceptions import ClientError
-
     client, out = s3.client(aws), []
     reads = (("Block Public Access", "s3:GetBucketPublicAccessBlock", client.get_public_access_block, _public),
              ("default encryption", "s3:GetEncryptionConfiguration", client.get_bucket_encryption, _encryption),
@@ -102,7 +96,7 @@ def inspect(aws: api.Aws, bucket: str) -> list[str]:
     for what, action, call, judge in reads:
         try:
             answer = call(Bucket=bucket)
-        except ClientError as exc:
+        except api.ClientError as exc:
             code = api.error_code(exc)
             if code in s3.DENIED:
                 out.append(f"S3 bucket {bucket}: {what} not checked ({action} refused: {code})")
@@ -206,12 +200,10 @@ def dry_run(aws: api.Aws, cluster: str, bucket: str, report: Reporter) -> list[s
 def delete_prefixes(aws: api.Aws, cluster: str, buckets: Iterable[str], report: Reporter) -> None:
     """`down`: the objects under ``gpuprov/CLUSTER/`` in each named bucket; the buckets stay.
     One gone already, or these credentials refused: said, and `down` goes on."""
-    from botocore.exceptions import ClientError
-
     for bucket in sorted(set(buckets)):
         try:
             gone = s3.delete_prefix(s3.client(aws), bucket, prefix(cluster))
-        except ClientError as exc:
+        except api.ClientError as exc:
             code = api.error_code(exc)
             if code != "NoSuchBucket" and code not in s3.DENIED:
                 raise

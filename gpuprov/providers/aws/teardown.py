@@ -115,15 +115,13 @@ def terminate_nodes(nodes: list[NodeRecord], files: ClusterFiles, report: Report
 
 def terminate_ids(aws: api.Aws, ids: list[str], report: Reporter) -> list[str]:
     """Terminate and wait until terminated, retrying; returns the ids that would not go."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     pending = list(ids)
     deadline = time.monotonic() + env_seconds("GPUPROV_AWS_TERMINATE_TIMEOUT", 900)
     delay = backoff()
     for attempt in range(1, 4):
         try:
             aws.ec2.terminate_instances(InstanceIds=pending)
-        except (ClientError, BotoCoreError) as exc:
+        except (api.ClientError, api.BotoCoreError) as exc:
             code = api.error_code(exc)
             if code == "InvalidInstanceID.NotFound" and len(pending) == 1:
                 return []
@@ -157,8 +155,6 @@ def tagged_resources(aws: api.Aws, name: str) -> list[str]:
 
 def delete_cluster_resources(aws: api.Aws, name: str, report: Reporter) -> None:
     """Elastic IPs, placement groups, security groups, key pairs and S3 buckets tagged with the cluster."""
-    from botocore.exceptions import ClientError
-
     ec2 = aws.ec2
     tag = [{"Name": f"tag:{TAG}", "Values": [name]}]
     for address in ec2.describe_addresses(Filters=tag)["Addresses"]:
@@ -174,7 +170,7 @@ def delete_cluster_resources(aws: api.Aws, name: str, report: Reporter) -> None:
                 ec2.delete_security_group(GroupId=group["GroupId"])
                 report(f"security group {group['GroupId']} deleted")
                 break
-            except ClientError as exc:
+            except api.ClientError as exc:
                 if api.error_code(exc) != "DependencyViolation" or attempt == 5:
                     report(f"security group {group['GroupId']} not deleted: {api.error_code(exc)}")
                     break

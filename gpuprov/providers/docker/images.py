@@ -1,6 +1,6 @@
 """Baked images of local nodes: a node committed, cleaned in a stopped copy, committed again.
 
-The image is REPO:LOCKHASH-TIME (gpuprov.providers.docker.BAKED_REPO, or GPUPROV_BAKED_REPO),
+The image is REPO:LOCKHASH-TIME (gpuprov.providers.docker.engine.BAKED_REPO, or GPUPROV_BAKED_REPO),
 labelled with the lock's hash (IMAGE_LABEL) and fields, where it was baked from and when.
 """
 

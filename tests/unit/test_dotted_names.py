@@ -1,0 +1,69 @@
+"""Docstrings and docs that are true (issue 55): every dotted ``gpuprov.`` name in a docstring,
+a comment, the README or docs/ names a module, or a module's attribute, that exists. (Moves
+leave such names behind: `gpuprov.converge` for gpuprov.core.converge.) The Docker labels
+gpuprov writes on containers and images (`gpuprov.cluster`, `gpuprov.lock.*`) are labels, not
+modules: taken from the code that writes them."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuprov.providers.docker import engine
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = re.compile(r"(?<![\w/.-])gpuprov(?:\.[A-Za-z_]\w*)+")
+LABELS = (engine.LABEL, engine.IMAGE_LABEL, engine.NODE_LABEL)
+
+
+def _resolves(name: str) -> bool:
+    if any(name == label or name.startswith(label + ".") for label in LABELS):
+        return True
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(found, attr):
+                return False
+            found = getattr(found, attr)
+        return True
+    return False
+
+
+def _names() -> list[tuple[str, str]]:
+    """(where, name) for each dotted name in gpuprov's docstrings and comments and in the docs."""
+    found = []
+    for path in sorted((ROOT / "gpuprov").rglob("*.py")):
+        text = path.read_text()
+        where = str(path.relative_to(ROOT))
+        docs = [ast.get_docstring(node, clean=False) or "" for node in ast.walk(ast.parse(text))
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        comments = [line.split("#", 1)[1] for line in text.splitlines() if line.strip().startswith("#")]
+        found += [(where, n.rstrip(".")) for chunk in docs + comments for n in NAME.findall(chunk)]
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        found += [(doc.name, n.rstrip(".")) for n in NAME.findall(doc.read_text())]
+    return sorted(set(found))
+
+
+NAMES = _names()
+
+
+def test_the_names_are_found() -> None:
+    assert len(NAMES) > 50 and ("gpuprov/shared/results.py", "gpuprov.core.up_verdict") in NAMES
+
+
+@pytest.mark.parametrize(("where", "name"), NAMES, ids=[f"{w}:{n}" for w, n in NAMES])
+def test_a_dotted_name_resolves(where: str, name: str) -> None:
+    assert _resolves(name), f"{where}: {name} names nothing in gpuprov"
+
+
+def test_a_stale_name_is_caught() -> None:
+    assert not _resolves("gpuprov.converge") and not _resolves("gpuprov.core.results.serialise")
+    assert _resolves("gpuprov.core.converge.verify") and _resolves("gpuprov.lock.driver")
