@@ -1,10 +1,10 @@
 """The suite's time against its budget, printed at the end of `make test` (tests/conftest.py).
 
 CI gives a run 90 minutes on a 2-core machine of one of two kinds that look alike: a 2-core AMD EPYC
-runs the suite about 1.7 times as slowly as a 2-core Intel Xeon (docs/performance.md). `make test`
-from a fresh clone is held to 45 minutes on the first and 20 on the second (docs/development.md);
-a CPU of neither kind gets the slow kind's 45. Going over is said in the run's last lines, as a
-message: the budget is a measure of the suite, not a test of the product.
+runs the suite about 1.7 times as slowly as a 2-core Intel Xeon (docs/performance-history.md,
+2026-12-02 (2)). `make test` from a fresh clone is held to 45 minutes on the first and 20 on the
+second (docs/development.md); a CPU of neither kind gets the slow kind's 45. Going over is said in
+the run's last lines, as a message: the budget is a measure of the suite, not a test of the product.
 """
 
 from __future__ import annotations
