@@ -18,7 +18,7 @@ from gpuprov.cli_health import health
 from gpuprov.cli_image import image
 from gpuprov.cli_local import verify_options
 from gpuprov.cli_monitor import monitor
-from gpuprov.cli_options import debug_anywhere, output_option, refuse_empty_values, up_options
+from gpuprov.cli_options import UpFlags, debug_anywhere, output_option, refuse_empty_values, up_options
 from gpuprov.cli_patch import patch
 from gpuprov.cli_ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli_stack import cuda_for_install, stack, types
@@ -62,86 +62,50 @@ def cli(debug: bool) -> None:
 @cli.command()
 @up_options
 @output_option
-def up(
-    name: str | None,
-    instance_type: str | None,
-    count: int | None,
-    provider: str,
-    region: str | None,
-    image: str | None,
-    no_baked: bool,
-    os_name: str | None,
-    ssh_cidr: str | None,
-    allow_wide_ssh_cidr: bool,
-    spot: bool,
-    max_price: float | None,
-    regions: str | None,
-    disk_gb: int | None,
-    capacity_reservation: str | None,
-    rollback: bool | None,
-    hosts_file: str | None,
-    no_bootstrap: bool,
-    bootstrap_mode: str,
-    min_count: int | None,
-    retries: int | None,
-    keep_failed: bool,
-    tags: str | None,
-    health: str,
-    no_verify: bool,
-    source: str | None,
-    driver: str | None,
-    kernel_module: str | None,
-    cuda: str | None,
-    mirror_url: str | None,
-    mirror_key_fingerprint: str | None,
-    scheduler: str,
-    slurm_controller: str | None,
-    slurm_controller_only: bool,
-    dry_run: bool,
-    yes: bool,
-    output: str,
-) -> int:
+def up(**given: Any) -> int:
     """Launch a cluster and bootstrap it (idempotent: re-running completes a cluster)."""
     from gpuprov.core import launching  # lazy: CLI start-up
     from gpuprov.shared import cluster  # lazy: CLI start-up
 
-    name_generated = name is None
-    flags = {"region": region, "image": image, "no_baked": no_baked, "os": os_name, "ssh_cidr": ssh_cidr,
-             "allow_wide_ssh_cidr": allow_wide_ssh_cidr, "spot": spot, "disk_gb": disk_gb,
-             "capacity_reservation": capacity_reservation, "hosts_file": hosts_file}
+    f = UpFlags(**given)
+    flags = {"region": f.region, "image": f.image, "no_baked": f.no_baked, "os": f.os_name, "ssh_cidr": f.ssh_cidr,
+             "allow_wide_ssh_cidr": f.allow_wide_ssh_cidr, "spot": f.spot, "disk_gb": f.disk_gb,
+             "capacity_reservation": f.capacity_reservation, "hosts_file": f.hosts_file}
     # The provider's own flags first (a flag of another provider, --os on local nodes, is refused
     # naming it), then what the stack line asks of them.
-    options_for(provider, flags)
-    cuda = cuda_for_install(cuda, instance_type, source, os=os_name, bootstrap=not (no_bootstrap or dry_run))
-    if name is not None:
-        cluster.validate_name(name)
-    name = name or cluster.generate_name()
+    options_for(f.provider, flags)
+    cuda = cuda_for_install(f.cuda, f.instance_type, f.source, os=f.os_name,
+                            bootstrap=not (f.no_bootstrap or f.dry_run))
+    if f.name is not None:
+        cluster.validate_name(f.name)
+    name = f.name or cluster.generate_name()
 
     def request_for(instance_type: str | None, region: str | None) -> Any:
         # The provider's own flags: its options type says which it takes (a flag of another
         # provider is refused, naming it); every other check is core's and the provider's.
-        options = options_for(provider, {**flags, "region": region})
+        options = options_for(f.provider, {**flags, "region": region})
         spec = ClusterSpec(
-            name=name, provider=provider, instance_type=instance_type, count=count,
-            options=options, min_count=min_count, retries=retries, keep_failed=keep_failed,
-            stack=StackChoice(cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
-                              mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint),
-            scheduler=Scheduler(kind=scheduler, controller=slurm_controller, controller_only=slurm_controller_only),
+            name=name, provider=f.provider, instance_type=instance_type, count=f.count,
+            options=options, min_count=f.min_count, retries=f.retries, keep_failed=f.keep_failed,
+            stack=StackChoice(cuda=cuda, driver=f.driver, source=f.source, kernel_module=f.kernel_module,
+                              mirror_url=f.mirror_url, mirror_key_fingerprint=f.mirror_key_fingerprint),
+            scheduler=Scheduler(kind=f.scheduler, controller=f.slurm_controller,
+                                controller_only=f.slurm_controller_only),
         )
-        return launching.UpRequest(spec, bootstrap=not no_bootstrap, rollback=rollback, health=health, tags=tags,
-                                   mode=bootstrap_mode, dry_run=dry_run, name_generated=name_generated,
-                                   verify=not no_verify)
+        return launching.UpRequest(spec, bootstrap=not f.no_bootstrap, rollback=f.rollback, health=f.health,
+                                   tags=f.tags, mode=f.bootstrap_mode, dry_run=f.dry_run,
+                                   name_generated=f.name is None, verify=not f.no_verify)
 
-    if max_price is None and regions is None:
-        request = request_for(instance_type, region)
-        result = launching.up(request, console=_console(), confirm=_launch_confirmation(yes))
+    if f.max_price is None and f.regions is None:
+        request = request_for(f.instance_type, f.region)
+        result = launching.up(request, console=_console(), confirm=_launch_confirmation(f.yes))
     else:
-        request, result = cli_budget.up_within_budget(request_for, instance_type, region, regions, max_price, spot,
-                                                      provider, _console(), _launch_confirmation(yes))
-    spec = request.spec
-    if not dry_run:  # once, for the lock the cluster now runs (before the last line, the verdict)
-        cli_output.eol_warning_of(spec.name)
-    cli_output.up_result(result, output)
+        request, result = cli_budget.up_within_budget(request_for, f.instance_type, f.region, f.regions,
+                                                      f.max_price, f.spot, f.provider, _console(),
+                                                      _launch_confirmation(f.yes))
+    if not f.dry_run:  # once, for the lock the cluster now runs (before the last line, the verdict)
+        cli_output.eol_warning_of(request.spec.name)
+    cli_output.up_result(result, f.output)
     failed = [result.bootstrap and not result.bootstrap.ok, result.health and not result.health.ok,
               result.verdict and result.verdict.ready is False]
     return 1 if any(failed) else 0

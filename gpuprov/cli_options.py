@@ -9,6 +9,7 @@ default, closed list of choices and numeric bound from gpuprov.defaults.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -215,6 +216,50 @@ UP_OPTIONS = [
     click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing."),
     click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
 ]
+
+
+@dataclass(frozen=True)
+class UpFlags:
+    """`gpuprov up`'s flags as click gives them (UP_OPTIONS, the name and the output), typed, in one
+    record: the command reads them from here, not from 37 parameters."""
+
+    name: str | None
+    instance_type: str | None
+    count: int | None
+    provider: str
+    region: str | None
+    image: str | None
+    no_baked: bool
+    os_name: str | None
+    ssh_cidr: str | None
+    allow_wide_ssh_cidr: bool
+    spot: bool
+    max_price: float | None
+    regions: str | None
+    disk_gb: int | None
+    capacity_reservation: str | None
+    rollback: bool | None
+    hosts_file: str | None
+    no_bootstrap: bool
+    bootstrap_mode: str
+    min_count: int | None
+    retries: int | None
+    keep_failed: bool
+    tags: str | None
+    health: str
+    no_verify: bool
+    source: str | None
+    driver: str | None
+    kernel_module: str | None
+    cuda: str | None
+    mirror_url: str | None
+    mirror_key_fingerprint: str | None
+    scheduler: str
+    slurm_controller: str | None
+    slurm_controller_only: bool
+    dry_run: bool
+    yes: bool
+    output: str
 
 
 def up_options(fn: Callable[..., Any]) -> Callable[..., Any]:

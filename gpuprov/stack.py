@@ -206,114 +206,16 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
     if len(kinds) > 1:
         notes.append(f"one lock for hosts of {len(kinds)} kinds: {names}")
 
-    # 0. What gpuprov can serve at all: x86_64 hosts (the repositories, the container toolkit's,
-    # microcode and the cuDNN archive it pins are x86_64 ones) with a GPU it has driver facts for.
-    for itype in kinds:
-        if itype.cpu_arch != "x86_64":
-            raise BadInput(f"{itype.name} is an {itype.cpu_arch} type: gpuprov pins x86_64 packages "
-                           "only (NVIDIA's repositories, the container toolkit, microcode, the cuDNN "
-                           "archive); choose an x86_64 type")
-        if itype.gpu_model and itype.gpu_model not in GPU_MIN_DRIVER:
-            raise BadInput(f"gpuprov has no driver facts for {itype.gpu_model} ({itype.name}); "
-                           f"it knows {', '.join(sorted(GPU_MIN_DRIVER))}")
-
-    # 1. CUDA against every GPU architecture: the first CUDA for it, then the line's range.
-    cuda = cuda_lines.spelled(cuda or os_lines.default_cuda(os, source), os)  # None: the OS's default
-    for itype in kinds:
-        if itype.arch is None:
-            continue
-        need = ARCH_MIN_CUDA[itype.arch]
-        if _v(cuda) < _v(need):
-            raise BadInput(
-                f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}) on {itype.name}: "
-                f"{itype.arch} needs CUDA >= {need} (CUDA release notes: the first CUDA for "
-                f"{itype.arch} is {need}){cuda_lines.way_forward(itype.arch, cuda)}"
-            )
-    cuda_lines.line(cuda)  # refused here when the data lacks the line
-    for itype in kinds:
-        why = itype.arch and cuda_lines.arch_reason(cuda, itype.arch)
-        if why:
-            raise BadInput(f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}, "
-                           f"{cuda_lines.family(itype.arch)}) on {itype.name}: {why}"
-                           f"{cuda_lines.way_forward(itype.arch, cuda)}")
-    refused = (os_lines.cuda_refusal(cuda, os, source, cuda_lines.line(cuda))
-               or cuda_lines.source_refusal(cuda, source))
-    if refused:
-        raise BadInput(refused)
-
-    # 2. Driver: requested branch or exact version, else the default branch (computed).
-    branches: dict[str, str] = facts["driver"]["branches"]
-    own_branches = src.get("branches") if os_lines.in_hash(os) else None
-    requested = driver or (max(own_branches, key=int) if own_branches else default_branch(gpus, cuda, source, on))
-    branch = requested.split(".")[0]
-    exact = requested if "." in requested else branches.get(branch)
-    if exact is None:
-        # A branch gpuprov has no pinned release for: still check the rules first,
-        # so an impossible request is refused with its reason.
-        exact = f"{branch}.0.0"
-    need_cuda = cuda_lines.min_driver(cuda)
-    if _v(exact) < _v(need_cuda):
-        raise BadInput(
-            f"driver {requested} is too old for CUDA {cuda}: CUDA {cuda} needs driver >= "
-            f"{need_cuda} (CUDA Toolkit release notes, Table 3)"
-        )
-    for gpu in sorted(gpus, key=lambda g: _v(GPU_MIN_DRIVER[g]), reverse=True)[:1]:
-        # The GPU that needs the newest driver decides for every host.
-        if _v(exact) < _v(GPU_MIN_DRIVER[gpu]):
-            raise BadInput(
-                f"driver {requested} does not support {gpu}: it needs driver >= "
-                f"{GPU_MIN_DRIVER[gpu]} (NVIDIA data center driver release notes)"
-            )
-    for gpu in gpus:
-        last = GPU_LAST_BRANCH.get(gpu)
-        if last and int(branch) > int(last):
-            raise BadInput(f"driver {requested} does not support {gpu}: R{last} is its last branch "
-                           "(NVIDIA: the 580 series is the last for Maxwell, Pascal and Volta)")
-    if branch not in branches:
-        raise BadInput(f"gpuprov pins no release of driver branch {branch} "
-                       f"(pinned: {', '.join(sorted(branches, key=int))})")
-    allowed = src.get("branches")
-    if allowed and branch not in allowed:
-        raise BadInput(os_lines.branch_refusal(os, source, allowed, branch))
-
-    # 3. Kernel module flavour, from the GPUs' architecture (no GPU: the OS's default, if any).
-    kernel_module = kernel_module or (None if archs else src.get("default_kernel_module"))
-    module = _kernel_module(kernel_module, archs, gpus, branch, src, source)
-    earlier = src.get("earlier_releases", {}).get(branch, [])
-    if "." in requested and requested != branches[branch] and requested not in earlier:
-        raise BadInput(f"driver {requested} is not the release gpuprov pins for branch {branch} "
-                       f"({', '.join([branches[branch], *earlier])} with source {source}); ask for "
-                       f"the branch ({branch}) instead")
-    if requested in earlier:
-        exact = requested
-        notes.append(f"driver {requested}: an earlier release than branch {branch}'s pin "
-                     f"{branches[branch]} (a rollback: it lacks the pin's fixes)")
-
-    # 4. Fabric manager: on NVSwitch systems, exactly the driver's version
-    # (NVIDIA Fabric Manager user guide: "the versions must match", else
-    # CUDA_ERROR_SYSTEM_NOT_READY, error 802).
-    fabricmanager = exact if nvswitch else None
-    if nvswitch and not src["fabricmanager_package"]:
-        switched = ", ".join(t.name for t in kinds if t.nvswitch)
-        raise BadInput(f"{switched} has NVSwitch and needs fabric manager, which package "
-                       f"source '{source}' does not carry; use --source nvidia or mirror")
-    if nvswitch:
-        notes.append(f"NVSwitch: fabric manager pinned to driver {exact}")
+    _check_served(kinds)
+    cuda = _checked_cuda(kinds, cuda, os, source)
+    requested, branch, exact = _checked_driver(gpus, cuda, driver, source, src, os, on, facts["driver"]["branches"])
+    module, exact = _module_and_release(kernel_module, archs, gpus, requested, branch, exact, src, source,
+                                        facts["driver"]["branches"], notes)
+    fabricmanager = _fabricmanager(kinds, nvswitch, src, source, exact, notes)
 
     pieces = cuda_lines.pieces(cuda, source, label, None if os == os_lines.DEFAULT_OS else os)
     notes.extend(pieces["notes"])
-    names_key = "driver_packages_open" if module == "open" else "driver_packages"
-    pin_from = src.get("pinning_from_branch")
-    packages = {
-        "driver": [p.format(branch=branch) for p in src[names_key]],
-        "driver_version": src["driver_version"].format(version=exact),
-        "fabricmanager": drivers.fabricmanager_package(src, branch),
-        "fabricmanager_version": src["fabricmanager_version"].format(version=exact) or None,
-        **pieces["packages"],
-    }
-    if src.get("pinning_package") and pin_from and int(branch) >= int(pin_from):
-        # NVIDIA's own version lock (installed before the driver): this exact release.
-        packages["pinning"] = src["pinning_package"].format(branch=branch, version=exact)
+    packages = _packages(src, module, branch, exact, pieces)
     notes.extend(os_lines.source_notes(os, source, src, facts["nccl"]["version"]))
     packages.update(os_lines.nccl_packages(src))
     dcgm = facts["dcgm"]
@@ -360,6 +262,139 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
         cuda_archives=tuple(pieces["cuda_archives"]),
         os=os,
     )
+
+
+# -- the steps of resolve_types, in its order ------------------------------------------------------
+def _check_served(kinds: list[catalog.InstanceType]) -> None:
+    """0. What gpuprov can serve at all: x86_64 hosts (the repositories, the container toolkit's,
+    microcode and the cuDNN archive it pins are x86_64 ones) with a GPU it has driver facts for."""
+    for itype in kinds:
+        if itype.cpu_arch != "x86_64":
+            raise BadInput(f"{itype.name} is an {itype.cpu_arch} type: gpuprov pins x86_64 packages "
+                           "only (NVIDIA's repositories, the container toolkit, microcode, the cuDNN "
+                           "archive); choose an x86_64 type")
+        if itype.gpu_model and itype.gpu_model not in GPU_MIN_DRIVER:
+            raise BadInput(f"gpuprov has no driver facts for {itype.gpu_model} ({itype.name}); "
+                           f"it knows {', '.join(sorted(GPU_MIN_DRIVER))}")
+
+
+def _checked_cuda(kinds: list[catalog.InstanceType], cuda: str | None, os: str, source: str) -> str:
+    """1. CUDA against every GPU architecture: the first CUDA for it, then the line's range;
+    the line as spelled in the data (the OS's default when none is asked for)."""
+    cuda = cuda_lines.spelled(cuda or os_lines.default_cuda(os, source), os)
+    for itype in kinds:
+        if itype.arch is None:
+            continue
+        need = ARCH_MIN_CUDA[itype.arch]
+        if _v(cuda) < _v(need):
+            raise BadInput(
+                f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}) on {itype.name}: "
+                f"{itype.arch} needs CUDA >= {need} (CUDA release notes: the first CUDA for "
+                f"{itype.arch} is {need}){cuda_lines.way_forward(itype.arch, cuda)}"
+            )
+    cuda_lines.line(cuda)  # refused here when the data lacks the line
+    for itype in kinds:
+        why = itype.arch and cuda_lines.arch_reason(cuda, itype.arch)
+        if why:
+            raise BadInput(f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}, "
+                           f"{cuda_lines.family(itype.arch)}) on {itype.name}: {why}"
+                           f"{cuda_lines.way_forward(itype.arch, cuda)}")
+    refused = (os_lines.cuda_refusal(cuda, os, source, cuda_lines.line(cuda))
+               or cuda_lines.source_refusal(cuda, source))
+    if refused:
+        raise BadInput(refused)
+    return cuda
+
+
+def _checked_driver(gpus: list[str], cuda: str, driver: str | None, source: str, src: dict[str, Any], os: str,
+                    on: date | None, branches: dict[str, str]) -> tuple[str, str, str]:
+    """2. Driver: the requested branch or exact version, else the default branch (computed),
+    held to the CUDA line's minimum, every GPU's and the source's branches: (requested, branch,
+    exact release)."""
+    own_branches = src.get("branches") if os_lines.in_hash(os) else None
+    requested = driver or (max(own_branches, key=int) if own_branches else default_branch(gpus, cuda, source, on))
+    branch = requested.split(".")[0]
+    exact = requested if "." in requested else branches.get(branch)
+    if exact is None:
+        # A branch gpuprov has no pinned release for: still check the rules first,
+        # so an impossible request is refused with its reason.
+        exact = f"{branch}.0.0"
+    need_cuda = cuda_lines.min_driver(cuda)
+    if _v(exact) < _v(need_cuda):
+        raise BadInput(
+            f"driver {requested} is too old for CUDA {cuda}: CUDA {cuda} needs driver >= "
+            f"{need_cuda} (CUDA Toolkit release notes, Table 3)"
+        )
+    for gpu in sorted(gpus, key=lambda g: _v(GPU_MIN_DRIVER[g]), reverse=True)[:1]:
+        # The GPU that needs the newest driver decides for every host.
+        if _v(exact) < _v(GPU_MIN_DRIVER[gpu]):
+            raise BadInput(
+                f"driver {requested} does not support {gpu}: it needs driver >= "
+                f"{GPU_MIN_DRIVER[gpu]} (NVIDIA data center driver release notes)"
+            )
+    for gpu in gpus:
+        last = GPU_LAST_BRANCH.get(gpu)
+        if last and int(branch) > int(last):
+            raise BadInput(f"driver {requested} does not support {gpu}: R{last} is its last branch "
+                           "(NVIDIA: the 580 series is the last for Maxwell, Pascal and Volta)")
+    if branch not in branches:
+        raise BadInput(f"gpuprov pins no release of driver branch {branch} "
+                       f"(pinned: {', '.join(sorted(branches, key=int))})")
+    allowed = src.get("branches")
+    if allowed and branch not in allowed:
+        raise BadInput(os_lines.branch_refusal(os, source, allowed, branch))
+    return requested, branch, exact
+
+
+def _module_and_release(kernel_module: str | None, archs: list[str], gpus: list[str], requested: str, branch: str,
+                        exact: str, src: dict[str, Any], source: str, branches: dict[str, str],
+                        notes: list[str]) -> tuple[str, str]:
+    """3. The kernel module flavour, from the GPUs' architecture (no GPU: the OS's default, if
+    any), and the release: the branch's pin, or an earlier release of it asked for by name."""
+    kernel_module = kernel_module or (None if archs else src.get("default_kernel_module"))
+    module = _kernel_module(kernel_module, archs, gpus, branch, src, source)
+    earlier = src.get("earlier_releases", {}).get(branch, [])
+    if "." in requested and requested != branches[branch] and requested not in earlier:
+        raise BadInput(f"driver {requested} is not the release gpuprov pins for branch {branch} "
+                       f"({', '.join([branches[branch], *earlier])} with source {source}); ask for "
+                       f"the branch ({branch}) instead")
+    if requested in earlier:
+        exact = requested
+        notes.append(f"driver {requested}: an earlier release than branch {branch}'s pin "
+                     f"{branches[branch]} (a rollback: it lacks the pin's fixes)")
+    return module, exact
+
+
+def _fabricmanager(kinds: list[catalog.InstanceType], nvswitch: bool, src: dict[str, Any], source: str, exact: str,
+                   notes: list[str]) -> str | None:
+    """4. Fabric manager: on NVSwitch systems, exactly the driver's version (NVIDIA Fabric
+    Manager user guide: "the versions must match", else CUDA_ERROR_SYSTEM_NOT_READY, error 802)."""
+    if not nvswitch:
+        return None
+    if not src["fabricmanager_package"]:
+        switched = ", ".join(t.name for t in kinds if t.nvswitch)
+        raise BadInput(f"{switched} has NVSwitch and needs fabric manager, which package "
+                       f"source '{source}' does not carry; use --source nvidia or mirror")
+    notes.append(f"NVSwitch: fabric manager pinned to driver {exact}")
+    return exact
+
+
+def _packages(src: dict[str, Any], module: str, branch: str, exact: str, pieces: dict[str, Any]) -> dict[str, Any]:
+    """5. The packages of the lock: the driver's flavour at the exact release, fabric manager's,
+    CUDA's pieces, and NVIDIA's own version lock where the source has it for the branch."""
+    names_key = "driver_packages_open" if module == "open" else "driver_packages"
+    pin_from = src.get("pinning_from_branch")
+    packages = {
+        "driver": [p.format(branch=branch) for p in src[names_key]],
+        "driver_version": src["driver_version"].format(version=exact),
+        "fabricmanager": drivers.fabricmanager_package(src, branch),
+        "fabricmanager_version": src["fabricmanager_version"].format(version=exact) or None,
+        **pieces["packages"],
+    }
+    if src.get("pinning_package") and pin_from and int(branch) >= int(pin_from):
+        # NVIDIA's own version lock (installed before the driver): this exact release.
+        packages["pinning"] = src["pinning_package"].format(branch=branch, version=exact)
+    return packages
 
 
 def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | None:

@@ -165,6 +165,32 @@ def runner_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def _would_change(would_file: Path, hosts_summary: dict[str, dict[str, int]],
+                  changed_tasks: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """A check run's plan: each task that would change, by name, per node: those check mode
+    reported changed, and the commands it skipped that would run (counted as changes too, in
+    ``hosts_summary``: Ansible counts them skipped)."""
+    commands = read_would_change(would_file, hosts_summary)
+    would_change: dict[str, list[str]] = {}
+    for host in hosts_summary:
+        hosts_summary[host]["changed"] += len(commands.get(host, []))
+        named = changed_tasks.get(host, []) + commands.get(host, [])
+        if named:
+            would_change[host] = named
+    return would_change
+
+
+def _cmdline(check: bool, tags: Sequence[str], limit: Sequence[str]) -> list[str]:
+    args: list[str] = []
+    if check:
+        args += ["--check", "--diff"]
+    if tags:
+        args += ["--tags", ",".join(tags)]
+    if limit:
+        args += ["--limit", ",".join(limit)]
+    return args
+
+
 def run_playbook(
     playbook: Path,
     files: ClusterFiles,
@@ -185,14 +211,7 @@ def run_playbook(
     the run's artifacts."""
     import ansible_runner
 
-    args: list[str] = []
-    if check:
-        args += ["--check", "--diff"]
-    if tags:
-        args += ["--tags", ",".join(tags)]
-    if limit:
-        args += ["--limit", ",".join(limit)]
-
+    args = _cmdline(check, tags, limit)
     base_env = {"ANSIBLE_CONFIG": str(files.ansible_cfg)}
     would_file = run_dir / WOULD_CHANGE_FILE
     if check:
@@ -233,16 +252,7 @@ def run_playbook(
             f" (full log: {artifact_dir / 'stdout'})"
         )
     hosts_summary = progress.summary()
-    would_change: dict[str, list[str]] = {}
-    if check:
-        # Each task that would change, by name: those check mode reported changed, and the
-        # commands it skipped that would run (counted as changes too: Ansible counts them skipped).
-        commands = read_would_change(would_file, hosts_summary)
-        for host in hosts_summary:
-            hosts_summary[host]["changed"] += len(commands.get(host, []))
-            named = progress.changed_tasks.get(host, []) + commands.get(host, [])
-            if named:
-                would_change[host] = named
+    would_change = _would_change(would_file, hosts_summary, progress.changed_tasks) if check else {}
     errors = progress.errors()
     for host, counts in hosts_summary.items():
         if counts["tasks"] == 0 and not counts["failed"] and not counts["unreachable"]:

@@ -143,6 +143,17 @@ def complete_lines(text: str) -> list[str]:
     return text.split("\n")[:-1]
 
 
+def _pytest_command(targets: list[str], run_dir: Path, level: str, only: str | None) -> list[str]:
+    """The probes' pytest session: gpuprov's collector plugin, the targets, JUnit beside the run,
+    the groups ``only`` chooses and, below the full level, no full-level probe."""
+    cmd = [sys.executable, "-m", "pytest", str(paths.probes_dir()), "-p", "gpuprov.probes.collect", *targets,
+           f"--junitxml={run_dir / 'probes.xml'}", "-q", "-rN"]
+    chosen = [f"({check_groups(only)})"] if only else []
+    if level != "full":
+        chosen.append("not full")
+    return cmd + (["-m", " and ".join(chosen)] if chosen else [])
+
+
 def _run(
     targets: list[str],
     hosts: Sequence[str],
@@ -164,23 +175,7 @@ def _run(
     results_file.write_text("")
     log_file = run_dir / "pytest.log"
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(paths.probes_dir()),
-        "-p",
-        "gpuprov.probes.collect",
-        *targets,
-        f"--junitxml={run_dir / 'probes.xml'}",
-        "-q",
-        "-rN",
-    ]
-    chosen = [f"({check_groups(only)})"] if only else []
-    if level != "full":
-        chosen.append("not full")
-    if chosen:
-        cmd += ["-m", " and ".join(chosen)]
+    cmd = _pytest_command(targets, run_dir, level, only)
     # A fresh pytest session: nothing of an enclosing pytest or xdist run leaks into it.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(

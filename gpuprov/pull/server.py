@@ -169,84 +169,90 @@ class _Httpd(ThreadingHTTPServer):
             self.slots.release()
 
 
-def _handler(server: PullServer, timeout_s: float, deadline_s: float) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "gpuprov-pull"
-        sys_version = ""
-        timeout = timeout_s  # each read and each write of the connection (socketserver sets it)
+class _Handler(BaseHTTPRequestHandler):
+    """The pull channel's requests; ``pull``, ``timeout`` and ``deadline_s`` are set per server
+    (``_handler``)."""
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return  # no access log: the events are the record
+    pull: PullServer
+    deadline_s: float = 0.0
+    server_version = "gpuprov-pull"
+    sys_version = ""
+    timeout: float | None = None  # each read and each write of the connection (socketserver sets it)
 
-        def setup(self) -> None:
-            super().setup()
-            # The whole connection's bound: a client that trickles a byte just inside the
-            # per-read timeout is cut off here (shutting the socket wakes the blocked read).
-            self.deadline = threading.Timer(deadline_s, self._cut)
-            self.deadline.daemon = True
-            self.deadline.start()
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # no access log: the events are the record
 
-        def _cut(self) -> None:
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
+    def setup(self) -> None:
+        super().setup()
+        # The whole connection's bound: a client that trickles a byte just inside the
+        # per-read timeout is cut off here (shutting the socket wakes the blocked read).
+        self.deadline = threading.Timer(self.deadline_s, self._cut)
+        self.deadline.daemon = True
+        self.deadline.start()
 
-        def finish(self) -> None:
-            self.deadline.cancel()
-            super().finish()
+    def _cut(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
-        def _node(self) -> str | None:
-            node = self.headers.get("X-Gpuprov-Node", "")
-            if server.authorised(node, self.headers.get("Authorization", "")):
-                return node
-            server.refused += 1
-            self._send(403, b'{"error": "not a node of this bootstrap"}')
+    def finish(self) -> None:
+        self.deadline.cancel()
+        super().finish()
+
+    def _node(self) -> str | None:
+        node = self.headers.get("X-Gpuprov-Node", "")
+        if self.pull.authorised(node, self.headers.get("Authorization", "")):
+            return node
+        self.pull.refused += 1
+        self._send(403, b'{"error": "not a node of this bootstrap"}')
+        return None
+
+    def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for at in range(0, len(body), _CHUNK):
+            self.wfile.write(body[at:at + _CHUNK])
+
+    def _length(self) -> int | None:
+        given = self.headers.get_all("Content-Length") or []
+        if len(given) != 1 or self.headers.get("Transfer-Encoding") or not _DIGITS.fullmatch(given[0].strip()):
             return None
+        length = int(given[0])
+        return length if 0 < length <= MAX_REPORT else None
 
-        def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            for at in range(0, len(body), _CHUNK):
-                self.wfile.write(body[at:at + _CHUNK])
+    def do_GET(self) -> None:
+        node = self._node()
+        if node is None:
+            return
+        if self.path != f"/bundle/{self.pull.sha256}":
+            self._send(404, b'{"error": "no such bundle"}')
+            return
+        self.pull.fetched[node] = self.pull.fetched.get(node, 0) + 1
+        self._send(200, self.pull.bundle, "application/gzip")
 
-        def _length(self) -> int | None:
-            given = self.headers.get_all("Content-Length") or []
-            if len(given) != 1 or self.headers.get("Transfer-Encoding") or not _DIGITS.fullmatch(given[0].strip()):
-                return None
-            length = int(given[0])
-            return length if 0 < length <= MAX_REPORT else None
+    def do_POST(self) -> None:
+        node = self._node()
+        if node is None:
+            return
+        length = self._length()
+        if self.path != "/report" or length is None:
+            # Unread: what follows the headers is not known to be this request's body.
+            self.close_connection = True
+            self.pull.refused += 1
+            self._send(400, json.dumps({"error": f"a report is a POST to /report with a Content-Length of "
+                                                 f"1 to {MAX_REPORT} bytes"}).encode())
+            return
+        body = self.rfile.read(length)
+        seq = self.headers.get("X-Gpuprov-Seq", "").strip()
+        if len(body) != length or not self.pull.signed(node, seq, self.headers.get("X-Gpuprov-Signature", ""),
+                                                    body):
+            self.pull.refused += 1
+            self._send(403, b'{"error": "the report is not signed with this node\'s report secret"}')
+            return
+        status, answer = self.pull.take(node, int(seq), lambda: check_report(body))
+        self._send(status, json.dumps(answer).encode())
 
-        def do_GET(self) -> None:
-            node = self._node()
-            if node is None:
-                return
-            if self.path != f"/bundle/{server.sha256}":
-                self._send(404, b'{"error": "no such bundle"}')
-                return
-            server.fetched[node] = server.fetched.get(node, 0) + 1
-            self._send(200, server.bundle, "application/gzip")
 
-        def do_POST(self) -> None:
-            node = self._node()
-            if node is None:
-                return
-            length = self._length()
-            if self.path != "/report" or length is None:
-                # Unread: what follows the headers is not known to be this request's body.
-                self.close_connection = True
-                server.refused += 1
-                self._send(400, json.dumps({"error": f"a report is a POST to /report with a Content-Length of "
-                                                     f"1 to {MAX_REPORT} bytes"}).encode())
-                return
-            body = self.rfile.read(length)
-            seq = self.headers.get("X-Gpuprov-Seq", "").strip()
-            if len(body) != length or not server.signed(node, seq, self.headers.get("X-Gpuprov-Signature", ""),
-                                                        body):
-                server.refused += 1
-                self._send(403, b'{"error": "the report is not signed with this node\'s report secret"}')
-                return
-            status, answer = server.take(node, int(seq), lambda: check_report(body))
-            self._send(status, json.dumps(answer).encode())
-
-    return Handler
+def _handler(server: PullServer, timeout_s: float, deadline_s: float) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"pull": server, "timeout": timeout_s, "deadline_s": deadline_s})

@@ -12,9 +12,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpuprov"
 CORE = sorted((PACKAGE / "core").glob("*.py"))
-MAX_LINES = 400
+# A module is one subject, read in a sitting: the cap is wide enough that no module is split only
+# to fit under it (it was 400 until 2026-12-02, when nine modules sat between 381 and 400 lines
+# and code was moved for the count, not the meaning); a module past it is for review to split.
+MAX_LINES = 600
 # Modules allowed past MAX_LINES, each with its reason (none today).
 TOO_LONG_BY_DESIGN: dict[str, str] = {}
+# A function does one thing: at most 80 lines, its signature and docstring included (a long one
+# splits along its own steps, as gpuprov.stack.resolve_types does).
+MAX_FUNCTION_LINES = 80
 
 
 def _provider_names() -> list[str]:
@@ -89,6 +95,14 @@ def test_no_module_over_the_limit() -> None:
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     unexplained = {k: v for k, v in long.items() if k not in TOO_LONG_BY_DESIGN}
     assert unexplained == {}, f"modules over {MAX_LINES} lines: {unexplained}"
+
+
+def test_no_function_over_the_limit() -> None:
+    long = {f"{p.relative_to(ROOT)}:{node.lineno} {node.name}": n for p in _modules()
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES}
+    assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 def test_aws_package_only_exports() -> None:

@@ -84,6 +84,30 @@ def launch_cluster(prep: AwsPlan, to_create: int, least: int, files: ClusterFile
         raise
 
 
+def _no_capacity_in(zone: str, exc: Exception, prep: AwsPlan, new_group: str | None, tried: list[str],
+                    report: Reporter) -> None:
+    """RunInstances refused in ``zone``: no capacity there is said and recorded in ``tried`` (the
+    placement group made for the zone, ``new_group``, removed), and the next zone is tried; a
+    quota or any other refusal stops the launch (raised, with the quota's name and value)."""
+    aws = prep.aws
+    code, message = api.error_code(exc), api.error_message(exc)
+    if code in api.CAPACITY_ERRORS:
+        report(f"zone {zone}: {code}: {message}")
+        tried.append(f"{zone}: {code}")
+        if new_group:
+            delete_placement_group(aws, new_group, report)
+        return
+    if code in api.QUOTA_ERRORS:
+        quota_code, quota_name, value = prep.quota
+        shown = f"{value:g} vCPUs" if value is not None else "value unknown (Service Quotas did not answer)"
+        raise GpuprovError(
+            f"AWS refused the launch: {code}: {message} -- quota '{quota_name}' "
+            f"({quota_code}) in {aws.region}: {shown}; request an increase in the "
+            "Service Quotas console"
+        ) from None
+    raise GpuprovError(f"RunInstances in {zone} failed: {code}: {message}") from None
+
+
 def _run_with_failover(
     prep: AwsPlan,
     subnets: dict[str, str],
@@ -125,22 +149,8 @@ def _run_with_failover(
             try:
                 answer = aws.ec2.run_instances(**params)
             except api.ClientError as exc:
-                code, message = api.error_code(exc), api.error_message(exc)
-                if code in api.CAPACITY_ERRORS:
-                    report(f"zone {zone}: {code}: {message}")
-                    tried.append(f"{zone}: {code}")
-                    if group and fresh:
-                        delete_placement_group(aws, group, report)
-                    continue
-                if code in api.QUOTA_ERRORS:
-                    quota_code, quota_name, value = prep.quota
-                    shown = f"{value:g} vCPUs" if value is not None else "value unknown (Service Quotas did not answer)"
-                    raise GpuprovError(
-                        f"AWS refused the launch: {code}: {message} -- quota '{quota_name}' "
-                        f"({quota_code}) in {aws.region}: {shown}; request an increase in the "
-                        "Service Quotas console"
-                    ) from None
-                raise GpuprovError(f"RunInstances in {zone} failed: {code}: {message}") from None
+                _no_capacity_in(zone, exc, prep, group if fresh else None, tried, report)
+                continue
             ids = [i["InstanceId"] for i in answer["Instances"]]
             report(f"zone {zone}: launched {', '.join(ids)}")
             return ids
