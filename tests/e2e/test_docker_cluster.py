@@ -101,8 +101,8 @@ def test_a_converged_node_holds_its_manifest_root_only(scratch, env) -> None:
 
 def test_up_again_resumes_where_it_stopped_and_is_idempotent(scratch, env) -> None:
     """Trust review finding 13: an `up` killed after the node answered (SIGKILL: nothing after it
-    ran) leaves the cluster at "reachable", not "running"; `up` again bootstraps from there, and
-    once bootstrapped has nothing to resume. The run again is the whole site on the node converged
+    ran) leaves the cluster at "reachable", not "running"; `up` again bootstraps from there and
+    verifies, and once verified has nothing to resume (and probes nothing again). The run again is the whole site on the node converged
     from scratch, with nothing to change: the site's idempotence on a real from-scratch node."""
     name, record = scratch
     from gpuprov.manifest import steps as manifests
@@ -123,10 +123,14 @@ def test_up_again_resumes_where_it_stopped_and_is_idempotent(scratch, env) -> No
     hosts, manifest = again["bootstrap"]["hosts"], again["bootstrap"]["manifest"]
     assert set(hosts) == {node} and manifest[node]["action"] == "full run", manifest
     assert hosts[node]["changed"] == 0 and hosts[node]["tasks"] > 50, hosts
-    assert store.get_cluster(name).state == "bootstrapped"
+    # ... and, bootstrapped, probed before it is called ready (issue 53): verified.
+    assert again["verdict"]["ready"] is True and again["verify"]["ok"] is True, again.get("verdict")
+    assert store.get_cluster(name).state == "verified"
     proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "-o", "json", env=env)
-    assert proc.returncode == 0 and "already bootstrapped; nothing to resume" in proc.stderr
-    assert json.loads(proc.stdout)["bootstrap"]["resumed_from"] == "bootstrapped"
+    assert proc.returncode == 0 and "already verified; nothing to resume" in proc.stderr
+    done = json.loads(proc.stdout)
+    assert done["bootstrap"]["resumed_from"] == "verified" and "verify" not in done  # no probe run again
+    assert done["verdict"] == {"ready": True, "why": "1 node(s) verified already", "next": f"gpuprov ssh {name}"}
 
 
 def _in_image(ref: str, command: str) -> str:
