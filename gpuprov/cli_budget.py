@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprov.errors import BadInput
+from gpuprov.providers import facts, having
 from gpuprov.shared.console import Console
 
 
@@ -19,8 +20,9 @@ def up_within_budget(request_for: Callable[[str | None, str | None], Any], insta
     from gpuprov.providers.aws import selection  # lazy: CLI start-up
     from gpuprov.providers.aws.common import NoCapacity  # lazy: CLI start-up
 
-    if provider != "aws":
-        raise BadInput("--max-price and --regions choose among EC2 types and regions: they go with --provider aws")
+    if not facts(provider).priced:
+        raise BadInput("--max-price and --regions choose among EC2 types and regions: they go with "
+                       + " or ".join(f"--provider {n}" for n in having("priced")))
     if max_price is None:
         raise BadInput("--regions goes with --max-price (one region to launch in: --region)")
     found, notes = selection.choices(instance_type, selection.parse_regions(regions, region), max_price, spot)

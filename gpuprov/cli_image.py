@@ -9,6 +9,7 @@ import click
 from gpuprov import cli_output
 from gpuprov.cli_options import output_option
 from gpuprov.errors import BadInput
+from gpuprov.providers import facts, having
 from gpuprov.shared.console import Console
 
 
@@ -36,7 +37,18 @@ def image() -> None:
 
 
 def _providers() -> click.Choice:
-    return click.Choice(["docker", "aws"])
+    """The providers with images (the registry's facts)."""
+    return click.Choice(having("images"))
+
+
+# Without --provider: this machine's images (a provider with images and no regions).
+LOCAL = next((n for n in having("images") if not facts(n).regions), having("images")[0])
+
+
+def _no_region(provider: str, region: str | None, copy_to: tuple[str, ...] = (), flags: str = "--region") -> None:
+    if (region or copy_to) and not facts(provider).regions:
+        raise BadInput(f"{flags} {'are' if ' and ' in flags else 'is'} for "
+                       f"{' or '.join(f'--provider {n}' for n in having('regions'))}")
 
 
 def _asker(yes: bool, what: str) -> Any:
@@ -56,7 +68,7 @@ def _asker(yes: bool, what: str) -> Any:
 @click.option("--type", "instance_type", metavar="TYPE",
               help="Without --from: launch one node of this type, bootstrap, verify, bake, remove it "
               "(default: docker-node).")
-@click.option("--provider", type=_providers(), default="docker", show_default=True,
+@click.option("--provider", type=_providers(), default=LOCAL, show_default=True,
               help="Without --from: where to bake.")
 @click.option("--region", help="aws, without --from: the region to bake in.")
 @click.option("--copy-to", "copy_to", metavar="REGION", multiple=True,
@@ -78,10 +90,9 @@ def bake(from_: str | None, node: str | None, instance_type: str | None, provide
     else:
         if node is not None:
             raise BadInput("--node goes with --from NAME")
-        if provider == "docker" and (region or copy_to):
-            raise BadInput("--region and --copy-to are for --provider aws")
+        _no_region(provider, region, copy_to, "--region and --copy-to")
         ask = _asker(yes, "baking launches a node that costs money")
-        result = baking.bake_type(instance_type or ("docker-node" if provider == "docker" else None),
+        result = baking.bake_type(instance_type or facts(provider).bake_type,
                                   provider_name=provider, console=_console(), region=region,
                                   copy_to=copy_to, confirm=lambda plan: ask(
                                       f"Launch 1 x {plan.spec.instance_type} to bake an image?"))
@@ -93,15 +104,14 @@ def bake(from_: str | None, node: str | None, instance_type: str | None, provide
 
 
 @image.command(name="list")
-@click.option("--provider", type=_providers(), default="docker", show_default=True)
+@click.option("--provider", type=_providers(), default=LOCAL, show_default=True)
 @click.option("--region", help="aws: the region to list (default: the configured one).")
 @output_option
 def list_(provider: str, region: str | None, output: str) -> int:
     """The baked images, oldest first."""
     from gpuprov.core import baking  # lazy: CLI start-up
 
-    if provider == "docker" and region:
-        raise BadInput("--region is for --provider aws")
+    _no_region(provider, region)
     found = baking.list_images(provider, region)
     if output == "json":
         cli_output.emit_json([i.public() for i in found])
@@ -114,7 +124,7 @@ def list_(provider: str, region: str | None, output: str) -> int:
 
 @image.command()
 @click.argument("ref")
-@click.option("--provider", type=_providers(), default="docker", show_default=True)
+@click.option("--provider", type=_providers(), default=LOCAL, show_default=True)
 @click.option("--region", help="aws: the image's region (default: the configured one).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def delete(ref: str, provider: str, region: str | None, yes: bool) -> int:
@@ -122,8 +132,7 @@ def delete(ref: str, provider: str, region: str | None, yes: bool) -> int:
     is deregistered and its snapshots deleted)."""
     from gpuprov.core import baking  # lazy: CLI start-up
 
-    if provider == "docker" and region:
-        raise BadInput("--region is for --provider aws")
+    _no_region(provider, region)
     if not _asker(yes, "deleting an image")(f"Delete baked image {ref}?"):
         raise BadInput("aborted; nothing was deleted")
     baking.delete_image(ref, provider_name=provider, region=region, console=_console())

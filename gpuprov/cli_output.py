@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuprov.cli_table import table
+from gpuprov.providers import having
 
 if TYPE_CHECKING:
     from gpuprov.shared.results import (
@@ -304,7 +305,7 @@ def types_table(rows: list[dict[str, Any]], region: str, spot: bool, table_date:
         ],
         under=("why",),
     )
-    if any(r["price"] is None and r["provider"] == "aws" for r in rows):
+    if any(r["price"] is None and r["provider"] in having("priced") for r in rows):
         click.echo(f"-: no {kind} price confirmed for {region} (the bundled table leaves out what its public "
                    f"source does not list; `gpuprov types --refresh --region {region}` asks AWS)")
     for note in notes:

@@ -167,12 +167,6 @@ class Lock:
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def default_source(provider: str) -> str:
-    """Cloud nodes (Debian 12 by default, Ubuntu with `up --os`) use NVIDIA's repositories; local
-    Debian nodes use Debian's."""
-    return defaults.LOCAL_SOURCE if provider == "docker" else defaults.DEFAULT_SOURCE
-
-
 def resolve(instance_type: str | None, cuda: str | None = None, driver: str | None = None,
             source: str = defaults.DEFAULT_SOURCE, kernel_module: str | None = None,
             on: date | None = None, os: str | None = None) -> Lock:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuprov import defaults, paths, templating, validate
 from gpuprov.errors import BadInput
-from gpuprov.providers import ClusterFiles
+from gpuprov.providers import ClusterFiles, facts
 from gpuprov.ssh import node_key
 from gpuprov.state import NodeRecord
 
@@ -131,7 +131,7 @@ def strategy_plugins() -> str | None:
 
 
 # The free space a local node's root filesystem needs (roles/gpu_preflight: 40 GiB on a real node).
-LOCAL_NODE_FREE_GIB = defaults.LOCAL_NODE_FREE_GIB
+LOCAL_NODE_FREE_GIB = defaults.LOCAL_NODE_FREE_GIB  # docker's root_free_gib (gpuprov.providers.spec)
 
 
 def group_vars(context: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def group_vars(context: Mapping[str, Any]) -> dict[str, Any]:
         "gpuprov_provider": context["provider"],
         # Local nodes share this machine's disk and pull the local registry's small images, not
         # NVIDIA's (~15 GiB): the preflight asks them for the driver, CUDA and cuDNN, with room.
-        **({"gpu_preflight_root_free_gib": LOCAL_NODE_FREE_GIB} if context["provider"] == "docker" else {}),
+        **({"gpu_preflight_root_free_gib": free} if (free := facts(context["provider"]).root_free_gib) else {}),
     }
 
 

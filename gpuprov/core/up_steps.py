@@ -15,7 +15,7 @@ from gpuprov.core import counts, health_gate
 from gpuprov.core.converge import run_site
 from gpuprov.errors import BadInput, PartialLaunch
 from gpuprov.health import run as health_run
-from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
+from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, facts
 from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
 from gpuprov.shared import settings as cluster_settings
@@ -290,7 +290,8 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
                 f"CUDA {lock['cuda']}; it does not change on `up` ({', '.join(sorted(moved))} asked)"
             )
         return lock
-    source = asked.get("source") or stack.default_source(spec.provider)
+    # Cloud nodes use NVIDIA's repositories, local Debian nodes Debian's (the registry's facts).
+    source = asked.get("source") or facts(spec.provider).package_source
     if source == "mirror" and not (choice.mirror_url and choice.mirror_key_fingerprint):
         raise BadInput("--source mirror needs --mirror-url and --mirror-key-fingerprint "
                        "(the mirror's signing key, 40 hex digits)")

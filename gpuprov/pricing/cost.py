@@ -15,17 +15,15 @@ from typing import Any
 from gpuprov import catalog
 from gpuprov.clock import utc_text
 from gpuprov.pricing import prices
+from gpuprov.providers import facts
 
-NO_PRICE = {
-    "docker": "local containers on this machine: no cloud bill",
-    "static": "existing hosts: gpuprov knows no price for machines it did not launch",
-}
 RUNNING = ("pending", "running")
 
 
 def why_no_price(provider: str) -> str | None:
-    """Why a provider's clusters show no price (None: they do: aws)."""
-    return None if provider == "aws" else NO_PRICE.get(provider, f"{provider}: gpuprov knows no price")
+    """Why a provider's clusters show no price (None: they do: a provider with a cloud bill)."""
+    known = facts(provider)
+    return None if known.priced else known.no_price or f"{provider}: gpuprov knows no price"
 
 
 def node_price(node: Any) -> prices.Price | None:

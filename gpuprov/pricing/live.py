@@ -27,6 +27,7 @@ from typing import Any
 from gpuprov import catalog
 from gpuprov.clock import utc_text
 from gpuprov.pricing import prices
+from gpuprov.providers import having
 from gpuprov.providers.aws import api
 
 PRICING_REGION = "us-east-1"
@@ -153,7 +154,7 @@ def refresh(region: str) -> list[str]:
     count, region = refresh_catalog(region)
     said = [f"cached {count} GPU instance type(s) of {region} from EC2"]
     aws = api.connect(region)
-    names = sorted(t.name for t in catalog.all_types(region) if t.provider == "aws")
+    names = sorted(t.name for t in catalog.all_types(region) if t.provider in having("priced"))
     try:
         found = fetch_on_demand(aws, region, names)
         prices.record_on_demand(region, found)

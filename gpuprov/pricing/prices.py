@@ -23,6 +23,7 @@ from gpuprov import catalog, paths
 from gpuprov.catalog import InstanceType
 from gpuprov.clock import utc_text
 from gpuprov.errors import DamagedFile
+from gpuprov.providers import having
 
 ON_DEMAND = "on-demand"
 SPOT = "spot"
@@ -183,7 +184,7 @@ def price(itype: InstanceType, region: str, *, spot_price: bool = False) -> Pric
 
 def why_none(itype: InstanceType, region: str, *, spot_price: bool = False) -> str:
     """Why a type has no price here, in words for a table's note or the plan."""
-    if itype.provider != "aws":
+    if itype.provider not in having("priced"):
         return f"{itype.name} is a {itype.provider} machine: gpuprov knows no price for it"
     if spot_price:
         return (f"no spot price of {itype.name} in {region} fetched yet (`gpuprov types --spot --refresh "

@@ -18,6 +18,7 @@ from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput
 from gpuprov.pricing import PURPOSES, SORTS, prices
 from gpuprov.pricing.prices import Price
+from gpuprov.providers import having
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def offers(types: list[InstanceType], region: str, need: Need) -> tuple[list[Off
         price = prices.price(t, region, spot_price=need.spot)
         if need.max_price is not None:
             if price is None:
-                if t.provider == "aws":  # on-prem and local machines have no price: not news
+                if t.provider in having("priced"):  # on-prem and local machines have no price: not news
                     unpriced.append(t.name)
                 continue
             if price.usd_per_hour > need.max_price:

@@ -25,12 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprov import __version__
 from gpuprov.errors import BadInput, NotSupported
+from gpuprov.providers import spec
 from gpuprov.providers.spec import (
     DEFAULT_PROVIDER,
     PROVIDERS,
     ClusterSpec,
+    ProviderFacts,
     ProviderOptions,
+    facts,
     flag,
+    having,
     options_for,
     options_type,
 )
@@ -104,8 +108,9 @@ class Orphans:
 Reporter = Callable[[str], None]
 
 __all__ = [
-    "DEFAULT_PROVIDER", "PROVIDERS", "ClusterFiles", "ClusterSpec", "Orphans", "Plan", "Provider",
-    "ProviderOptions", "Reporter", "flag", "get", "names", "options_for", "options_type", "supporting",
+    "DEFAULT_PROVIDER", "PROVIDERS", "ClusterFiles", "ClusterSpec", "Orphans", "Plan", "Provider", "ProviderFacts",
+    "ProviderOptions", "Reporter", "facts", "flag", "get", "having", "names", "options_for", "options_type",
+    "supporting",
 ]
 
 
@@ -303,30 +308,26 @@ class Provider(ABC):
 
 
 def get(name: str) -> Provider:
-    try:
-        module_name = PROVIDERS[name]
-    except KeyError:
-        raise BadInput(f"unknown provider '{name}'; choose one of: {', '.join(sorted(PROVIDERS))}") from None
+    module_name = facts(name).module
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name == module_name:
-            raise BadInput(
-                f"provider '{name}' is not available in gpuprov {_version()}; "
-                "use --provider docker or --provider static"
-            ) from None
+            others = [f"--provider {n}" for n in spec.PROVIDERS if n != name]
+            raise BadInput(f"provider '{name}' is not available in gpuprov {_version()}; "
+                           f"use {' or '.join(others)}") from None
         raise
     provider: Provider = module.PROVIDER
     return provider
 
 
 def names() -> tuple[str, ...]:
-    return tuple(PROVIDERS)
+    return tuple(spec.PROVIDERS)
 
 
 def supporting(ability: str) -> list[Provider]:
     """The providers that have the optional ability ``ability`` (a Provider method name)."""
-    return [p for p in (get(n) for n in PROVIDERS) if p.supports(ability)]
+    return [p for p in (get(n) for n in spec.PROVIDERS) if p.supports(ability)]
 
 
 def _version() -> str:

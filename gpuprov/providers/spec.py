@@ -8,16 +8,57 @@ import importlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from gpuprov import defaults
 from gpuprov.errors import BadInput
 from gpuprov.scheduler_choice import Scheduler
 from gpuprov.stack_choice import StackChoice
 
-# The registry: the one place that names the providers (the CLI's --provider choices too).
-PROVIDERS: dict[str, str] = {
-    "aws": "gpuprov.providers.aws",
-    "docker": "gpuprov.providers.docker",
-    "static": "gpuprov.providers.static",
+
+@dataclass(frozen=True)
+class ProviderFacts:
+    """What gpuprov knows of a provider without loading it (the CLI starts in well under 100 ms):
+    the facts every CLI choice, table, inventory and price rule asks of a provider, declared with
+    it in the registry. ``module``: the provider's package (its ``PROVIDER``, and its light
+    ``options``). ``images``: it bakes and boots images (`gpuprov image --provider`). ``regions``:
+    its clusters live in regions (``--region``, ``--copy-to``). ``priced``: its nodes cost money by
+    the hour (prices, `--max-price`, cost rows); else ``no_price`` says why there is none.
+    ``package_source``: the NVIDIA stack's source without ``--source``. ``root_free_gib``: the free
+    space the preflight asks of its nodes, where not the role's default. ``bake_type``: the type
+    `image bake --provider NAME` bootstraps without ``--type``."""
+
+    module: str
+    images: bool = False
+    regions: bool = False
+    priced: bool = False
+    no_price: str = ""
+    package_source: str = defaults.DEFAULT_SOURCE
+    root_free_gib: int | None = None
+    bake_type: str | None = None
+
+
+# The registry: the one place that names the providers and declares what the rest of gpuprov
+# asks of them (the CLI's --provider choices too).
+PROVIDERS: dict[str, ProviderFacts] = {
+    "aws": ProviderFacts("gpuprov.providers.aws", images=True, regions=True, priced=True),
+    "docker": ProviderFacts("gpuprov.providers.docker", images=True,
+                            no_price="local containers on this machine: no cloud bill",
+                            package_source=defaults.LOCAL_SOURCE, root_free_gib=defaults.LOCAL_NODE_FREE_GIB,
+                            bake_type="docker-node"),
+    "static": ProviderFacts("gpuprov.providers.static",
+                            no_price="existing hosts: gpuprov knows no price for machines it did not launch"),
 }
+
+
+def facts(name: str) -> ProviderFacts:
+    """The registry's facts of provider ``name`` (an unknown name: bad input, naming the others)."""
+    if name not in PROVIDERS:
+        raise BadInput(f"unknown provider '{name}'; choose one of: {', '.join(sorted(PROVIDERS))}")
+    return PROVIDERS[name]
+
+
+def having(fact: str) -> list[str]:
+    """The providers whose ``fact`` is true, in the registry's order."""
+    return [n for n, f in PROVIDERS.items() if getattr(f, fact)]
 # What `gpuprov up` launches on without --provider.
 DEFAULT_PROVIDER = "aws"
 
@@ -138,9 +179,7 @@ class ClusterSpec:
 def options_type(name: str) -> type[ProviderOptions]:
     """Provider ``name``'s options type: its options module's ``OPTIONS`` (a light module:
     the provider's SDK is not loaded to read it)."""
-    if name not in PROVIDERS:
-        raise BadInput(f"unknown provider '{name}'; choose one of: {', '.join(sorted(PROVIDERS))}")
-    kind: type[ProviderOptions] = importlib.import_module(f"{PROVIDERS[name]}.options").OPTIONS
+    kind: type[ProviderOptions] = importlib.import_module(f"{facts(name).module}.options").OPTIONS
     return kind
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from gpuprov import paths, ssh, stack, validate
 from gpuprov.clock import utc_text
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.providers import ClusterFiles, Provider
+from gpuprov.providers import ClusterFiles, Provider, facts
 from gpuprov.providers import get as get_provider
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import ProbeRow
@@ -119,7 +119,7 @@ def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
         return cluster.lock
     itype = cluster.spec.get("instance_type") or next(
         (n.instance_type for n in cluster.nodes if n.instance_type), None)
-    lock = stack.resolve(itype, source=stack.default_source(cluster.provider)).as_dict()
+    lock = stack.resolve(itype, source=facts(cluster.provider).package_source).as_dict()
     store.set_lock(cluster.name, lock)
     return lock
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import providers
 from gpuprov.core import reading, removal
-from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
+from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter, spec
 from gpuprov.shared.console import Console
 from gpuprov.state import NodeRecord, Store
 
@@ -61,7 +60,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, gpuprov_home: Path) -> FakeProvider:
     module = types.ModuleType("fake_provider_for_tests")
     module.PROVIDER = FakeProvider()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(providers, "PROVIDERS", {"fake": module.__name__})
+    monkeypatch.setattr(spec, "PROVIDERS", {"fake": spec.ProviderFacts(module.__name__)})
     return module.PROVIDER  # type: ignore[attr-defined,no-any-return]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuprov.core import launching, up_steps
-from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter
+from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter, spec
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import HealthCheck, HealthResult, HostStats, ProvisionResult, VerifySummary
 from gpuprov.state import NodeRecord, Store
@@ -65,6 +65,8 @@ def fleet(gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
     """The provider, with a bootstrap and a health gate that fail the nodes it says."""
     provider = Fleet()
     monkeypatch.setattr(launching, "get_provider", lambda name: provider)
+    # In the registry, as every provider is (its facts: priced, as EC2 is)
+    monkeypatch.setitem(spec.PROVIDERS, "fleet", spec.ProviderFacts("fleet_for_tests", priced=True))
 
     def provision(store, cluster, prov, files, nodes, *, console, check=False, tags=None, use_manifest=False,
                   say_next=True):
