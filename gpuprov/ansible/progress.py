@@ -2,15 +2,18 @@
 
 On a terminal: a rich table, one row per node, with its current role/task
 and ok/changed/failed counts. Elsewhere (CI logs, pipes): one line per
-node when it starts a role, and one per change or failure. What a node says
+node the first time it starts a role (a role its plays include again, as
+every play includes gpuprov_base, is not said again), and one per change or
+failure with the time since the run began (``[1:05]``). What a node says
 (task names, messages) is printed as text, never read as rich markup: a
 message such as ``cannot stat [/dev/nvidia0]`` is shown as it came.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprov.node_text import printable_data
@@ -30,6 +33,7 @@ class HostState:
     tasks: int = 0  # tasks that ran on the node, fact gathering not counted
     error: str | None = None
     done: bool = False
+    roles: set[str] = field(default_factory=set)  # the roles said so far (piped output)
 
 
 # Fact gathering runs under any --tags selection: it is not a task of the play.
@@ -98,6 +102,7 @@ class PlaybookProgress:
         self.stats: dict[str, Any] | None = None
         self.live = None
         self.interactive = self.console.is_terminal
+        self.started = time.monotonic()
 
     # -- context --------------------------------------------------------------
     def __enter__(self) -> PlaybookProgress:
@@ -141,7 +146,8 @@ class PlaybookProgress:
                 and data.get("task_action") not in FACT_ACTIONS:
             h.tasks += 1
         if kind == "runner_on_start":
-            if role and role != h.role and not self.interactive:
+            if role and role not in h.roles and not self.interactive:
+                h.roles.add(role)
                 self.console.print(f"  {h.host}: {role}", highlight=False, markup=False, emoji=False)
             h.role, h.task = role, f"{role} : {task}" if role else task
         elif kind == "runner_on_ok":
@@ -153,7 +159,7 @@ class PlaybookProgress:
                 h.changed += 1
                 self.changed_tasks.setdefault(h.host, []).append(task)
                 if not self.interactive:
-                    self.console.print(f"  {h.host}: changed  {h.task}", highlight=False, markup=False, emoji=False)
+                    self._say(f"  {h.host}: changed  {h.task}")
         elif kind == "runner_on_skipped":
             h.skipped += 1
         elif kind == "runner_on_failed":
@@ -162,7 +168,7 @@ class PlaybookProgress:
             h.failed += 1
             h.error = f"{h.task or task}: {_msg(res)}"
             if not self.interactive:
-                self.console.print(f"  {h.host}: FAILED   {h.error}", highlight=False, markup=False, emoji=False)
+                self._say(f"  {h.host}: FAILED   {h.error}")
         elif kind == "runner_on_unreachable":
             h.unreachable += 1
             why = unreachable_reason(res)
@@ -170,7 +176,12 @@ class PlaybookProgress:
             # One line per node: Ansible drops an unreachable host from the rest of the run,
             # but a task that ignores unreachable hosts may report it again.
             if not self.interactive and h.unreachable == 1:
-                self.console.print(f"  {h.host}: UNREACHABLE {why}", highlight=False, markup=False, emoji=False)
+                self._say(f"  {h.host}: UNREACHABLE {why}")
+
+    def _say(self, line: str) -> None:
+        """A line of piped output with the time since the run began: ``... [1:05]``."""
+        spent = int(time.monotonic() - self.started)
+        self.console.print(f"{line} [{spent // 60}:{spent % 60:02d}]", highlight=False, markup=False, emoji=False)
 
     # -- rendering -----------------------------------------------------------------
     def _table(self):

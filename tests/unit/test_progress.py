@@ -106,3 +106,23 @@ def test_a_warning_reads_as_an_error_does(capsys) -> None:
     err = capsys.readouterr().err.splitlines()
     assert err == ["gpuprov: warning: could not read the vCPU quota 'x' (AccessDenied): y; going on",
                    "gpuprov: warning: spot prices not read (Throttling)", "  plan: 4 x p4d.24xlarge"]
+
+
+def test_piped_output_says_each_role_once_and_each_change_with_its_time(monkeypatch) -> None:
+    """Issue 53: a role that every play includes again (gpuprov_base) is said once per node, not
+    before each role that follows it; a change says when it happened in the run."""
+    from gpuprov.ansible import progress as module
+
+    clock = iter([100.0, 165.0, 227.0])
+    monkeypatch.setattr(module.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    progress = PlaybookProgress(["a"], "provision x", console=Console(file=out, width=200))
+    with progress:
+        for role, task, changed in [("gpuprov_base", "Facts", False), ("gpu_preflight", "Check", True),
+                                    ("gpuprov_base", "Facts", False), ("nvidia_driver", "Install", True)]:
+            progress.handle(_ev("runner_on_start", "a", task=task, role=role))
+            progress.handle(_ev("runner_on_ok", "a", task=task, role=role, res={"changed": changed}))
+    lines = out.getvalue().splitlines()
+    assert lines == ["provision x: 1 node(s)", "  a: gpuprov_base", "  a: gpu_preflight",
+                     "  a: changed  gpu_preflight : Check [1:05]", "  a: nvidia_driver",
+                     "  a: changed  nvidia_driver : Install [2:07]"]

@@ -39,9 +39,9 @@ def test_node_text_in_the_progress_lines_is_printed_as_it_came() -> None:
     text = out.getvalue()
     assert "provision [x]: 2 node(s)" in text
     assert "  a: gpu_[b]preflight\n" in text
-    assert f"  a: changed  gpu_[b]preflight : {TASK}\n" in text
-    assert f"  a: FAILED   gpu_[b]preflight : {TASK}: {MSG}\n" in text
-    assert "  b: UNREACHABLE ssh: connect to host [::1] port 22: [/] refused\n" in text
+    assert f"  a: changed  gpu_[b]preflight : {TASK} [0:00]\n" in text  # [M:SS]: since the run began
+    assert f"  a: FAILED   gpu_[b]preflight : {TASK}: {MSG} [0:00]\n" in text
+    assert "  b: UNREACHABLE ssh: connect to host [::1] port 22: [/] refused [0:00]\n" in text
     assert progress.errors()["a"] == f"gpu_[b]preflight : {TASK}: {MSG}"
 
 
