@@ -89,7 +89,8 @@ def node_cpu_s(name: str) -> float:
     total = 0.0
     for cid in ids:
         v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")
-        v2 = [Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"), Path(f"/sys/fs/cgroup/docker/{cid}/cpu.stat")]
+        v2 = [Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"),
+              Path(f"/sys/fs/cgroup/docker/{cid}/cpu.stat")]
         if v1.exists():
             total += int(v1.read_text()) / 1e9
             continue

@@ -57,7 +57,8 @@ def main() -> None:
         print(f"up: {up}", file=sys.stderr)
         for run in range(1, args.runs + 1):
             for via in ("push", "pull"):
-                for what, extra in (("plan (--check)", ["--check"]), ("roll, 1 node moves", ["--batch", str(args.count)])):
+                steps = (("plan (--check)", ["--check"]), ("roll, 1 node moves", ["--batch", str(args.count)]))
+                for what, extra in steps:
                     if extra[0] != "--check":
                         _in(f"gpuprov-{name}-node-1", f"dpkg -r {package} >/dev/null")
                     nodes_before = node_cpu_s(name)
@@ -73,7 +74,8 @@ def main() -> None:
     out.write_text(json.dumps({"count": args.count, "tags": args.tags, "rows": rows}, indent=1) + "\n")
     print("| run | what | via | wall (s) | controller CPU (s) | nodes' CPU (s) |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['what']} | {r['via']} | {r['wall_s']} | {r['controller_cpu_s']} | {r['nodes_cpu_s']} |")
+        print(f"| {r['run']} | {r['what']} | {r['via']} | {r['wall_s']} | {r['controller_cpu_s']} "
+              f"| {r['nodes_cpu_s']} |")
     print(f"({args.count} local nodes, plays {args.tags}; {out.relative_to(ROOT)})")
 
 

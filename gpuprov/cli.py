@@ -196,7 +196,8 @@ def status(name: str, output: str) -> int:
 @click.option("--scheduler", type=click.Choice(defaults.SCHEDULERS),
               help="Give the cluster this scheduler (recorded), then converge (slurm: `--tags slurm` "
               "runs only its play).")
-@click.option("--slurm-controller", metavar="NODE", help="With --scheduler slurm: the controller (default: the first node).")
+@click.option("--slurm-controller", metavar="NODE",
+              help="With --scheduler slurm: the controller (default: the first node).")
 @click.option("--slurm-controller-only", is_flag=True, help="With --scheduler slurm: the controller runs no jobs.")
 @output_option
 def provision(name: str, check: bool, tags: str | None, full: bool, via: str, scheduler: str | None,

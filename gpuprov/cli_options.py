@@ -175,7 +175,8 @@ UP_OPTIONS = [
     click.option("--bootstrap", "bootstrap_mode", type=click.Choice(["auto", "push", "pull"]), default="auto",
         show_default=True, help="push: Ansible runs here, over SSH to every node. pull: each new node "
         "fetches a bundle served from here, or on aws from the cluster's S3 bucket (checked by its sha256), "
-        "bootstraps and verifies itself, and reports back (docker, static and aws providers). auto: pull above 32 nodes where the provider has it, else push."),
+        "bootstraps and verifies itself, and reports back (docker, static and aws providers). auto: pull "
+        "above 32 nodes where the provider has it, else push."),
     click.option("--min-count", type=click.IntRange(min=1, max=defaults.MAX_NODES), metavar="K",
         help="aws: accept a launch of at least K nodes when capacity runs short in every zone, and "
         "at least K nodes that pass the bootstrap and health gate: a node that fails them is named, "

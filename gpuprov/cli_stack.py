@@ -22,8 +22,8 @@ from gpuprov.shared.console import Console
               help="Only types with at least GIB of memory per GPU.")
 @click.option("--max-price", type=float, metavar="USD", help="Only types that cost at most USD per instance-hour "
               "here (on-demand; with --spot, spot).")
-@click.option("--spot", is_flag=True, help="Spot prices (EC2's spot price history, cheapest zone, as a --refresh with AWS "
-              "credentials reads them) instead of on-demand.")
+@click.option("--spot", is_flag=True, help="Spot prices (EC2's spot price history, cheapest zone, as a "
+              "--refresh with AWS credentials reads them) instead of on-demand.")
 @click.option("--efa", is_flag=True, help="Only types with EFA.")
 @click.option("--nvswitch", is_flag=True, help="Only types whose GPUs sit on NVSwitch (all-to-all NVLink).")
 @click.option("--cuda", metavar="LINE", help="Only types whose GPUs this CUDA line drives (11.8, 12.9, 13.0).")
@@ -136,7 +136,8 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
 @output_option
 def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_module: str | None, source: str,
           os_name: str, output: str) -> int:
-    """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric manager, CUDA, cuDNN, NCCL, EFA.
+    """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric
+    manager, CUDA, cuDNN, NCCL, EFA.
 
     Also which operating systems the roles are proven on here (Debian 12; Debian 13 with --source
     distro: the whole site on a local node, `make test-debian13`) and which they only claim (Ubuntu)."""

@@ -214,7 +214,8 @@ def from_hardware(hardware: dict[str, Any] | None, declared: InstanceType | None
     model = seen_model if count else None
     label = (f"{count}x{model or 'GPU'}" if count else "no-gpu") + ("-nvswitch" if switches else "")
     return InstanceType(
-        name=f"detected:{label}" if read else f"declared:{label}" if gpus is not None else "undeclared", provider="onprem", gpu_model=model, gpu_count=count,
+        name=f"detected:{label}" if read else f"declared:{label}" if gpus is not None else "undeclared",
+        provider="onprem", gpu_model=model, gpu_count=count,
         gpu_memory_gib=0, arch=ARCH_BY_GPU.get(model or ""), vcpus=None, memory_gib=None,
         efa=False, efa_max_interfaces=0, network_cards=1, nvswitch=bool(switches),
         virtualization="unknown",
@@ -307,7 +308,8 @@ def from_api(record: dict[str, Any], region: str) -> InstanceType:
         vcpus=_count(vcpus, "DefaultVCpus") if vcpus is not None else None,
         memory_gib=round(_count(_part(record, "MemoryInfo").get("SizeInMiB"), "memory") / 1024) or None,
         efa=efa,
-        efa_max_interfaces=_count(_part(network, "EfaInfo").get("MaximumEfaInterfaces"), "EFA interfaces") if efa else 0,
+        efa_max_interfaces=(_count(_part(network, "EfaInfo").get("MaximumEfaInterfaces"), "EFA interfaces")
+                            if efa else 0),
         network_cards=_count(network.get("MaximumNetworkCards"), "network cards") or 1,
         nvswitch=family(name) in NVSWITCH_FAMILIES,
         virtualization="metal" if record.get("BareMetal") else "vm",

@@ -57,7 +57,8 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
     checked = verify(name, console=console, store=store)
     failing = [r for r in checked.hosts.get(chosen.name, []) if r.status == "fail"]
     if not checked.hosts.get(chosen.name) or failing:
-        raise GpuprovError(f"{chosen.name} did not pass verify ({', '.join(r.probe for r in failing) or 'no probe ran'}); "
+        which = ", ".join(r.probe for r in failing) or "no probe ran"
+        raise GpuprovError(f"{chosen.name} did not pass verify ({which}); "
                            "not baked")
     console.say(f"{chosen.name}: verified; baking an image for lock {cluster.lock['hash']}")
     with cluster_lock(name):

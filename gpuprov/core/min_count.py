@@ -119,7 +119,8 @@ class Rounds:
         passed = [n.name for n in nodes if n.name not in failed]
         if passed and self.run.health != health_gate.OFF:
             run = self.run
-            checked = health_run.cluster_health(run.name, console=run.console, level=run.health, store=run.store, only=passed)
+            checked = health_run.cluster_health(run.name, console=run.console, level=run.health, store=run.store,
+                                                only=passed)
             self.health.append(checked)
             self.rows.update(health_gate.by_node(checked.checks))
             for node, rows in health_gate.by_node(health_gate.failures(checked.checks)).items():

@@ -71,7 +71,8 @@ def monitor(name: str, *, on: str | None, console, store: Store | None = None) -
             errors = {h: f"unreachable: {why}" for h, why in down.items()}
             played: dict = {}
             if reachable:
-                result = runner.run_playbook(paths.playbooks_dir() / "monitoring.yml", files, [n.name for n in reachable],
+                result = runner.run_playbook(paths.playbooks_dir() / "monitoring.yml", files,
+                                      [n.name for n in reachable],
                                       run_dir, title=f"monitor {name}", check=False, tags=(),
                                       limit=[n.name for n in reachable] if down else (),
                                       extravars=playbook_vars(cluster, lock), secrets=play_secrets(),

@@ -115,7 +115,8 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
              for n in names}
     console.say(f"{name}: patch by replacing nodes from {how} (lock {old['hash']} -> {lock['hash']}), "
                 f"{len(batches)} batch(es) of {req.batch}")
-    result = PatchResult(cluster=name, ok=True, batches=batches, hosts={}, lock=LockMove(from_=old["hash"], to=lock["hash"]),
+    result = PatchResult(cluster=name, ok=True, batches=batches, hosts={},
+                         lock=LockMove(from_=old["hash"], to=lock["hash"]),
                          image=image.ref if image else None)
     if req.check:
         return dataclasses.replace(result, hosts={h: PatchHost.of(s) for h, s in hosts.items()})
@@ -131,7 +132,8 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
             store.set_lock(name, lock)
         for number, batch in enumerate(batches, 1):
             console.say(f"{name}: batch {number}/{len(batches)}: {', '.join(batch)} -> new nodes from {image.ref}")
-            if not _replace_batch(name, provider, batch, image, hosts, req, console, store, health, run_dir / f"batch-{number}"):
+            if not _replace_batch(name, provider, batch, image, hosts, req, console, store, health,
+                                  run_dir / f"batch-{number}"):
                 rest = [h for b in batches[number:] for h in b]
                 if rest:
                     console.say(f"{name}: roll stopped; not started: {', '.join(rest)}")
@@ -141,9 +143,11 @@ def roll_onto_image(name: str, req: Request, *, console: Console, store: Store |
     finally:
         if not ok and lock["hash"] != old["hash"]:
             store.set_lock(name, old)
-        result = dataclasses.replace(result, ok=ok, image=image.ref, hosts={h: PatchHost.of(s) for h, s in hosts.items()})
-        store.finish_run(run_id, ok, {"batches": batches, "image": image.ref, "lock": {"from": old["hash"], "to": lock["hash"]},
-                                      "hosts": {h: {k: v for k, v in s.items() if k != "plan"} for h, s in hosts.items()}})
+        result = dataclasses.replace(result, ok=ok, image=image.ref,
+                                     hosts={h: PatchHost.of(s) for h, s in hosts.items()})
+        store.finish_run(run_id, ok, {
+            "batches": batches, "image": image.ref, "lock": {"from": old["hash"], "to": lock["hash"]},
+            "hosts": {h: {k: v for k, v in s.items() if k != "plan"} for h, s in hosts.items()}})
         console.say(f"  artifacts: {run_dir}")
     return result
 
@@ -162,7 +166,8 @@ def _replace_batch(name: str, provider: Provider, batch: list[str], image: Baked
             return False
         drained.append(node)
     try:
-        added, changed = add_nodes(name, len(batch), image, console=console, store=store, health=health, run_dir=run_dir)
+        added, changed = add_nodes(name, len(batch), image, console=console, store=store, health=health,
+                                   run_dir=run_dir)
     except GpuprovError as exc:
         for node in old_nodes:
             hosts[node.name].update(status="failed", error=f"no replacement: {exc}")
@@ -228,7 +233,8 @@ def _gate(name: str, added: list[NodeRecord], expect: dict[str, Any], files: Any
     """The probes and the health checks on the new nodes; GpuprovError naming each failure."""
     hosts = [n.name for n in added]
     (run_dir / "probes").mkdir(parents=True, exist_ok=True)
-    probes = probes_run.run_probes(files.inventory, files.ansible_cfg, hosts, expect, run_dir / "probes", console=console.rich)
+    probes = probes_run.run_probes(files.inventory, files.ansible_cfg, hosts, expect, run_dir / "probes",
+                                   console=console.rich)
     failing = [f"{h}: {r['probe']}: {r['detail']}" for h in hosts for r in probes.get(h, []) if r["status"] == "fail"]
     if any(not probes.get(h) for h in hosts):
         failing.append("no probe ran on " + ", ".join(h for h in hosts if not probes.get(h)))

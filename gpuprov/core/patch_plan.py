@@ -53,7 +53,8 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
         kw.update(kernel=True, microcode=True)
     kw["move_driver"] = bool(kw.get("driver")) or bool(kw.get("kernel_module")) or all_
     choice = StackChoice(driver=kw.get("driver"), kernel_module=kw.get("kernel_module"),
-                         mirror_url=kw.get("mirror_url"), mirror_key_fingerprint=kw.get("mirror_key_fingerprint")).checked()
+                         mirror_url=kw.get("mirror_url"),
+                         mirror_key_fingerprint=kw.get("mirror_key_fingerprint")).checked()
     kw.update(driver=choice.driver, kernel_module=choice.kernel_module, mirror_url=choice.mirror_url,
               mirror_key_fingerprint=choice.mirror_key_fingerprint)
     if kw.get("cuda") is not None:

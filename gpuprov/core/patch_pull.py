@@ -36,7 +36,8 @@ from gpuprov.shared.results import HostStats
 
 PLAN_KIND = "patch-pull-plan"
 BATCH_KIND = "patch-pull"
-NO_REBOOT = "pull: the node's own run does not reboot it (Ansible's reboot needs a connection from outside); `--via push` reboots it"
+NO_REBOOT = ("pull: the node's own run does not reboot it (Ansible's reboot needs a connection from outside); "
+             "`--via push` reboots it")
 
 
 @dataclass

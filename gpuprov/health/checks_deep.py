@@ -1,5 +1,6 @@
 """The standard and full levels' checks on each node: DCGM's diagnostic (level 2; level 3 at
-the full level) and NCCL's all_reduce_perf inside the node. Each loads the GPUs for minutes, so they are not part of the quick level. The
+the full level) and NCCL's all_reduce_perf inside the node. Each loads the GPUs for minutes, so
+they are not part of the quick level. The
 parsers and verdicts are gpuprov.health.dcgm and gpuprov.health.nccl, tested on published
 runs of real machines (tests/fixtures/recordings/)."""
 

@@ -60,7 +60,8 @@ def memlock(facts: Facts, expect: Expect) -> HealthCheck:
         service = facts.text("memlock_systemd").strip()
         if service != "DefaultLimitMEMLOCK=infinity":
             key, _, value = service.partition("=")
-            problems.append(f"services: {key}={memlock_text(value, 1)}" if value else f"services: {service or 'no answer'}")
+            problems.append(f"services: {key}={memlock_text(value, 1)}" if value
+                            else f"services: {service or 'no answer'}")
     fix = f"re-apply the rdma role (`{expect.provision} --tags rdma`): it sets memlock unlimited"
     if problems:
         return failed("memlock", "; ".join(problems), want, fix)

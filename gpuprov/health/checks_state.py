@@ -179,7 +179,8 @@ def temperature(facts: Facts, expect: Expect) -> HealthCheck:
 
     early, problems = _each_gpu("temperature", facts, expect, problem)
     slows = sorted({t.slowdown for t in readings.values() if t.slowdown is not None})
-    want = f"below {ALERT_C} °C" + (f" and below the GPU's slowdown ({', '.join(map(str, slows))} °C)" if slows else "")
+    slowdown = f" and below the GPU's slowdown ({', '.join(map(str, slows))} °C)" if slows else ""
+    want = f"below {ALERT_C} °C{slowdown}"
     if early:
         return early
     if problems:

@@ -202,7 +202,8 @@ def _launch(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], 
     command = (f'[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; '
                f"timeout {int(timeout)} mpirun --hostfile {shm}/hostfile "
                f"-np {len(group) * int(ranks_per_node)} --map-by ppr:{int(ranks_per_node)}:node --bind-to none "
-               f"--mca plm_rsh_agent {shlex.quote(agent)} --mca plm_rsh_no_tree_spawn 1 {exports} {shlex.join(program)} 2>&1")
+               f"--mca plm_rsh_agent {shlex.quote(agent)} --mca plm_rsh_no_tree_spawn 1 {exports} "
+               f"{shlex.join(program)} 2>&1")
     try:
         proc = subprocess.run(_ssh(launcher.node, files, command), capture_output=True, text=True,
                               timeout=timeout + 60, check=False)

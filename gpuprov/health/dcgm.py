@@ -139,7 +139,8 @@ def parse(text: str) -> Report:
             test.results.append((r.group(1).lower(), _gpus(r.group(1), r.group(2) or "")))
     report.ran = report.ran and seen_table
     for t in report.tests:  # joined wrapped cells: the words whole, the padding gone
-        t.errors, t.warnings, t.info = ([" ".join(n.split()) for n in notes] for notes in (t.errors, t.warnings, t.info))
+        t.errors, t.warnings, t.info = ([" ".join(n.split()) for n in notes]
+                                        for notes in (t.errors, t.warnings, t.info))
     return report
 
 

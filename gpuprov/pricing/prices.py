@@ -140,7 +140,8 @@ def record_spot(region: str, found: dict[str, dict[str, tuple[float, str]]], fet
     entry = data.setdefault("spot", {})
     stamp = fetched or now_iso()
     for name, zones in found.items():
-        entry[name] = {"fetched": stamp, "zones": {z: {"usd": usd, "since": since} for z, (usd, since) in zones.items()}}
+        entry[name] = {"fetched": stamp,
+                       "zones": {z: {"usd": usd, "since": since} for z, (usd, since) in zones.items()}}
     data["region"] = region
     _write_cache(region, data)
 

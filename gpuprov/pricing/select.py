@@ -194,7 +194,8 @@ _FILTERS = (  # in the order a refusal looks at them
     _Filter("nvswitch", lambda n, _: "has NVSwitch (--nvswitch)", has=lambda o: " (no NVSwitch)"),
     _Filter("efa", lambda n, _: "has EFA (--efa)", has=lambda o: " (no EFA)"),
     _Filter("cuda", lambda n, _: f"runs CUDA {n.cuda} (--cuda {n.cuda})", has=_runs),
-    _Filter("gpu", lambda n, _: f"has {n.gpu} GPUs (--gpu {n.gpu})", has=lambda o: f" ({o.itype.gpu_model or 'no GPU'})"),
+    _Filter("gpu", lambda n, _: f"has {n.gpu} GPUs (--gpu {n.gpu})",
+            has=lambda o: f" ({o.itype.gpu_model or 'no GPU'})"),
 )
 
 

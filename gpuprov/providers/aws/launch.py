@@ -318,7 +318,8 @@ def attach_public_addresses(aws: api.Aws, name: str, instances: list[dict[str, A
             continue
         primary = next(
             n["NetworkInterfaceId"] for n in instance["NetworkInterfaces"]
-            if n.get("Attachment", {}).get("DeviceIndex") == 0 and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0
+            if n.get("Attachment", {}).get("DeviceIndex") == 0
+            and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0
         )
         eip = aws.ec2.allocate_address(Domain="vpc", TagSpecifications=tag_specs(name, "elastic-ip"))
         aws.ec2.associate_address(AllocationId=eip["AllocationId"], NetworkInterfaceId=primary)

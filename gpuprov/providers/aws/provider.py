@@ -1,6 +1,7 @@
 """The AWS provider: each phase lives in its own module; this class only routes to them.
 
-plan (preflight.py; a dry run without credentials: offline.py) -> launch (launch.py, resources.py) -> wait_ready (ready.py) ->
+plan (preflight.py; a dry run without credentials: offline.py) -> launch (launch.py,
+resources.py) -> wait_ready (ready.py) ->
 describe -> terminate (teardown.py). What plan prepared travels in ``Plan.details``
 (a frozen AwsPlan): nothing is cached on the provider between calls.
 """

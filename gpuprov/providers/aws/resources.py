@@ -109,7 +109,8 @@ def set_ingress(aws: api.Aws, group: dict[str, Any], cidr: str, report: Reporter
     allowed |= {x.get("CidrIpv6") for r in ssh_rules for x in r.get("Ipv6Ranges") or []}
     present = {
         "ssh": want <= allowed,
-        "members": any(r.get("IpProtocol") == "-1" and group_id in {p.get("GroupId") for p in r.get("UserIdGroupPairs") or []}
+        "members": any(r.get("IpProtocol") == "-1"
+                       and group_id in {p.get("GroupId") for p in r.get("UserIdGroupPairs") or []}
                        for r in have),
     }
     for key, rule in (("ssh", ssh_rule), ("members", members_rule)):

@@ -46,7 +46,8 @@ def _spot_prices(names: list[str], region: str) -> None:
     prices.record_spot(region, live.fetch_spot(api.connect(region), names))
 
 
-def choices(instance_type: str | None, where: list[str], max_price: float, spot: bool) -> tuple[list[Choice], list[str]]:
+def choices(instance_type: str | None, where: list[str], max_price: float,
+            spot: bool) -> tuple[list[Choice], list[str]]:
     """The choices within ``max_price`` per instance-hour, cheapest first (ties: the order of
     ``where``), and the notes on what was left out."""
     if not (max_price > 0):
@@ -70,7 +71,8 @@ def choices(instance_type: str | None, where: list[str], max_price: float, spot:
     kind = "spot" if spot else "on-demand"
     if not found:
         cheapest = min(over, key=lambda c: c[:3])[3] if over else None
-        fit = f"; the cheapest that would fit is {cheapest.words()}" if cheapest else "; no allowed type has a known price"
+        fit = (f"; the cheapest that would fit is {cheapest.words()}" if cheapest
+               else "; no allowed type has a known price")
         raise BadInput(f"no allowed type costs at most ${max_price:,.2f}/h {kind} in {', '.join(where)}{fit}")
     notes = [f"no {kind} price known, left out: {', '.join(unknown)}"] if unknown else []
     return [c[3] for c in sorted(found, key=lambda c: c[:3])], notes

@@ -1,4 +1,5 @@
-"""Local nodes: systemd Debian 12 (or, with ``--os debian13``, Debian 13) containers, reached over real SSH, for trying the whole flow
+"""Local nodes: systemd Debian 12 (or, with ``--os debian13``, Debian 13) containers, reached
+over real SSH, for trying the whole flow
 before paying for GPUs and for the project's own end-to-end tests (no GPU: type ``docker-node``).
 
 Each node runs systemd as PID 1 (SYSTEMD_FLAGS, no ``--privileged``) on the default bridge
