@@ -4,6 +4,7 @@ Ansible's unreachable events and from testinfra's CommandResult reprs."""
 from __future__ import annotations
 
 import io
+import re
 import socket
 from pathlib import Path
 
@@ -84,7 +85,10 @@ def test_progress_names_an_unreachable_node_once() -> None:
         progress.handle(event)
         progress.handle(event)  # a task that ignores unreachable hosts reports it again
     lines = [line for line in out.getvalue().splitlines() if line.strip().startswith("a:")]
-    assert lines == ["  a: UNREACHABLE ssh: connect to host 10.0.0.1 port 22: Connection timed out"]
+    # one line, and it says when in the run the node went away ([M:SS] since the play began)
+    assert len(lines) == 1
+    assert re.fullmatch(r"  a: UNREACHABLE ssh: connect to host 10\.0\.0\.1 port 22: "
+                        r"Connection timed out \[\d+:\d\d\]", lines[0]), lines
     assert progress.errors() == {"a": "unreachable: ssh: connect to host 10.0.0.1 port 22: "
                                       "Connection timed out"}
 
