@@ -32,6 +32,23 @@ class DriverType(click.types.StringParamType):
 
 DRIVER = DriverType()
 
+
+class PriceType(click.types.FloatParamType):
+    """`--max-price`: US dollars per instance-hour, a finite number above 0 and at most
+    defaults.MAX_PRICE_USD (nan and inf are floats to click; not budgets)."""
+
+    name = "usd"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        usd = super().convert(value, param, ctx)
+        if not (0 < usd <= defaults.MAX_PRICE_USD):  # also false for nan
+            raise BadInput(f"--max-price {value}: expected US dollars per instance-hour, more than 0 "
+                           f"and at most {defaults.MAX_PRICE_USD:,.0f}")
+        return usd
+
+
+PRICE = PriceType()
+
 # The parameter types whose value is not text as the user typed it; every other one (click's
 # STRING, Path, Choice, DriverType, a type added later) is, and an empty one is never meant.
 NOT_TEXT = (click.types.IntParamType, click.types.FloatParamType, click.types.BoolParamType,
@@ -135,7 +152,7 @@ UP_OPTIONS = [
         help="aws: accept an --ssh-cidr wider than /16 (IPv4) or /48 (IPv6); SSH is then open to "
         "that much of the internet."),
     click.option("--spot", is_flag=True, help="Use spot capacity (aws)."),
-    click.option("--max-price", type=float, metavar="USD", help="aws: launch the cheapest allowed type (--type, "
+    click.option("--max-price", type=PRICE, metavar="USD", help="aws: launch the cheapest allowed type (--type, "
         "else every GPU type gpuprov knows) and region (--regions) that costs at most USD per instance-hour "
         "(on-demand; with --spot, spot) and has capacity, going on to the next-cheapest when no zone has it."),
     click.option("--regions", metavar="R1,R2", help="aws, with --max-price: the regions to choose from "

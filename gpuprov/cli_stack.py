@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpuprov import cli_output, defaults
-from gpuprov.cli_options import DRIVER, output_option
+from gpuprov.cli_options import DRIVER, PRICE, output_option
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pricing import PURPOSES, SORTS
 from gpuprov.shared.console import Console
@@ -20,7 +20,7 @@ from gpuprov.shared.console import Console
               help="Only types with at least N GPUs.")
 @click.option("--min-gpu-mem", type=click.IntRange(min=1, max=defaults.MAX_GPU_MEM_GIB), metavar="GIB",
               help="Only types with at least GIB of memory per GPU.")
-@click.option("--max-price", type=float, metavar="USD", help="Only types that cost at most USD per instance-hour "
+@click.option("--max-price", type=PRICE, metavar="USD", help="Only types that cost at most USD per instance-hour "
               "here (on-demand; with --spot, spot).")
 @click.option("--spot", is_flag=True, help="Spot prices (EC2's spot price history, cheapest zone, as a "
               "--refresh with AWS credentials reads them) instead of on-demand.")

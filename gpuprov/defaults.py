@@ -69,3 +69,6 @@ MAX_GRACE_S = 7 * 24 * 3600
 # space the preflight asks (NODE_FREE_GIB) beside the image's own share (AWS_IMAGE_ROOT_GIB),
 # NODE_FREE_GIB alone with --image (its share is its owner's to know).
 MAX_DISK_GB = 16384
+# `up|types --max-price` (US dollars per instance-hour): the dearest type gpuprov knows costs
+# about $114/h on demand (p6-b200.48xlarge); past this a budget is a typo, not a budget.
+MAX_PRICE_USD = 1000.0

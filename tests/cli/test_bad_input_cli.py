@@ -194,3 +194,16 @@ def test_an_ansible_group_named_hosts_is_still_a_group(tmp_path: Path) -> None:
     hosts.write_text("hosts:\n  vars:\n    ansible_user: root\n  hosts:\n    gpu1:\n      ansible_host: 10.0.0.1\n")
     found, _ = static.parse_hosts_file(str(hosts))
     assert [(h.name, h.address, h.user) for h in found] == [("gpu1", "10.0.0.1", "root")]
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-3", "0", "1e6"])
+@pytest.mark.parametrize("command", [["up", "--type", "p4d.24xlarge", "--yes"], ["types"]])
+def test_max_price_is_a_finite_budget_as_it_is_read(capsys, gpuprov_home: Path, command: list[str],
+                                                    value: str) -> None:
+    """`up --max-price inf` went through as no budget at all (every type at most inf dollars),
+    and the bound was `up`'s alone: both commands now read one type, bounded by
+    defaults.MAX_PRICE_USD."""
+    line = _one_line(*invoke(capsys, *command, "--max-price", value))
+    assert line == (f"gpuprov: --max-price {value}: expected US dollars per instance-hour, more than 0 "
+                    f"and at most {defaults.MAX_PRICE_USD:,.0f}")
+    assert not gpuprov_home.exists()

@@ -48,7 +48,10 @@ def test_region_shows_that_regions_prices(capsys, gpuprov_home: Path, monkeypatc
 @pytest.mark.parametrize(("args", "needle"), [
     (["--region", "eu-wst-1"], "unknown AWS region 'eu-wst-1'; did you mean eu-west-1"),
     (["--gpus", "0"], "0 is not in the range 1<=x<=64"),
-    (["--max-price", "-1"], "--max-price -1.0"),
+    (["--max-price", "-1"], "--max-price -1: expected US dollars per instance-hour, more than 0"),
+    (["--max-price", "nan"], "--max-price nan: expected US dollars"),
+    (["--max-price", "inf"], "--max-price inf: expected US dollars"),
+    (["--max-price", "1e9"], "and at most 1,000"),
     (["--cuda", "10.2"], "CUDA lines"),
     (["--for", "training", "--sort", "price"], "--sort and --for training both order the list"),
     (["--gpu", "Z9000"], "no instance type with GPU 'Z9000'"),
@@ -179,7 +182,7 @@ def test_refresh_without_credentials_says_so_and_the_table_answers(capsys, gpupr
      "unknown AWS region 'mars-1'"),
     (["--type", "p4d.24xlarge", "--count", "1", "--max-price", "30", "--region", "us-east-1", "--regions",
       "us-west-2"], "--region and --regions both name where to launch"),
-    (["--type", "p4d.24xlarge", "--count", "1", "--max-price", "0"], "--max-price 0.0: expected US dollars"),
+    (["--type", "p4d.24xlarge", "--count", "1", "--max-price", "0"], "--max-price 0: expected US dollars"),
     (["--type", "dgx-h100", "--count", "1", "--max-price", "30"], "dgx-h100 is an onprem machine"),
 ])
 def test_up_budget_bad_input_before_any_aws_call(capsys, gpuprov_home: Path, monkeypatch, args: list[str],
