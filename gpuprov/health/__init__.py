@@ -59,6 +59,19 @@ FULL: tuple[Check, ...] = (
 
 
 def evaluate(node: str, facts: Facts, expect: Expect, level: str = "quick") -> list[HealthCheck]:
-    """Every check's verdict of ``level`` on one node's readings."""
+    """Every check's verdict of ``level`` on one node's readings. A check that cannot read
+    what the node gave (a tool's output in a shape its parser has not seen) fails alone,
+    naming its error: the node's other checks still give their verdicts."""
     checks = {"standard": STANDARD, "full": FULL}.get(level, QUICK)
-    return [dataclasses.replace(check(facts, expect), node=node) for check in checks]
+    return [dataclasses.replace(_guarded(check, facts, expect), node=node) for check in checks]
+
+
+def _guarded(check: Check, facts: Facts, expect: Expect) -> HealthCheck:
+    try:
+        return check(facts, expect)
+    except Exception as exc:  # noqa: BLE001 - one unreadable reading must not hide the others
+        detail = f"{type(exc).__name__}: {exc}"[:300].replace("\n", " ")
+        return HealthCheck(node="", check=check.__name__, status="fail",
+                           found=f"its readings could not be read ({detail})", expected="readings it can judge",
+                           action="run `gpuprov health --local` on the node and report its output with "
+                                  "gpuprov's version: the check's parser does not know this shape")

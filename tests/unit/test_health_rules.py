@@ -145,3 +145,24 @@ def test_the_catalog_gives_p4d_12_and_p5_18_links_per_gpu() -> None:
     assert table["p4d.24xlarge"] == 12 and table["p5.48xlarge"] == 18
     assert all(catalog.find(name) is not None for name in table)
     assert all(catalog.get(name).nvswitch for name in table)
+
+
+def test_a_check_that_cannot_read_its_facts_fails_alone(monkeypatch) -> None:
+    """A parser meeting a shape it has not seen (here the ECC check, made to raise) fails its
+    own row naming the error; the node's other checks still judge it."""
+    import gpuprov.health as health
+    from gpuprov.health import checks_state
+
+    def broken(facts, expect):
+        raise KeyError("volatile")
+
+    broken.__name__ = "ecc"
+    monkeypatch.setattr(health, "QUICK", tuple(broken if c is checks_state.ecc else c for c in health.QUICK))
+    node = facts(container="docker", pci="", memlock_user="unlimited\nunlimited",
+                 memlock_pid1="unlimited unlimited", systemd="yes", memlock_systemd="DefaultLimitMEMLOCK=infinity")
+    rows = health.evaluate("n1", node, Expect(instance_type="docker-node", gpus=0, lock=LOCK))
+    by = {r.check: r for r in rows}
+    assert by["ecc"].status == "fail" and "KeyError: 'volatile'" in by["ecc"].found, by["ecc"]
+    assert by["ecc"].node == "n1" and "\n" not in by["ecc"].found
+    assert len(rows) == len(health.QUICK)
+    assert [r.check for r in rows if r.status == "fail"] == ["ecc"]
