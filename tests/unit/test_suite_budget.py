@@ -39,3 +39,16 @@ def test_a_run_within_budget_says_that_too() -> None:
     lines = report(UNITS, 15 * 60.0, None, model="Intel(R) Xeon(R) CPU", cores=2)
     assert lines[-1] == "  within budget: 15.0 min of 20 on this machine (Intel(R) Xeon)"
     assert not [ln for ln in lines if "in all" in ln]
+
+
+def test_a_unit_past_a_quarter_of_the_budget_is_named_and_the_other_kind_is_estimated() -> None:
+    units = {"tests/e2e/test_docker_cluster.py": 974.0, "tests/e2e/test_baked_cluster.py": 577.0}
+    lines = report(units, 38 * 60.0, "1000", model="AMD EPYC", cores=2, now=1000 + 39.4 * 60)
+    assert [ln for ln in lines if "LONG UNIT" in ln] == [
+        "  LONG UNIT: tests/e2e/test_docker_cluster.py took 974 s, more than a quarter of the budget "
+        "(675 s): split it or cut its work"]
+    assert "  on the other kind (Intel(R) Xeon), at 1.7 times: about 23.2 min of its 20" in lines
+    assert lines[-1] == "  within budget: 39.4 min of 45 on this machine (AMD EPYC)"
+    intel = report({}, 15 * 60.0, None, model="Intel(R) Xeon(R) CPU", cores=2)
+    assert "  on the other kind (AMD EPYC), at 1.7 times: about 25.5 min of its 45" in intel
+    assert not [ln for ln in report(units, 60.0, None, model="Apple M2", cores=8) if "other kind" in ln]
