@@ -55,7 +55,7 @@ def main() -> None:
         AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
         GPUPROV_HOME=tempfile.mkdtemp(prefix="gpuprov-bench-aws-"),
     )
-    from gpuprov.cli import main as cli
+    from gpuprov.cli.app import main as cli
 
     image = "ami-03cf127a"  # one of moto's bundled images
     argv = ["up", "--name", "bench", "--type", args.type, "--count", str(args.count),

@@ -1,7 +1,7 @@
 """The project's error types.
 
 Every failure a user can meet is one of these; the CLI turns it into a single
-line on stderr and an exit code in one place (``gpuprov.cli.main``).
+line on stderr and an exit code in one place (``gpuprov.cli.app.main``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from gpuprov.errors import BadInput
 # does not mark `installable`, each with the sources it does install them from
 # (`installable_sources`; a leaf does not read the data: tests/unit/test_cuda_lines.py holds the
 # two equal). The command line refuses them first, with its own words
-# (gpuprov.cli_stack.cuda_for_install); this check keeps a caller that skips the command line
+# (gpuprov.cli.stack.cuda_for_install); this check keeps a caller that skips the command line
 # from installing a line the roles do not know. A release the data lacks goes on to the
 # resolver, which says which CUDA the GPUs need or which lines there are.
 NOT_INSTALLED_CUDA: dict[str, tuple[str, ...]] = {"12.4": ("distro",), "12.9": (), "13.0": ("mirror",)}

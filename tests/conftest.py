@@ -117,7 +117,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600,
 
 def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """gpuprov's entry point in this process: (exit code, stdout, stderr)."""
-    from gpuprov.cli import main
+    from gpuprov.cli.app import main
 
     with pytest.raises(SystemExit) as exc:
         main(list(args))

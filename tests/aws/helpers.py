@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 from gpuprov.state import Store
 from tests.aws.conftest import instances
 from tests.aws.moto_shim import Shim

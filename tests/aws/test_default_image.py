@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpuprov import catalog, cli_options
+from gpuprov import catalog
+from gpuprov.cli import options as cli_options
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec
 from gpuprov.providers.aws import preflight

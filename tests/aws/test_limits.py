@@ -98,7 +98,7 @@ def test_allow_wide_ssh_cidr_option_lets_a_wide_range_through(shim: Shim, ami: s
 
 def test_allow_wide_ssh_cidr_flag(capsys, shim: Shim, ami: str) -> None:
     """The CLI flag (cli.py, not this provider's file) sets the spec's AwsOptions.allow_wide_ssh_cidr."""
-    from gpuprov.cli import up as up_command
+    from gpuprov.cli.app import up as up_command
 
     if "allow_wide_ssh_cidr" not in {p.name for p in up_command.params}:
         pytest.skip("gpuprov up has no --allow-wide-ssh-cidr flag yet (cli.py)")

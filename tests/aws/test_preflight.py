@@ -90,7 +90,7 @@ def test_cost_estimate_is_shown_before_the_prompt_and_no_means_nothing(capsys, s
                                                                        monkeypatch) -> None:
     import click
 
-    from gpuprov import cli
+    from gpuprov.cli import app as cli
 
     asked = []
     monkeypatch.setattr(cli, "_interactive", lambda: True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 from gpuprov.state import Store
 
 

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from gpuprov import defaults
-from gpuprov.cli import cli
+from gpuprov.cli.app import cli
 from tests.conftest import invoke
 
 DRIVER_LINE = "gpuprov: --driver 'abc': expected a branch (580) or a release (580.95.05)"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 from gpuprov.state import Store
 
 COMMANDS = ["up", "down", "list", "status", "provision", "verify", "exec", "inventory", "types", "ssh", "ssh-config"]
@@ -156,7 +156,7 @@ def test_dry_run_creates_nothing(capsys, gpuprov_home: Path, tmp_path: Path) -> 
 def loaded_by_help(names: set[str]) -> list[str]:
     """Which of the modules ``names`` (or top-level packages) a fresh `gpuprov --help` loads."""
     code = (
-        "import sys; from gpuprov.cli import main\n"
+        "import sys; from gpuprov.cli.app import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print(sorted({m for m in sys.modules} | {m.split('.')[0] for m in sys.modules}))"
     )
@@ -308,7 +308,7 @@ def test_stack_help_says_what_debian_13_is_proven_for_as_the_readme_does(capsys)
 
 def test_debug_is_taken_after_the_command_too_never_after_a_double_dash() -> None:
     """Issue 53, section 7: `gpuprov verify demo --debug` was refused (no such option)."""
-    from gpuprov.cli_options import debug_anywhere
+    from gpuprov.cli.options import debug_anywhere
 
     assert debug_anywhere(["verify", "demo", "--debug"]) == (["--debug", "verify", "demo"], True)
     assert debug_anywhere(["--debug", "list"]) == (["--debug", "list"], True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 import pytest
 
-from gpuprov.cli import cli
+from gpuprov.cli.app import cli
 from tests.conftest import invoke
 
 ROOT = Path(__file__).resolve().parents[2]

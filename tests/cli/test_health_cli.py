@@ -86,7 +86,7 @@ def test_the_table_names_node_check_found_expected_and_action(capsys, home: Path
 
 
 def test_status_shows_the_last_health_run_in_one_line(capsys, home: Path) -> None:
-    from gpuprov import cli_output
+    from gpuprov.cli import output as cli_output
     from gpuprov.state import Store
 
     store = Store()

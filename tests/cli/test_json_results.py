@@ -14,7 +14,7 @@ import pytest
 from gpuprov import ssh
 from gpuprov.ansible import runner
 from gpuprov.ansible.runner import PlaybookResult
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 from gpuprov.core import patch as patching
 from gpuprov.probes import run as probes
 from gpuprov.state import NodeRecord, Store

@@ -1,4 +1,4 @@
-"""Tables fit the output (gpuprov/cli_table.py): piped, COLUMNS, else 100 columns; the key column
+"""Tables fit the output (gpuprov/cli/table.py): piped, COLUMNS, else 100 columns; the key column
 and the paths a user copies are never cut; `types`' why goes under its row when it cannot fit."""
 
 from __future__ import annotations

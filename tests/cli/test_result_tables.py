@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpuprov import cli_output, ssh
+from gpuprov import ssh
+from gpuprov.cli import output as cli_output
 from gpuprov.probes import run as probes
 from gpuprov.shared.results import HealthCheck, HealthResult, ProbeRow, VerifyResult, VerifySummary
 from gpuprov.state import NodeRecord, Store

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 
 
 def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -129,7 +129,7 @@ def test_a_filter_nothing_meets_names_it_and_the_closest_type(capsys, no_aws: Pa
 
 
 PROBE = """import sys
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 try:
     main(sys.argv[1:])
 except SystemExit:

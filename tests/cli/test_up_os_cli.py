@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov import defaults
-from gpuprov.cli_stack import cuda_for_install
+from gpuprov.cli.stack import cuda_for_install
 from gpuprov.errors import BadInput
 from gpuprov.providers import options_for
 from gpuprov.providers.docker import DEFAULT_IMAGE, NODE_IMAGES, PROVIDER, SUITES

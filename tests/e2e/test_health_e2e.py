@@ -232,7 +232,7 @@ FIXTURE_CLI = """
 import sys
 from gpuprov.health import facts
 facts.Facts.gpus_on_bus = property(lambda self: 1)
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 main(sys.argv[1:])
 """
 FIXTURE_ALL_REDUCE = b"""#!/bin/sh

@@ -65,7 +65,7 @@ def test_mitogens_words_for_a_changed_host_key_are_named_as_such() -> None:
 
 def test_a_bad_strategy_is_one_line_and_exit_2_before_up_launches_anything(monkeypatch: pytest.MonkeyPatch,
                                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuprov.cli import main
+    from gpuprov.cli.app import main
 
     monkeypatch.setenv("GPUPROV_ANSIBLE_STRATEGY", "free")
     with pytest.raises(SystemExit) as exc:

@@ -26,7 +26,7 @@ from tests.conftest import ROOT, invoke
 # while it runs) and holds the cluster's lock until its stdin closes.
 HOLDER = """
 import sys, click
-from gpuprov.cli import cli
+from gpuprov.cli.app import cli
 from gpuprov.shared.cluster import cluster_lock
 with click.Context(cli, info_name="gpuprov") as root, \\
         click.Context(cli.commands[sys.argv[1]], info_name=sys.argv[1], parent=root):

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from gpuprov import defaults
-from gpuprov.cli import up
+from gpuprov.cli.app import up
 from gpuprov.core import counts
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec, Plan, get, names, options_type

@@ -203,7 +203,7 @@ def test_stack_command_shows_the_lifecycle_and_warns_once() -> None:
 
 def test_status_and_verify_warn_for_a_cluster_on_a_branch_past_its_end_of_life(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuprov import cli_output
+    from gpuprov.cli import output as cli_output
     from gpuprov.state import Store
 
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path))

@@ -38,7 +38,7 @@ spec.PROVIDERS["lab"] = spec.ProviderFacts("lab_provider", images=True, regions=
                                            package_source="mirror", root_free_gib=33, bake_type="lab-node")
 
 from click.testing import CliRunner
-from gpuprov.cli import cli
+from gpuprov.cli.app import cli
 from gpuprov.ansible.inventory import group_vars
 from gpuprov.pricing import cost
 from gpuprov.providers import facts, get, names, options_for

@@ -111,7 +111,7 @@ def _stack() -> dict[str, Any]:
 
 def _types() -> dict[str, Any]:
     from gpuprov import catalog
-    from gpuprov.cli_stack import offer_row
+    from gpuprov.cli.stack import offer_row
     from gpuprov.pricing import select
 
     found, _ = select.offers([catalog.get("p4d.24xlarge")], "us-east-1", select.Need(gpus=8))

@@ -112,7 +112,7 @@ def test_readme_platforms_section() -> None:
 
 
 def test_stack_shows_the_platforms(capsys) -> None:
-    from gpuprov.cli import main
+    from gpuprov.cli.app import main
 
     with pytest.raises(SystemExit) as exc:
         main(["stack", "--type", "g5.xlarge", "-o", "json"])

@@ -60,7 +60,7 @@ def test_node_text_in_the_live_table_is_printed_as_it_came() -> None:
 
 
 def test_node_text_in_a_result_table_is_printed_as_it_came(capsys, monkeypatch) -> None:
-    from gpuprov import cli_output
+    from gpuprov.cli import output as cli_output
 
     monkeypatch.setenv("COLUMNS", "200")  # the detail on one line (under xdist COLUMNS may say 80)
     from gpuprov.shared.results import ProbeRow, VerifyResult, VerifySummary

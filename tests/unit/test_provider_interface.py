@@ -14,7 +14,7 @@ from gpuprov.providers import ClusterSpec, get, options_for
 from gpuprov.providers.aws.options import AwsOptions
 from gpuprov.state import NodeRecord
 
-# The flags `gpuprov up` hands to the provider's options (gpuprov.cli.up).
+# The flags `gpuprov up` hands to the provider's options (gpuprov.cli.app.up).
 PROVIDER_FLAGS = ("region", "image", "no_baked", "os", "ssh_cidr", "allow_wide_ssh_cidr", "spot", "disk_gb",
                   "capacity_reservation", "hosts_file")
 

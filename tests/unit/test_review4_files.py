@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov import catalog
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 from gpuprov.state import Store
 
 REGION = "us-east-1"

@@ -58,7 +58,7 @@ def test_core_calls_no_provider_internals(path: Path) -> None:
 
 
 def test_cli_does_not_repeat_the_provider_list() -> None:
-    for name in ("cli.py", "cli_options.py", "cli_output.py"):
+    for name in ("cli/app.py", "cli/options.py", "cli/output.py"):
         text = (PACKAGE / name).read_text()
         assert not re.search(r"""\(\s*["']aws["'],\s*["']docker["']""", text), name
         assert 'provider == "' not in text and 'provider != "' not in text, name

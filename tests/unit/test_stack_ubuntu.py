@@ -122,7 +122,7 @@ def test_the_lock_says_it_is_claimed_and_what_it_did_not_read() -> None:
 
 
 def test_stack_command_resolves_it_and_says_claimed(capsys) -> None:
-    from gpuprov.cli import main
+    from gpuprov.cli.app import main
 
     with pytest.raises(SystemExit) as exc:
         main(["stack", "--type", "p5.48xlarge", "--os", OS])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PROBE = """import sys
-from gpuprov.cli import main
+from gpuprov.cli.app import main
 try:
     main(sys.argv[1:])
 except SystemExit:

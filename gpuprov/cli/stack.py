@@ -1,5 +1,5 @@
 """`gpuprov types` and `gpuprov stack`: what gpuprov knows of instance types, and the version
-lock it would pin for one. Registered on the command group by gpuprov/cli.py."""
+lock it would pin for one. Registered on the command group by gpuprov/cli/app.py."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output, defaults
-from gpuprov.cli_options import DRIVER, PRICE, output_option
+from gpuprov import defaults
+from gpuprov.cli import output as cli_output
+from gpuprov.cli.options import DRIVER, PRICE, output_option
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pricing import PURPOSES, SORTS
 from gpuprov.shared.console import Console

@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output, defaults
-from gpuprov.cli_options import DRIVER
+from gpuprov import defaults
+from gpuprov.cli import output as cli_output
+from gpuprov.cli.options import DRIVER
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
-from gpuprov import cli_output
-from gpuprov.cli_options import output_option
+from gpuprov.cli import output as cli_output
+from gpuprov.cli.options import output_option
 from gpuprov.shared.console import Console
 
 

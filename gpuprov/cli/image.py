@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output
-from gpuprov.cli_options import output_option
+from gpuprov.cli import output as cli_output
+from gpuprov.cli.options import output_option
 from gpuprov.errors import BadInput
 from gpuprov.providers import facts, having
 from gpuprov.shared.console import Console

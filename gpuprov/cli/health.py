@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from gpuprov import cli_output, defaults
+from gpuprov import defaults
+from gpuprov.cli import output as cli_output
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from gpuprov import cli_output, defaults
-from gpuprov.cli_options import DRIVER, output_option
+from gpuprov import defaults
+from gpuprov.cli import output as cli_output
+from gpuprov.cli.options import DRIVER, output_option
 from gpuprov.shared.console import Console
 
 

@@ -13,15 +13,18 @@ from typing import Any
 
 import click
 
-from gpuprov import __version__, cli_budget, cli_local, cli_output, defaults
-from gpuprov.cli_health import health
-from gpuprov.cli_image import image
-from gpuprov.cli_local import verify_options
-from gpuprov.cli_monitor import monitor
-from gpuprov.cli_options import UpFlags, debug_anywhere, output_option, refuse_empty_values, up_options
-from gpuprov.cli_patch import patch
-from gpuprov.cli_ssh import ssh_cmd, ssh_config_cmd
-from gpuprov.cli_stack import cuda_for_install, stack, types
+from gpuprov import __version__, defaults
+from gpuprov.cli import budget as cli_budget
+from gpuprov.cli import local as cli_local
+from gpuprov.cli import output as cli_output
+from gpuprov.cli.health import health
+from gpuprov.cli.image import image
+from gpuprov.cli.local import verify_options
+from gpuprov.cli.monitor import monitor
+from gpuprov.cli.options import UpFlags, debug_anywhere, output_option, refuse_empty_values, up_options
+from gpuprov.cli.patch import patch
+from gpuprov.cli.ssh import ssh_cmd, ssh_config_cmd
+from gpuprov.cli.stack import cuda_for_install, stack, types
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, options_for
 from gpuprov.scheduler_choice import Scheduler

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuprov.cli_table import table
+from gpuprov.cli.table import table
 from gpuprov.providers import having
 
 if TYPE_CHECKING:
