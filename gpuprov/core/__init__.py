@@ -1,7 +1,7 @@
 """The commands: one module per command or capability, each public function what one CLI
-command calls (launching: up, removal: down, reading: list/status/inventory/settings,
-converge: provision/verify, patch, onto_image (patch --onto-image), min_count (up --min-count),
-counts, baking, monitoring, remote, local).
+command calls, named after it (up, down, status: list/status/inventory/settings, provision,
+verify, patch, onto_image (patch --onto-image), min_count (up --min-count), counts, baking,
+monitoring, remote, local).
 
 They validate first (``BadInput`` before anything is created or changed), then act, then
 return a frozen dataclass of gpuprov/shared/results.py (the JSON shapes of

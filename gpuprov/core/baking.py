@@ -5,9 +5,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from gpuprov.core.converge import verify
-from gpuprov.core.launching import UpRequest, up
-from gpuprov.core.removal import down
+from gpuprov.core.down import down
+from gpuprov.core.up import UpRequest, up
+from gpuprov.core.verify import verify
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.images import BakedImage
 from gpuprov.providers import ClusterSpec, Provider, options_for

@@ -30,10 +30,10 @@ from typing import Any
 from gpuprov.ansible.runner import new_run_dir
 from gpuprov.core import health_gate
 from gpuprov.core.baking import bake_from
-from gpuprov.core.converge import run_site
-from gpuprov.core.launching import UpRequest, up
+from gpuprov.core.down import down
 from gpuprov.core.patch_plan import Request, batches_of, new_lock, run_hook
-from gpuprov.core.removal import down
+from gpuprov.core.provision import run_site
+from gpuprov.core.up import UpRequest, up
 from gpuprov.core.up_steps import launch, prepare, record, rollback, wait_ready
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.health import run as health_run

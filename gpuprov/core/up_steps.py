@@ -1,6 +1,6 @@
 """The steps of one `up` (and of `patch --onto-image`'s added nodes): the run they share,
 what is read before anything is created, the launch, reaching the nodes, the bootstrap, the
-health gate and the rollback; gpuprov.core.launching strings them together and
+health gate and the rollback; gpuprov.core.up strings them together and
 gpuprov.core.min_count repeats them for `up --min-count`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuprov import defaults, images, stack
 from gpuprov.core import counts, health_gate
-from gpuprov.core.converge import run_site
+from gpuprov.core.provision import run_site
 from gpuprov.errors import BadInput, PartialLaunch
 from gpuprov.health import run as health_run
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, facts

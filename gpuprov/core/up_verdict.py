@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuprov.core.converge import verify
 from gpuprov.core.up_steps import Run
+from gpuprov.core.verify import verify
 from gpuprov.shared.cluster import load
 from gpuprov.shared.results import UpResult, Verdict
 

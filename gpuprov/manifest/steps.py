@@ -1,4 +1,4 @@
-"""The manifest's steps in a converge (gpuprov.core.converge.run_site): each node's inputs, the
+"""The manifest's steps in a converge (gpuprov.core.provision.run_site): each node's inputs, the
 check of the nodes that have a manifest, which nodes the play runs on, the records forgotten
 before a run and written after one that succeeded, and the result with the nodes that held."""
 

@@ -44,7 +44,7 @@ SILENCE_S = 1200
 
 
 def play_vars(cluster: Any, lock: Mapping[str, Any]) -> dict[str, Any]:
-    """The bundle's play variables: push's for a cluster without Slurm (gpuprov.core.converge's,
+    """The bundle's play variables: push's for a cluster without Slurm (gpuprov.core.provision's,
     with gpuprov.shared.scheduler's ``none``: pull never configures Slurm, refused at launch),
     so that a pulled node's inputs digest is the one the next push `provision` computes."""
     return playbook_vars(cluster, dict(lock)) | {"gpuprov_scheduler": "none"}
@@ -75,7 +75,7 @@ class Session:
 
 @contextmanager
 def serving(run: Any) -> Iterator[None]:
-    """Around one `up`'s launch and bootstrap (``run``: gpuprov.core.launching.Run): in pull mode,
+    """Around one `up`'s launch and bootstrap (``run``: gpuprov.core.up_steps.Run): in pull mode,
     the bundle built and served, and the plan carrying the nodes' boot configuration."""
     if run.mode != "pull" or not run.provider.pull_at_boot:
         yield  # push; or hosts that exist already (static): served when they are reached
@@ -108,7 +108,7 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
               push: Callable[..., ProvisionResult]) -> ProvisionResult:
     """The pull bootstrap of the nodes this `up` launched (they pulled at boot); any other node
     that needs one (a cluster resumed after a failed run) is pushed (``push``: the caller's
-    site.yml run, gpuprov.core.converge's), and says so. Through a provider's object store
+    site.yml run, gpuprov.core.provision's), and says so. Through a provider's object store
     (aws), every node given pulls: each is handed its configuration over SSH."""
     if run.provider.supports("pull_channel") or run.pull is None:
         return existing(run, cluster, nodes)

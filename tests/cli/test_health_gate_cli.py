@@ -66,7 +66,7 @@ def test_up_exits_1_naming_each_failing_check_when_health_fails(capsys, gpuprov_
     a failing check): exit 1, the table shows the failing row with its action, JSON carries it."""
     import json
 
-    from gpuprov.core import launching
+    from gpuprov.core import up as up_command
     from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
 
     ecc = HealthCheck(node="h1-node-1", check="ecc", status="fail", found="GPU 2: 4 uncorrectable (DRAM)",
@@ -83,7 +83,7 @@ def test_up_exits_1_naming_each_failing_check_when_health_fails(capsys, gpuprov_
         return UpResult(cluster=spec.name, provider="docker", nodes=[], bootstrap=Bootstrap(ok=True, hosts={}, errors={}),
                         health=None if health == "off" else checked)
 
-    monkeypatch.setattr(launching, "up", up)
+    monkeypatch.setattr(up_command, "up", up)
     code, out, _ = invoke(capsys, "up", "--provider", "docker", "--count", "1", "--name", "h1")
     assert (code, seen["health"]) == (1, "quick")
     assert "health h1 (quick): 1 pass, 1 fail, 0 skip" in out

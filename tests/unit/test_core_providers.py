@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.core import reading, removal
+from gpuprov.core import down, status
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter, spec
 from gpuprov.shared.console import Console
 from gpuprov.state import NodeRecord, Store
@@ -66,7 +66,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, gpuprov_home: Path) -> FakeProvider:
 
 def test_down_finds_an_unrecorded_cluster_through_any_provider(fake: FakeProvider) -> None:
     asked: list[str] = []
-    result = removal.down("lost", console=Console(quiet=True), confirm=lambda q: asked.append(q) or True)
+    result = down.down("lost", console=Console(quiet=True), confirm=lambda q: asked.append(q) or True)
     assert result == {"cluster": "lost", "provider": "fake", "removed": 1}
     assert asked == ["lost: not in state, but Fakecloud has 1 node labelled with it; remove them?"]
     assert fake.destroyed == ["lost"]
@@ -76,14 +76,14 @@ def test_down_of_a_name_no_provider_knows(fake: FakeProvider) -> None:
     from gpuprov.errors import BadInput
 
     with pytest.raises(BadInput, match="unknown cluster 'nowhere'"):
-        removal.down("nowhere", console=Console(quiet=True))
+        down.down("nowhere", console=Console(quiet=True))
 
 
 def test_list_reconciles_with_every_provider_that_lists_by_label(fake: FakeProvider) -> None:
     store = Store()
     store.create_cluster("kept", "fake", {})
     store.create_cluster("gone", "fake", {})
-    rows = {r.name: r for r in reading.list_clusters(store)}
+    rows = {r.name: r for r in status.list_clusters(store)}
     assert rows["kept"].nodes == 2
     assert rows["gone"].state.endswith("(missing at fake)")
     assert rows["stray"].state == "untracked (tags only)" and rows["stray"].provider == "fake"

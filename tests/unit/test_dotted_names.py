@@ -1,6 +1,6 @@
 """Docstrings and docs that are true (issue 55): every dotted ``gpuprov.`` name in a docstring,
 a comment, the README or docs/ names a module, or a module's attribute, that exists. (Moves
-leave such names behind: `gpuprov.converge` for gpuprov.core.converge.) The Docker labels
+leave such names behind: `gpuprov.converge` for gpuprov.core.provision.) The Docker labels
 gpuprov writes on containers and images (`gpuprov.cluster`, `gpuprov.lock.*`) are labels, not
 modules: taken from the code that writes them."""
 
@@ -65,5 +65,6 @@ def test_a_dotted_name_resolves(where: str, name: str) -> None:
 
 
 def test_a_stale_name_is_caught() -> None:
-    assert not _resolves("gpuprov.converge") and not _resolves("gpuprov.core.results.serialise")
-    assert _resolves("gpuprov.core.converge.verify") and _resolves("gpuprov.lock.driver")
+    for stale in ("gpuprov.converge", "gpuprov.core.converge", "gpuprov.core.results.serialise"):
+        assert not _resolves(stale), stale
+    assert _resolves("gpuprov.core.verify.verify") and _resolves("gpuprov.lock.driver")

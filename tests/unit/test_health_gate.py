@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuprov.core import health_gate, launching
+from gpuprov.core import health_gate, up
 from gpuprov.core import patch as patching
 from gpuprov.errors import BadInput
 from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
@@ -234,8 +234,8 @@ def test_a_probe_regression_and_a_health_failure_are_both_named() -> None:
 
 
 # -- up's health step ----------------------------------------------------------------------------------
-def an_up_run(health: str) -> launching.Run:
-    return launching.Run(spec=SimpleNamespace(name="c"), provider=None, store=None, console=Console(),
+def an_up_run(health: str) -> up.Run:
+    return up.Run(spec=SimpleNamespace(name="c"), provider=None, store=None, console=Console(),
                          plan=None, lock={}, existing=None, recorded=None, health=health)
 
 
@@ -259,13 +259,13 @@ def test_up_checks_health_after_a_bootstrap_that_went_through(monkeypatch) -> No
 
     monkeypatch.setattr(gpuprov.health.run, "cluster_health", cluster_health)
     run = an_up_run("quick")
-    result = launching.check_health(run, up_result())
+    result = up.check_health(run, up_result())
     assert result.health == checked and calls == ["c quick"]
     assert run.console.lines == ["c: not ready: c-node-1: health memlock: user session: 8192 / 8192 -> "
                                  "re-apply the rdma role"]
     # Off, or a bootstrap that failed (or did not run): no health run.
-    assert launching.check_health(an_up_run("off"), up_result()).health is None
-    assert launching.check_health(an_up_run("quick"), up_result(ok=False)).health is None
+    assert up.check_health(an_up_run("off"), up_result()).health is None
+    assert up.check_health(an_up_run("quick"), up_result(ok=False)).health is None
     no_bootstrap = UpResult(cluster="c", provider="docker", nodes=[], bootstrap=None)
-    assert launching.check_health(an_up_run("quick"), no_bootstrap) is no_bootstrap
+    assert up.check_health(an_up_run("quick"), no_bootstrap) is no_bootstrap
     assert calls == ["c quick"]

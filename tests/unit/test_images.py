@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuprov import images
-from gpuprov.core.reading import node_images
+from gpuprov.core.status import node_images
 from gpuprov.errors import BadInput
 from gpuprov.images import BakedImage
 from gpuprov.providers.docker.images import LABEL_VALUE, repository

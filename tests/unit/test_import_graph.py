@@ -145,8 +145,8 @@ def test_the_graph_sees_imports_inside_functions_and_packages() -> None:
     """The reader itself: a function-level import, a relative one, `from pkg import module` and
     the package a dotted import runs are all edges (so a circle hidden by them is found)."""
     edges = graph()
-    assert "gpuprov.core.launching" in edges["gpuprov.cli.app"]  # imported inside the `up` command
-    assert "gpuprov.core" in edges["gpuprov.cli.app"]  # gpuprov.core.launching runs gpuprov/core/__init__
+    assert "gpuprov.core.up" in edges["gpuprov.cli.app"]  # imported inside the `up` command
+    assert "gpuprov.core" in edges["gpuprov.cli.app"]  # gpuprov.core.up runs gpuprov/core/__init__
     assert "gpuprov.shared.settings" in edges["gpuprov.core.up_steps"]  # from gpuprov.shared import settings
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []

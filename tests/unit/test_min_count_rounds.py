@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuprov.core import launching, up_steps
+from gpuprov.core import up, up_steps
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter, spec
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import HealthCheck, HealthResult, HostStats, ProvisionResult, VerifySummary
@@ -64,7 +64,7 @@ class Fleet(Provider):
 def fleet(gpuprov_home: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
     """The provider, with a bootstrap and a health gate that fail the nodes it says."""
     provider = Fleet()
-    monkeypatch.setattr(launching, "get_provider", lambda name: provider)
+    monkeypatch.setattr(up, "get_provider", lambda name: provider)
     # In the registry, as every provider is (its facts: priced, as EC2 is)
     monkeypatch.setitem(spec.PROVIDERS, "fleet", spec.ProviderFacts("fleet_for_tests", priced=True))
 
@@ -93,7 +93,7 @@ def _up(capsys: pytest.CaptureFixture[str], count: int, *, health: str = "off", 
     """`up` of cluster fc: its result, and the lines it said (stderr)."""
     spec = ClusterSpec(name="fc", provider="fleet", instance_type=None, count=count, **options)
     # (no probes: the rounds end with the health gate; `up`'s probes after it: test_up_verdict.py)
-    result = launching.up(launching.UpRequest(spec, health=health, verify=False), console=Console())
+    result = up.up(up.UpRequest(spec, health=health, verify=False), console=Console())
     return result, capsys.readouterr().err.splitlines()
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gpuprov import ssh
-from gpuprov.core import launching
+from gpuprov.core import up
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterSpec, get, options_for
 from gpuprov.providers.aws.options import AwsOptions
@@ -28,7 +28,7 @@ def spec(provider: str, **kw) -> ClusterSpec:
 
 def checked(provider: str, **kw) -> ClusterSpec:
     """The request as `up` checks it before anything is asked of the provider."""
-    return launching.checked(spec(provider, **kw))[1]
+    return up.checked(spec(provider, **kw))[1]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.core import reading
+from gpuprov.core import status
 from gpuprov.errors import BadInput
 from gpuprov.shared import settings
 from gpuprov.state import Store
@@ -59,11 +59,11 @@ def test_a_different_value_is_refused_with_the_way_to_change_it(clean, monkeypat
     with pytest.raises(BadInput, match=r"differs from cluster 'c1''s artifact_mirror .*"
                                        r"gpuprov settings c1 --set artifact_mirror=VALUE"):
         settings.playbook_vars(store.get_cluster("c1"), {})
-    out = reading.change_settings("c1", {"artifact_mirror": "http://10.9.9.9:8089"})
+    out = status.change_settings("c1", {"artifact_mirror": "http://10.9.9.9:8089"})
     assert out.changed == ["artifact_mirror"]
     assert settings.playbook_vars(store.get_cluster("c1"), {})["gpuprov_artifact_mirror"] == \
         "http://10.9.9.9:8089"
-    assert reading.status("c1").settings["artifact_mirror"].from_ == "gpuprov settings --set"
+    assert status.status("c1").settings["artifact_mirror"].from_ == "gpuprov settings --set"
 
 
 @pytest.mark.parametrize("key,value", [
@@ -77,7 +77,7 @@ def test_bad_values_are_bad_input_and_change_nothing(clean, key, value) -> None:
     store = _cluster()
     before = store.get_cluster("c1").spec
     with pytest.raises(BadInput):
-        reading.change_settings("c1", {key: value})
+        status.change_settings("c1", {key: value})
     assert store.get_cluster("c1").spec == before
 
 
@@ -98,5 +98,5 @@ def test_a_clusters_free_space_floor_reaches_every_play_only_when_recorded(clean
     store = _cluster("c2")
     monkeypatch.delenv("GPUPROV_ROOT_FREE_GIB")
     assert settings.playbook_vars(store.get_cluster("c2"), {})["gpu_preflight_root_free_gib"] == 25
-    reading.change_settings("c2", {"root_free_gib": "0"})
+    status.change_settings("c2", {"root_free_gib": "0"})
     assert settings.playbook_vars(store.get_cluster("c2"), {})["gpu_preflight_root_free_gib"] == 0

@@ -1,4 +1,5 @@
-"""What reads state (and the providers' view of it): list, status, inventory, settings."""
+"""`status` and the other commands that read state (and the providers' view of it): list,
+status, inventory, settings."""
 
 from __future__ import annotations
 
