@@ -23,6 +23,7 @@ from gpuprov.cli.local import verify_options
 from gpuprov.cli.monitor import monitor
 from gpuprov.cli.options import UpFlags, debug_anywhere, output_option, refuse_empty_values, up_options
 from gpuprov.cli.patch import patch
+from gpuprov.cli.registry import core
 from gpuprov.cli.ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli.stack import cuda_for_install, stack, types
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
@@ -67,7 +68,6 @@ def cli(debug: bool) -> None:
 @output_option
 def up(**given: Any) -> int:
     """Launch a cluster and bootstrap it (idempotent: re-running completes a cluster)."""
-    from gpuprov.core import up as up_command  # lazy: CLI start-up
     from gpuprov.shared import cluster  # lazy: CLI start-up
 
     f = UpFlags(**given)
@@ -95,13 +95,13 @@ def up(**given: Any) -> int:
             scheduler=Scheduler(kind=f.scheduler, controller=f.slurm_controller,
                                 controller_only=f.slurm_controller_only),
         )
-        return up_command.UpRequest(spec, bootstrap=not f.no_bootstrap, rollback=f.rollback, health=f.health,
+        return core("up").UpRequest(spec, bootstrap=not f.no_bootstrap, rollback=f.rollback, health=f.health,
                                    tags=f.tags, mode=f.bootstrap_mode, dry_run=f.dry_run,
                                    name_generated=f.name is None, verify=not f.no_verify)
 
     if f.max_price is None and f.regions is None:
         request = request_for(f.instance_type, f.region)
-        result = up_command.up(request, console=_console(), confirm=_launch_confirmation(f.yes))
+        result = core("up").up(request, console=_console(), confirm=_launch_confirmation(f.yes))
     else:
         request, result = cli_budget.up_within_budget(request_for, f.instance_type, f.region, f.regions,
                                                       f.max_price, f.spot, f.provider, _console(),
@@ -138,8 +138,6 @@ def down(name: str, yes: bool, region: str | None) -> int:
     aws: terminates the instances, waits, then deletes the cluster's elastic
     IPs, placement group, security group and key pair, all found by the tag
     gpuprov:cluster=NAME (also when local state is gone)."""
-    from gpuprov.core import down as down_command  # lazy: CLI start-up
-
     def confirm(question: str) -> bool:
         if yes:
             return True
@@ -147,7 +145,7 @@ def down(name: str, yes: bool, region: str | None) -> int:
             raise BadInput(f"refusing to take '{name}' down without --yes (no terminal to ask)")
         return click.confirm(question, default=False, err=True)
 
-    down_command.down(name, console=_console(), confirm=confirm, region=region)
+    core("down").down(name, console=_console(), confirm=confirm, region=region)
     return 0
 
 
@@ -160,9 +158,7 @@ def list_(region: str | None, output: str) -> int:
     When AWS is set up here, clusters tagged gpuprov:cluster=NAME that no
     state knows show as `untracked (tags only)`, and recorded aws clusters
     whose instances are gone as `missing at aws`."""
-    from gpuprov.core import status as status_command  # lazy: CLI start-up
-
-    rows = status_command.list_clusters(region=region, console=_console())
+    rows = core("list").list_clusters(region=region, console=_console())
     if output == "json":
         cli_output.emit_json(rows)
     else:
@@ -175,9 +171,7 @@ def list_(region: str | None, output: str) -> int:
 @output_option
 def status(name: str, output: str) -> int:
     """Show a cluster's nodes as the provider sees them now, and its recent runs."""
-    from gpuprov.core import status as status_command  # lazy: CLI start-up
-
-    data = status_command.status(name)
+    data = core("status").status(name)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -207,8 +201,6 @@ def provision(name: str, check: bool, tags: str | None, full: bool, via: str, sc
               slurm_controller: str | None, slurm_controller_only: bool, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node whose manifest does not hold; safe
     to re-run."""
-    from gpuprov.core import provision as provision_command  # lazy: CLI start-up
-
     if scheduler is None and (slurm_controller or slurm_controller_only):
         raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
     if via == "pull" and (check or scheduler):
@@ -216,8 +208,8 @@ def provision(name: str, check: bool, tags: str | None, full: bool, via: str, sc
                        + ("the nodes converge for real" if check else "pull never configures Slurm"))
     chosen = None if scheduler is None else Scheduler(kind=scheduler, controller=slurm_controller,
                                                       controller_only=slurm_controller_only)
-    data = provision_command.provision(name, console=_console(), check=check, tags=tags, scheduler_choice=chosen,
-                                       full=full, via=via)
+    data = core("provision").provision(name, console=_console(), check=check, tags=tags,
+                                       scheduler_choice=chosen, full=full, via=via)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -239,12 +231,10 @@ def verify(name: str | None, level: str, local: bool, output: str, **flags: Any)
     """Probe every node (testinfra) and report pass / fail / skip, each with its reason.
 
     With --local instead of NAME: this machine itself (no cluster, no SSH)."""
-    from gpuprov.core import verify as verify_command  # lazy: CLI start-up
-
     name = cli_local.cluster_name(name, local, output, flags)
     if name is None:
         return cli_local.verify_local(level, output, **flags)
-    data = verify_command.verify(name, console=_console(), level=level, only=flags.get("only"))
+    data = core("verify").verify(name, console=_console(), level=level, only=flags.get("only"))
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -265,9 +255,7 @@ def exec_(name: str, command: tuple[str, ...], nodes: tuple[str, ...], controlle
     gpuprov exec demo -- uname -r
     gpuprov exec demo --controller -- sinfo
     """
-    from gpuprov.core import remote  # lazy: CLI start-up
-
-    results = remote.run(name, list(command), console=_console(), names=nodes, on_controller=controller)
+    results = core("exec").run(name, list(command), console=_console(), names=nodes, on_controller=controller)
     return 0 if all(r.exit_code == 0 for r in results) else 1
 
 
@@ -284,15 +272,13 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
     Recorded at `up` (the environment, else the settings file in the user config dir) and
     reused by every later command; the next `provision` or `patch` applies a change.
     """
-    from gpuprov.core import status as status_command  # lazy: CLI start-up
-
     changes = {}
     for item in assignments:
         key, sep, value = item.partition("=")
         if not sep:
             raise BadInput(f"--set {item!r}: expected KEY=VALUE")
         changes[key] = value
-    data = status_command.change_settings(name, changes, record=record)
+    data = core("settings").change_settings(name, changes, record=record)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -307,9 +293,7 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
 @output_option
 def inventory(name: str, output: str) -> int:
     """Print the cluster's Ansible inventory (YAML; JSON in ansible-inventory's form)."""
-    from gpuprov.core import status as status_command  # lazy: CLI start-up
-
-    text, data = status_command.inventory(name)
+    text, data = core("inventory").inventory(name)
     if output == "json":
         cli_output.emit_json(data)
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuprov.cli.registry import core
 from gpuprov.errors import BadInput
 from gpuprov.providers import facts, having
 from gpuprov.shared.console import Console
@@ -16,7 +17,6 @@ def up_within_budget(request_for: Callable[[str | None, str | None], Any], insta
                      console: Console, confirm: Callable[[Any], bool]) -> tuple[Any, Any]:
     """`up --max-price [--regions]`: the cheapest allowed (type, region) first; on no capacity in
     any of its zones, the next-cheapest (gpuprov.providers.aws.selection)."""
-    from gpuprov.core import up as up_command  # lazy: CLI start-up
     from gpuprov.providers.aws import selection  # lazy: CLI start-up
     from gpuprov.providers.aws.common import NoCapacity  # lazy: CLI start-up
 
@@ -32,7 +32,7 @@ def up_within_budget(request_for: Callable[[str | None, str | None], Any], insta
         console.say(selection.why(choice, found[i + 1:], max_price))
         request = request_for(choice.itype.name, choice.region)
         try:
-            return request, up_command.up(request, console=console, confirm=confirm)
+            return request, core("up").up(request, console=console, confirm=confirm)
         except NoCapacity as exc:
             if i + 1 == len(found):
                 raise

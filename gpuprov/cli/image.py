@@ -8,6 +8,7 @@ import click
 
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import output_option
+from gpuprov.cli.registry import core
 from gpuprov.errors import BadInput
 from gpuprov.providers import facts, having
 from gpuprov.shared.console import Console
@@ -79,23 +80,21 @@ def _asker(yes: bool, what: str) -> Any:
 def bake(from_: str | None, node: str | None, instance_type: str | None, provider: str, region: str | None,
          copy_to: tuple[str, ...], yes: bool, output: str) -> int:
     """Bake an image for a version lock, from a cluster's node or a new node."""
-    from gpuprov.core import baking  # lazy: CLI start-up
-
     copy_to = tuple(dict.fromkeys(copy_to))
     if from_ is not None:
         if instance_type or region:
             raise BadInput("--type and --region go without --from (a cluster's node has both)")
-        result = baking.bake_from(from_, node=node, console=_console(), copy_to=copy_to,
-                                  confirm=_asker(yes, "baking terminates the node on aws"))
+        result = core("image bake").bake_from(from_, node=node, console=_console(), copy_to=copy_to,
+                                              confirm=_asker(yes, "baking terminates the node on aws"))
     else:
         if node is not None:
             raise BadInput("--node goes with --from NAME")
         _no_region(provider, region, copy_to, "--region and --copy-to")
         ask = _asker(yes, "baking launches a node that costs money")
-        result = baking.bake_type(instance_type or facts(provider).bake_type,
-                                  provider_name=provider, console=_console(), region=region,
-                                  copy_to=copy_to, confirm=lambda plan: ask(
-                                      f"Launch 1 x {plan.spec.instance_type} to bake an image?"))
+        result = core("image bake").bake_type(instance_type or facts(provider).bake_type,
+                                              provider_name=provider, console=_console(), region=region,
+                                              copy_to=copy_to, confirm=lambda plan: ask(
+                                                  f"Launch 1 x {plan.spec.instance_type} to bake an image?"))
     if output == "json":
         cli_output.emit_json(result.public())
     else:
@@ -109,10 +108,8 @@ def bake(from_: str | None, node: str | None, instance_type: str | None, provide
 @output_option
 def list_(provider: str, region: str | None, output: str) -> int:
     """The baked images, oldest first."""
-    from gpuprov.core import baking  # lazy: CLI start-up
-
     _no_region(provider, region)
-    found = baking.list_images(provider, region)
+    found = core("image list").list_images(provider, region)
     if output == "json":
         cli_output.emit_json([i.public() for i in found])
     elif not found:
@@ -130,12 +127,10 @@ def list_(provider: str, region: str | None, output: str) -> int:
 def delete(ref: str, provider: str, region: str | None, yes: bool) -> int:
     """Delete a baked image (REF: its name or id, as `gpuprov image list` shows; aws: the AMI
     is deregistered and its snapshots deleted)."""
-    from gpuprov.core import baking  # lazy: CLI start-up
-
     _no_region(provider, region)
     if not _asker(yes, "deleting an image")(f"Delete baked image {ref}?"):
         raise BadInput("aborted; nothing was deleted")
-    baking.delete_image(ref, provider_name=provider, region=region, console=_console())
+    core("image delete").delete_image(ref, provider_name=provider, region=region, console=_console())
     return 0
 
 

@@ -11,6 +11,7 @@ import click
 from gpuprov import defaults
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import DRIVER
+from gpuprov.cli.registry import core
 from gpuprov.errors import BadInput
 from gpuprov.shared.console import Console
 
@@ -68,12 +69,11 @@ def cluster_name(name: str | None, local: bool, output: str, flags: dict[str, An
 def verify_local(level: str, output: str, local_type: str | None, gpus: int | None,
                  gpu_model: str | None, driver: str | None, cuda: str | None, only: str | None,
                  every: bool = False) -> int:
-    from gpuprov.core import local  # lazy: CLI start-up
     from gpuprov.shared import localhost  # lazy: CLI start-up
 
     req = localhost.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver, cuda=cuda,
                               only=only)
-    data, junit = local.verify_local(req, console=Console(), level=level)
+    data, junit = core("verify --local").verify_local(req, console=Console(), level=level)
     if output == "json":
         cli_output.emit_json(data)
     elif output == "junit":

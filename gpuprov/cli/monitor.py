@@ -7,6 +7,7 @@ import click
 
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import output_option
+from gpuprov.cli.registry import core
 from gpuprov.shared.console import Console
 
 
@@ -23,9 +24,7 @@ def monitor(name: str, on: str | None, output: str) -> int:
     Everything listens on the nodes' cluster addresses or loopback; `status` shows where
     Prometheus answers (and, for remote clusters, the SSH tunnel that reaches it).
     """
-    from gpuprov.core.monitoring import monitor as run  # lazy: CLI start-up
-
-    data = run(name, on=on, console=Console())
+    data = core("monitor").monitor(name, on=on, console=Console())
     if output == "json":
         cli_output.emit_json(data)
         return 0 if data.ok else 1

@@ -7,6 +7,7 @@ import click
 from gpuprov import defaults
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import DRIVER, output_option
+from gpuprov.cli.registry import core
 from gpuprov.shared.console import Console
 
 
@@ -52,18 +53,15 @@ def patch(name: str, driver: str | None, kernel_module: str | None, cuda: str | 
           via: str, output: str) -> int:
     """Roll driver, CUDA, kernel and microcode updates over the nodes, a batch at a time, with health gates:
     in place, or by replacing the nodes from a baked image (--onto-image)."""
-    from gpuprov.core import patch as patching  # lazy: CLI start-up
-
-    req = patching.request(all_=all_, driver=driver, kernel_module=kernel_module, cuda=cuda, kernel=kernel,
-                           microcode=microcode, batch=batch, check=check, reboot=not no_reboot, drain=drain,
-                           resume=resume, onto_image=onto_image, grace=grace, force=force,
-                           mirror_url=mirror_url, mirror_key_fingerprint=mirror_key_fingerprint, via=via)
+    req = core("patch").request(all_=all_, driver=driver, kernel_module=kernel_module, cuda=cuda,
+                                kernel=kernel, microcode=microcode, batch=batch, check=check,
+                                reboot=not no_reboot, drain=drain, resume=resume, onto_image=onto_image,
+                                grace=grace, force=force, mirror_url=mirror_url,
+                                mirror_key_fingerprint=mirror_key_fingerprint, via=via)
     if onto_image is not None:
-        from gpuprov.core.onto_image import roll_onto_image  # lazy: CLI start-up
-
-        data = roll_onto_image(name, req, console=Console(), health=health)
+        data = core("patch --onto-image").roll_onto_image(name, req, console=Console(), health=health)
     else:
-        data = patching.patch(name, req, console=Console(), health=health)
+        data = core("patch").patch(name, req, console=Console(), health=health)
     if output == "json":
         cli_output.emit_json(data)
     else:

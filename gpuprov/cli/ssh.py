@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from gpuprov.cli.registry import core
+
 # Where `ssh` keeps the words after the first `--` (RemoteCommand.parse_args).
 REMOTE_WORDS = "gpuprov.ssh.words"
 
@@ -37,10 +39,8 @@ def ssh_cmd(ctx: click.Context, name: str, node: str | None) -> int:
     gpuprov ssh demo demo-node-2
     gpuprov ssh demo -- sbatch --wrap hostname
     """
-    from gpuprov.core import login  # lazy: CLI start-up
-
     words: tuple[str, ...] = ctx.meta.get(REMOTE_WORDS, ())
-    return login.run(login.login(name, node, words))
+    return core("ssh").run(core("ssh").login(name, node, words))
 
 
 @click.command(name="ssh-config")
@@ -56,7 +56,5 @@ def ssh_config_cmd(name: str) -> int:
     gpuprov ssh-config demo >> ~/.ssh/config
     ssh demo-node-1
     """
-    from gpuprov.core import login  # lazy: CLI start-up
-
-    click.echo(login.ssh_config(name), nl=False)
+    click.echo(core("ssh-config").ssh_config(name), nl=False)
     return 0

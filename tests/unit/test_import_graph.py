@@ -4,7 +4,9 @@ markers). Imports inside functions count; `from X import y` is an import of X.y 
 module; relative imports are resolved; importing a.b.c also runs a.b (a package's
 ``__init__``), so it counts as an import of a.b too, unless the importer lives inside a.b.
 An import under ``if TYPE_CHECKING:`` never runs: it is held to the layer order, not counted
-in circles. An import inside a function carries the comment ``# lazy: CLI start-up``."""
+in circles. An import inside a function carries the comment ``# lazy: CLI start-up``. The command
+registry's rows (gpuprov/cli/registry.py's ``COMMANDS``: each the dotted name of the module a
+command imports when it runs) are imports of the registry."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpuprov"
 DESIGN = ROOT / "docs" / "design.md"
 LAZY_COMMENT = "# lazy: CLI start-up"
+REGISTRY = "gpuprov.cli.registry"
 # Files whose function-level imports are being rewritten elsewhere, each with its reason.
 LAZY_PENDING = {
     "gpuprov/providers/static/__init__.py": "the hosts-file reader is being rewritten (issue 31 item 3)",
@@ -57,6 +60,17 @@ def _known(name: str) -> str:
     return name
 
 
+def registered(tree: ast.Module) -> list[tuple[str, int]]:
+    """(module, line) for each row of the command registry's ``COMMANDS`` table."""
+    rows = []
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and "COMMANDS" in ast.unparse(
+                node.targets[0] if isinstance(node, ast.Assign) else node.target):
+            rows += [(value.value, value.lineno) for table in ast.walk(node) if isinstance(table, ast.Dict)
+                     for value in table.values if isinstance(value, ast.Constant) and isinstance(value.value, str)]
+    return rows
+
+
 def imports(name: str) -> list[tuple[str, int, bool, bool]]:
     """(gpuprov module imported, line, inside a function, under TYPE_CHECKING) for each import."""
     found: list[tuple[str, int, bool, bool]] = []
@@ -80,7 +94,10 @@ def imports(name: str) -> list[tuple[str, int, bool, bool]]:
             walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
                  type_only or (isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)))
 
-    walk(ast.parse(MODULES[name].read_text()), False, False)
+    tree = ast.parse(MODULES[name].read_text())
+    walk(tree, False, False)
+    if name == REGISTRY:
+        found += [(_known(module), line, False, False) for module, line in registered(tree)]
     ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     out = []
     for target, line, in_function, type_only in found:
@@ -145,8 +162,9 @@ def test_the_graph_sees_imports_inside_functions_and_packages() -> None:
     """The reader itself: a function-level import, a relative one, `from pkg import module` and
     the package a dotted import runs are all edges (so a circle hidden by them is found)."""
     edges = graph()
-    assert "gpuprov.core.up" in edges["gpuprov.cli.app"]  # imported inside the `up` command
-    assert "gpuprov.core" in edges["gpuprov.cli.app"]  # gpuprov.core.up runs gpuprov/core/__init__
+    assert "gpuprov.shared.cluster" in edges["gpuprov.cli.app"]  # imported inside the `up` command
+    assert "gpuprov.core.up" in edges[REGISTRY]  # a row of the command registry
+    assert "gpuprov.core" in edges[REGISTRY]  # gpuprov.core.up runs gpuprov/core/__init__
     assert "gpuprov.shared.settings" in edges["gpuprov.core.up_steps"]  # from gpuprov.shared import settings
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
@@ -182,7 +200,7 @@ def test_health_and_pull_never_import_the_commands() -> None:
 
 
 def test_the_commands_package_hands_nothing_on() -> None:
-    """gpuprov/core/__init__.py imports nothing: the CLI imports each command module itself."""
+    """gpuprov/core/__init__.py imports nothing: the CLI's registry imports each command module."""
     tree = ast.parse((PACKAGE / "core" / "__init__.py").read_text())
     assert [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))] == []
 
