@@ -58,7 +58,7 @@ def cpu(container: str, runs: int) -> float:
 
 
 def write_pin(container: str) -> None:
-    from gpuprov import stack
+    from gpuprov.lock import stack
 
     lock = stack.resolve("docker-node", source="distro")
     with tempfile.TemporaryDirectory() as tmp:

@@ -91,7 +91,7 @@ def _bake_for_the_lock(instance_type: str, source_image: str) -> None:
     """An AMI of this account tagged with the lock `up` resolves (as `image bake` leaves it)."""
     import boto3
 
-    from gpuprov import stack
+    from gpuprov.lock import stack
     from gpuprov.providers.aws import preflight
 
     lock = stack.resolve(instance_type, source="nvidia").as_dict()

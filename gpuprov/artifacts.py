@@ -37,8 +37,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from gpuprov import artifact_archives, stack
+from gpuprov import artifact_archives
 from gpuprov.artifact_archives import sha256
+from gpuprov.lock import stack
 
 MTIME = 1700000000  # fixed, for reproducible archives
 

@@ -6,20 +6,20 @@ them. Nothing here imports anything, so `gpuprov --help` pays nothing for it.
 from __future__ import annotations
 
 # The CUDA release a new cluster gets without --cuda: what gpuprov was asked to install, and
-# what many pinned stacks still use (gpuprov.drivers: the minimum driver of each release).
+# what many pinned stacks still use (gpuprov.lock.drivers: the minimum driver of each release).
 DEFAULT_CUDA = "11.8"
 
-# Where the NVIDIA stack's packages come from (`--source`; gpuprov.stack.resolve_types).
+# Where the NVIDIA stack's packages come from (`--source`; gpuprov.lock.stack.resolve_types).
 PACKAGE_SOURCES = ("nvidia", "distro", "mirror")
 # Local Debian nodes take Debian's packages; every other node NVIDIA's repositories.
 DEFAULT_SOURCE = "nvidia"
 LOCAL_SOURCE = "distro"
 
-# The kernel module flavours of NVIDIA's driver (`--kernel-module`; gpuprov.drivers).
+# The kernel module flavours of NVIDIA's driver (`--kernel-module`; gpuprov.lock.drivers).
 KERNEL_MODULES = ("open", "proprietary")
 
 # The operating systems a version lock names (`stack --os`; the lock's `os`, its package facts:
-# gpuprov.os_lines). A lock without one is Debian 12's. Ubuntu 24.04: claimed, not proven here
+# gpuprov.lock.os_lines). A lock without one is Debian 12's. Ubuntu 24.04: claimed, not proven here
 # (gpuprov.platforms): NVIDIA's repository names read off its public documents.
 LOCK_OS = ("debian12", "debian13", "ubuntu24.04")
 DEFAULT_OS = "debian12"

@@ -68,7 +68,7 @@ PLATFORMS: tuple[Platform, ...] = (
     # slurm: the slurm-wlm upstream version in each release's own archive (Debian 12: 22.05.8,
     # installed and run here; the Ubuntu ones as their archives list them).
     Platform("debian12", "Debian", "12", "bookworm", proven=True, slurm="22.05.8", how=PROVEN_BY),
-    # Debian 13: its archive's packages are lock data (gpuprov.os_lines; slurm-wlm 24.11.5-4+deb13u1,
+    # Debian 13: its archive's packages are lock data (gpuprov.lock.os_lines; slurm-wlm 24.11.5-4+deb13u1,
     # checked on the test machine's package cache 2026-11-26), installed for real on a local node
     # by DEBIAN13_TEST (2026-11-27), and the scenarios of DEBIAN13_MOLECULE (Slurm and RDMA 2026-11-28,
     # the others 2026-12-01);
@@ -80,7 +80,7 @@ PLATFORMS: tuple[Platform, ...] = (
                  "the host-key hand-over and the microcode and spot plays; its driver and cuda plays on local nodes"),
     Platform("ubuntu20.04", "Ubuntu", "20.04", "focal", proven=False, slurm="19.05.5"),
     Platform("ubuntu22.04", "Ubuntu", "22.04", "jammy", proven=False, slurm="21.08.5"),
-    # Ubuntu 24.04: a lock OS (`stack --os ubuntu24.04`, gpuprov.os_lines) whose package names are read
+    # Ubuntu 24.04: a lock OS (`stack --os ubuntu24.04`, gpuprov.lock.os_lines) whose package names are read
     # off NVIDIA's public documents for its ubuntu2404 repository; no node here installs them, so it
     # stays claimed until a run proves it.
     Platform("ubuntu24.04", "Ubuntu", "24.04", "noble", proven=False, slurm="23.11.4"),

@@ -107,7 +107,7 @@ class InstanceType:
     def row(self) -> dict[str, Any]:
         # Not at the top: the node health bundle (gpuprov.health.node_bundle) carries this module
         # without the lock data, and never asks for a row.
-        from gpuprov import cuda_lines  # lazy: CLI start-up
+        from gpuprov.lock import cuda_lines  # lazy: CLI start-up
 
         return {
             "instance_type": self.name,

@@ -27,10 +27,10 @@ from gpuprov.cli.registry import core
 from gpuprov.cli.ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli.stack import cuda_for_install, stack, types
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
+from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.providers import ClusterSpec, options_for
 from gpuprov.scheduler_choice import Scheduler
 from gpuprov.shared.console import Console
-from gpuprov.stack_choice import StackChoice
 
 
 def _console():

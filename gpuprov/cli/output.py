@@ -110,7 +110,7 @@ def status(name: str, data: StatusResult) -> None:
             + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else "")
         )
     if data.driver_eol:
-        from gpuprov import drivers  # lazy: CLI start-up
+        from gpuprov.lock import drivers  # lazy: CLI start-up
 
         click.echo(drivers.eol_field(lock))
     settings_table(data.settings)
@@ -324,7 +324,7 @@ def stack_table(instance_type: str, data: dict[str, Any]) -> None:
 
 def eol_warning(lock: dict[str, Any] | None) -> None:
     """Say once, on stderr, that a lock's driver branch is past its end of life."""
-    from gpuprov import stack  # lazy: CLI start-up
+    from gpuprov.lock import stack  # lazy: CLI start-up
 
     line = stack.eol_warning(lock)
     if line:

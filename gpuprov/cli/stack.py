@@ -97,7 +97,7 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
     if value is None:
         if not bootstrap or os in (None, defaults.DEFAULT_OS) or os not in defaults.LOCK_OS:
             return None
-        from gpuprov import cuda_lines, os_lines  # lazy: CLI start-up
+        from gpuprov.lock import cuda_lines, os_lines  # lazy: CLI start-up
 
         own = os_lines.default_cuda(os, source or defaults.DEFAULT_SOURCE)
         if not cuda_lines.is_installable(own, source or defaults.DEFAULT_SOURCE):
@@ -106,7 +106,7 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
                            "does not install it yet; launch without bootstrapping (--no-bootstrap) or plan "
                            "(--dry-run)")
         return None
-    from gpuprov import cuda_lines  # lazy: CLI start-up
+    from gpuprov.lock import cuda_lines  # lazy: CLI start-up
 
     line = cuda_lines.spelled(value)
     if line not in cuda_lines.lines():
@@ -143,7 +143,7 @@ def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_modul
     Also which operating systems the roles are proven on here (Debian 12; Debian 13 with --source
     distro: the whole site on a local node, `make test-debian13`) and which they only claim (Ubuntu)."""
     from gpuprov import platforms  # lazy: CLI start-up
-    from gpuprov import stack as stack_mod  # lazy: CLI start-up
+    from gpuprov.lock import stack as stack_mod  # lazy: CLI start-up
 
     lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
                              os=os_name)

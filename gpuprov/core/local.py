@@ -16,8 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gpuprov import drivers
 from gpuprov.errors import GpuprovError
+from gpuprov.lock import drivers
 from gpuprov.probes.run import run_local_probes
 from gpuprov.shared.console import Console
 from gpuprov.shared.localhost import LOCAL, LocalRequest, lock_line, plan

@@ -13,9 +13,9 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from gpuprov import cuda_lines, stack
 from gpuprov.errors import BadInput
-from gpuprov.stack_choice import StackChoice
+from gpuprov.lock import cuda_lines, stack
+from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.state import NodeRecord
 
 REPORT_TASK = "Report the patch"
@@ -81,7 +81,7 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
     return req
 
 
-# What a CUDA line puts in a lock (gpuprov.cuda_lines.pieces): they move together, and with
+# What a CUDA line puts in a lock (gpuprov.lock.cuda_lines.pieces): they move together, and with
 # them the package names of the toolkit, cuDNN and NCCL (the lock's packages.cuda*, cudnn*).
 CUDA_KEYS = ("cuda", "cuda_version", "cuda_archives", "cudnn", "cudnn_archive", "cudnn_archive_sha256", "nccl",
              "nccl_tests", "nccl_tests_sha256", "base_images", "site_pip_requirements", "notes")

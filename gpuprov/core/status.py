@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gpuprov import providers, stack
+from gpuprov import providers
 from gpuprov.ansible.inventory import render, to_json
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import GpuprovError
+from gpuprov.lock import stack
 from gpuprov.providers import Provider, get
 from gpuprov.shared import scheduler
 from gpuprov.shared import settings as cluster_settings

@@ -10,11 +10,12 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuprov import defaults, images, stack
+from gpuprov import defaults, images
 from gpuprov.core import counts, health_gate
 from gpuprov.core.provision import run_site
 from gpuprov.errors import BadInput, PartialLaunch
 from gpuprov.health import run as health_run
+from gpuprov.lock import stack
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, facts
 from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull

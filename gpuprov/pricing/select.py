@@ -69,7 +69,7 @@ class Offer:
 
 
 def _cuda_line(value: str) -> str:
-    from gpuprov import cuda_lines  # lazy: CLI start-up
+    from gpuprov.lock import cuda_lines  # lazy: CLI start-up
 
     line = cuda_lines.spelled(value)
     if line not in cuda_lines.lines():
@@ -84,7 +84,7 @@ def _cuda_line(value: str) -> str:
 def offers(types: list[InstanceType], region: str, need: Need) -> tuple[list[Offer], list[str]]:
     """The types that meet ``need``, priced in ``region`` and ordered; and notes on what was
     left out for want of a price."""
-    from gpuprov import cuda_lines  # lazy: CLI start-up
+    from gpuprov.lock import cuda_lines  # lazy: CLI start-up
 
     line = _cuda_line(need.cuda) if need.cuda else None
     want_gpu = need.gpu.lower() if need.gpu else None
@@ -178,7 +178,7 @@ class _Filter:
 
 
 def _runs(offer: Offer) -> str:
-    from gpuprov import cuda_lines  # lazy: CLI start-up
+    from gpuprov.lock import cuda_lines  # lazy: CLI start-up
 
     return f" ({offer.itype.arch or 'no GPU'}: CUDA {' '.join(cuda_lines.lines_for_arch(offer.itype.arch))})"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpuprov import stack
+from gpuprov.lock import stack
 
 
 @dataclass(frozen=True)

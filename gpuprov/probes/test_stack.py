@@ -8,7 +8,7 @@ from fnmatch import fnmatch
 
 import pytest
 
-from gpuprov import cuda_lines
+from gpuprov.lock import cuda_lines
 from gpuprov.probes.nodefacts import (
     in_container,
     installed_kernels,

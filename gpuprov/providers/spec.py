@@ -10,8 +10,8 @@ from typing import Any
 
 from gpuprov import defaults
 from gpuprov.errors import BadInput
+from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.scheduler_choice import Scheduler
-from gpuprov.stack_choice import StackChoice
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gpuprov import paths, ssh, stack, validate
+from gpuprov import paths, ssh, validate
 from gpuprov.clock import utc_text
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.lock import stack
 from gpuprov.providers import ClusterFiles, Provider, facts
 from gpuprov.providers import get as get_provider
 from gpuprov.shared.console import Console

@@ -3,7 +3,7 @@
 
 What the machine should have comes from the flags: ``--type`` (the catalog's GPU count and
 model), or ``--gpus N [--gpu-model M]`` for an untyped host, or neither. The lock is resolved
-the way a cluster's is (gpuprov.stack, as `gpuprov stack` and the static provider do): for
+the way a cluster's is (gpuprov.lock.stack, as `gpuprov stack` and the static provider do): for
 the type, or for the host as declared, completed by what its PCI bus shows (read here, as
 the static provider reads a host's: catalog.from_hardware); ``--driver`` moves it to a
 branch or release as `gpuprov stack --driver` does.
@@ -21,8 +21,9 @@ import subprocess
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuprov import catalog, stack
+from gpuprov import catalog
 from gpuprov.errors import BadInput
+from gpuprov.lock import stack
 from gpuprov.probes.run import check_groups
 
 # The `cluster` of a local run's result (docs/json-output.md); its node is the hostname.

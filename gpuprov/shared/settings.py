@@ -18,8 +18,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from gpuprov import defaults, os_lines, stack, validate
+from gpuprov import defaults, validate
 from gpuprov.errors import BadInput
+from gpuprov.lock import os_lines, stack
 from gpuprov.state import ClusterRecord
 
 # key: (environment variable, what it is)

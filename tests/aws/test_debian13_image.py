@@ -16,10 +16,10 @@ import pytest
 
 from gpuprov import catalog
 from gpuprov.errors import BadInput
+from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.providers import ClusterSpec
 from gpuprov.providers.aws import preflight
 from gpuprov.providers.aws.options import AwsOptions
-from gpuprov.stack_choice import StackChoice
 from tests.aws.helpers import CIDR, assert_refused, invoke
 from tests.aws.images import DEBIAN, OTHER_X86_AMI, ami_image, asked, fallback
 from tests.aws.moto_shim import Shim

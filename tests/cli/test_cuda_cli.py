@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import stack
+from gpuprov.lock import stack
 from gpuprov.state import Store
 from tests.cli.stack_lines import hosts_file, invoke, one_line_exit_2, state_of
 

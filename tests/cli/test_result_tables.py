@@ -132,7 +132,7 @@ def test_verify_command_counts_skips_and_all_and_json_keep_every_row(capsys, rac
 
 def test_a_branch_past_its_end_of_life_is_a_short_field_of_status_and_not_said_by_verify(
         capsys, rack: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuprov import drivers, stack
+    from gpuprov.lock import drivers, stack
 
     monkeypatch.setattr(drivers, "today", lambda: date(2026, 12, 1))  # R535 past its end of life (2026-06)
     Store().set_lock(rack, stack.resolve("p4d.24xlarge", driver="535").as_dict())

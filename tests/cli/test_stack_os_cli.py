@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import stack
+from gpuprov.lock import stack
 from tests.cli.stack_lines import invoke, one_line_exit_2
 
 

@@ -13,11 +13,11 @@ import pytest
 from gpuprov import defaults
 from gpuprov.cli.stack import cuda_for_install
 from gpuprov.errors import BadInput
+from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.providers import options_for
 from gpuprov.providers.docker import DEFAULT_IMAGE, NODE_IMAGES, PROVIDER, SUITES
 from gpuprov.providers.docker.node_image import build_hint
 from gpuprov.providers.static import check_os
-from gpuprov.stack_choice import StackChoice
 from tests.cli.stack_lines import hosts_file, invoke, one_line_exit_2, state_of
 
 TRIXIE = 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nNAME="Debian GNU/Linux"\nVERSION_ID="13"\nID=debian\n'

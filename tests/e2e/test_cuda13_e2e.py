@@ -126,7 +126,7 @@ def test_the_lock_is_cuda_13_from_the_mirrors_archives(cluster, env) -> None:
 def test_the_node_has_exactly_the_locked_archives(cluster) -> None:
     name, _, _ = cluster
     node = f"{name}-node-1"
-    from gpuprov import cuda_lines
+    from gpuprov.lock import cuda_lines
 
     for archive in cuda_lines.own_archives("13.0"):
         marker = f"/usr/local/cuda-13.0/.gpuprov-{archive['component']}"

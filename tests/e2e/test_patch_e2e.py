@@ -46,7 +46,7 @@ def repo():
 
 def old_lock() -> dict:
     """The lock the previous gpuprov release pinned: driver 535.288.01 from a mirror."""
-    from gpuprov import stack
+    from gpuprov.lock import stack
 
     lock = stack.resolve(None, source="mirror", driver="535", kernel_module="proprietary").as_dict()
     lock.update(driver=OLD, packages={**lock["packages"], "driver_version": f"{OLD}-*"})

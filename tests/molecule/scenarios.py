@@ -154,7 +154,7 @@ def run_scenario(role: str, scenario: str, tmp_path: Path, fixture_repo, os_name
     if mirror and not env.get("GPUPROV_REGISTRY_DIGESTS"):
         # The fixture registry serves its own image under the lock's names: the roles must
         # pull the digests it serves (read from it here), not NVIDIA's from the lock.
-        from gpuprov import stack
+        from gpuprov.lock import stack
         from tests.fixtures import registry
 
         env["GPUPROV_REGISTRY_DIGESTS"] = json.dumps(registry.digests(

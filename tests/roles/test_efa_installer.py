@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import stack
+from gpuprov.lock import stack
 from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import play, sh

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import stack
+from gpuprov.lock import stack
 from gpuprov.probes.conftest import Expectation
 from gpuprov.probes.test_stack import test_fabric_manager_matches_driver as probe
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import stack
+from gpuprov.lock import stack
 from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import copy_in, play, sh

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov import stack
 from gpuprov.health import gather
+from gpuprov.lock import stack
 from tests.conftest import ROOT, run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import copy_in, play, sh

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import drivers, stack
+from gpuprov.lock import drivers, stack
 from tests.conftest import run_cli
 from tests.fixtures import aptrepo
 from tests.roles.nodeplay import copy_in, play, sh

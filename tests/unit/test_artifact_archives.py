@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov import artifact_archives as aa
-from gpuprov import cuda_lines, stack
+from gpuprov.lock import cuda_lines, stack
 
 
 def wheel(path: Path, members: dict[str, bytes]) -> Path:

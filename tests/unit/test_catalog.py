@@ -55,8 +55,8 @@ def test_b200_from_the_api_keeps_nvswitch_and_arch() -> None:
 def test_an_arm64_type_from_ec2_is_refused_with_its_reason_not_a_crash() -> None:
     """g5g (T4g, Graviton) as DescribeInstanceTypes describes it, after `types --refresh`: the
     lock refuses it, exit 2 with the reason, instead of dying on a KeyError."""
-    from gpuprov import stack
     from gpuprov.errors import BadInput
+    from gpuprov.lock import stack
 
     record = {"InstanceType": "g5g.xlarge", "ProcessorInfo": {"SupportedArchitectures": ["arm64"]},
               "VCpuInfo": {"DefaultVCpus": 4}, "MemoryInfo": {"SizeInMiB": 8192},

@@ -9,9 +9,10 @@ from datetime import date
 
 import pytest
 
-from gpuprov import catalog, cuda_lines, drivers, stack
+from gpuprov import catalog
 from gpuprov.errors import BadInput
-from gpuprov.stack_choice import NOT_INSTALLED_CUDA, StackChoice
+from gpuprov.lock import cuda_lines, drivers, stack
+from gpuprov.lock.stack_choice import NOT_INSTALLED_CUDA, StackChoice
 
 # The day lifecycle rules are judged on (R535 past its end of life, R580 not), as test_stack.py.
 ON = date(2026, 11, 23)
@@ -208,7 +209,7 @@ def test_the_leaf_list_of_lines_not_installed_is_the_data() -> None:
 def test_the_default_branch_search_holds_a_branch_to_the_lines_own_minimum() -> None:
     """The branch search (drivers._branch_fits) reads each locked line's minimum from the data,
     as resolution does: R575 serves 12.9 but not 13.0, R570 neither."""
-    from gpuprov import drivers
+    from gpuprov.lock import drivers
 
     assert drivers._branch_fits("575", "575.57.08", [], "12.9") is None
     assert drivers._branch_fits("575", "575.57.08", [], "13.0") == "CUDA 13.0 needs driver >= 580.95.05"

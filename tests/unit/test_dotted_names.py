@@ -14,14 +14,18 @@ from pathlib import Path
 import pytest
 
 from gpuprov.providers.docker import engine
+from gpuprov.providers.docker.images import LOCK_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"(?<![\w/.-])gpuprov(?:\.[A-Za-z_]\w*)+")
-LABELS = (engine.LABEL, engine.IMAGE_LABEL, engine.NODE_LABEL)
+# Each label by its whole name: `gpuprov.lock.driver` is an image's label, while gpuprov.lock.stack
+# is the package gpuprov/lock/'s module, and a name below it must resolve.
+LABELS = frozenset({engine.LABEL, engine.IMAGE_LABEL, engine.NODE_LABEL,
+                    *(f"{engine.IMAGE_LABEL}.{field}" for field in LOCK_FIELDS)})
 
 
 def _resolves(name: str) -> bool:
-    if any(name == label or name.startswith(label + ".") for label in LABELS):
+    if name in LABELS:
         return True
     parts = name.split(".")
     for i in range(len(parts), 0, -1):
@@ -68,3 +72,5 @@ def test_a_stale_name_is_caught() -> None:
     for stale in ("gpuprov.converge", "gpuprov.core.converge", "gpuprov.core.results.serialise"):
         assert not _resolves(stale), stale
     assert _resolves("gpuprov.core.verify.verify") and _resolves("gpuprov.lock.driver")
+    assert _resolves("gpuprov.lock.stack.resolve_types") and not _resolves("gpuprov.lock.stack.no_such_rule")
+    assert not _resolves("gpuprov.stack") and not _resolves("gpuprov.shared.scheduler.nothing")

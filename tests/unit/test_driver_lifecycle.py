@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import catalog, stack
+from gpuprov import catalog
 from gpuprov.errors import BadInput
+from gpuprov.lock import stack
 from gpuprov.probes.test_gpu import flavour_of_license, parse_nvrm_version
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import catalog, stack
+from gpuprov import catalog
 from gpuprov.errors import BadInput
+from gpuprov.lock import stack
 
 REC = Path(__file__).parents[1] / "fixtures" / "recordings"
 

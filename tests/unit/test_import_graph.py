@@ -46,12 +46,12 @@ def is_package(name: str) -> bool:
 
 
 def layer_of(name: str, table: list[tuple[str, list[str]]]) -> int | None:
+    """The layer whose pattern matches the module most closely: a file the table names is in that
+    file's layer, though a folder of another layer holds it (gpuprov/lock/stack_choice.py)."""
     rel = str(MODULES[name].relative_to(ROOT))
-    for i, (_, patterns) in enumerate(table):
-        for pattern in patterns:
-            if rel.startswith(pattern) if pattern.endswith("/") else fnmatch.fnmatchcase(rel, pattern):
-                return i
-    return None
+    found = [(len(pattern), i) for i, (_, patterns) in enumerate(table) for pattern in patterns
+             if (rel.startswith(pattern) if pattern.endswith("/") else fnmatch.fnmatchcase(rel, pattern))]
+    return max(found)[1] if found else None
 
 
 def _known(name: str) -> str:
@@ -167,6 +167,9 @@ def test_the_graph_sees_imports_inside_functions_and_packages() -> None:
     assert "gpuprov.core" in edges[REGISTRY]  # gpuprov.core.up runs gpuprov/core/__init__
     assert "gpuprov.shared.settings" in edges["gpuprov.core.up_steps"]  # from gpuprov.shared import settings
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    table = layers(DESIGN.read_text())  # a file the table names, in a folder of another layer
+    assert [table[layer_of(m, table)][0] for m in ("gpuprov.lock.stack", "gpuprov.lock.stack_choice")] == [
+        "records", "leaves"]
     assert circles({"a": {"b"}, "b": set()}) == []
 
 

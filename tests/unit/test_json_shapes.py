@@ -104,7 +104,7 @@ def test_documented_types_are_the_codes(command: str) -> None:
 
 # -- commands whose JSON is plain data (not a result dataclass): checked on a real result ---------
 def _stack() -> dict[str, Any]:
-    from gpuprov import stack
+    from gpuprov.lock import stack
 
     return stack.resolve("p4d.24xlarge").public()  # type: ignore[no-any-return]
 

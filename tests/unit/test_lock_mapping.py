@@ -1,4 +1,4 @@
-"""Every version in one place: the lock (gpuprov/data/stack.toml, resolved by gpuprov.stack) is
+"""Every version in one place: the lock (gpuprov/data/stack.toml, resolved by gpuprov.lock.stack) is
 the source, roles/gpuprov_lock/vars/main.yml is the one mapping to the roles' variables, and no role,
 play or scenario names a version of its own."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov import stack
+from gpuprov.lock import stack
 from gpuprov.shared.settings import complete_lock
 
 ROOT = Path(__file__).resolve().parents[2]

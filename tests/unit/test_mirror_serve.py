@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuprov import artifacts, stack
+from gpuprov import artifacts
+from gpuprov.lock import stack
 
 
 @contextmanager

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov import cuda_lines, stack
 from gpuprov.core import patch, patch_plan
 from gpuprov.errors import BadInput
+from gpuprov.lock import cuda_lines, stack
 from tests.conftest import run_cli
 
 

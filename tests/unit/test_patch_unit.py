@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import stack
 from gpuprov.core import patch
 from gpuprov.errors import BadInput
+from gpuprov.lock import stack
 from tests.conftest import ROOT, run_cli
 
 

@@ -19,7 +19,7 @@ MAX_LINES = 600
 # Modules allowed past MAX_LINES, each with its reason (none today).
 TOO_LONG_BY_DESIGN: dict[str, str] = {}
 # A function does one thing: at most 80 lines, its signature and docstring included (a long one
-# splits along its own steps, as gpuprov.stack.resolve_types does).
+# splits along its own steps, as gpuprov.lock.stack.resolve_types does).
 MAX_FUNCTION_LINES = 80
 
 

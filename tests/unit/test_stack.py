@@ -6,8 +6,8 @@ from datetime import date
 
 import pytest
 
-from gpuprov import stack
 from gpuprov.errors import BadInput
+from gpuprov.lock import stack
 
 # The day lifecycle rules are judged on in these tests (R535 past its end of life, R580 not).
 ON = date(2026, 11, 23)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import cuda_lines, drivers, os_lines, platforms, stack
+from gpuprov import platforms
 from gpuprov.errors import BadInput
+from gpuprov.lock import cuda_lines, drivers, os_lines, stack
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "lock_hashes_debian12.json").read_text())

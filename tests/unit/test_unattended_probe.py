@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuprov import stack
+from gpuprov.lock import stack
 from gpuprov.probes import test_preflight as preflight
 from gpuprov.probes.test_preflight import BLACKLIST_KEY, locked_packages
 

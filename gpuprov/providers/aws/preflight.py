@@ -13,9 +13,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprov import catalog, defaults, os_lines, platforms
+from gpuprov import catalog, defaults, platforms
 from gpuprov.catalog import InstanceType
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.lock import os_lines
 from gpuprov.pricing import live, prices
 from gpuprov.providers import ClusterSpec, Plan
 from gpuprov.providers.aws import api, options, userdata

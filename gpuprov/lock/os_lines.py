@@ -13,8 +13,8 @@ from datetime import date
 from typing import Any
 
 from gpuprov import defaults
-from gpuprov.drivers import LIFECYCLE_DOC, data, lifecycle, past_eol
 from gpuprov.errors import BadInput
+from gpuprov.lock.drivers import LIFECYCLE_DOC, data, lifecycle, past_eol
 
 DEFAULT_OS = defaults.DEFAULT_OS
 
@@ -124,7 +124,7 @@ def in_hash(os: str) -> bool:
 def eol_warning(lock: dict[str, Any], on: date | None = None) -> str | None:
     """The end-of-life line for a distro lock of an OS other than the default (its own archive's
     support applies, and NVIDIA's repository for it is named), else None: the default's is
-    gpuprov.drivers.eol_warning."""
+    gpuprov.lock.drivers.eol_warning."""
     os = lock.get("os") or DEFAULT_OS
     branch = str(lock.get("driver_branch") or "")
     if os == DEFAULT_OS or lock.get("source") != "distro" or not branch or not past_eol(branch, on):

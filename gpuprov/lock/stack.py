@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
 
-from gpuprov import catalog, cuda_lines, defaults, drivers, os_lines, platforms
-from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stack.X is the API)
+from gpuprov import catalog, defaults, platforms
+from gpuprov.errors import BadInput
+from gpuprov.lock import cuda_lines, drivers, os_lines
+from gpuprov.lock.drivers import (  # noqa: F401 (the lock's rules, re-exported: stack.X is the API)
     _LIFECYCLE_FIELDS,
     CUDA_MIN_DRIVER,
     GPU_LAST_BRANCH,
@@ -33,8 +35,7 @@ from gpuprov.drivers import (  # noqa: F401 (the lock's rules, re-exported: stac
     pinned_branches,
     today,
 )
-from gpuprov.errors import BadInput
-from gpuprov.stack_choice import StackChoice  # noqa: F401 (stack.StackChoice is the API)
+from gpuprov.lock.stack_choice import StackChoice  # noqa: F401 (stack.StackChoice is the API)
 
 SOURCES = defaults.PACKAGE_SOURCES
 DEFAULT_CUDA = defaults.DEFAULT_CUDA
@@ -44,7 +45,7 @@ DEFAULT_SOURCE = defaults.DEFAULT_SOURCE
 # Source: CUDA 11.8 release notes ("adds support for NVIDIA Hopper and Ada
 # Lovelace", i.e. sm_90 and sm_89), CUDA 12.8 release notes (adds Blackwell, sm_100
 # and sm_120) and the CUDA GPUs compute-capability table. The oldest architecture each
-# CUDA line still drives is line data (gpuprov.cuda_lines: CUDA 13 drops Volta and older).
+# CUDA line still drives is line data (gpuprov.lock.cuda_lines: CUDA 13 drops Volta and older).
 ARCH_MIN_CUDA = {
     "sm_70": "9.0",
     "sm_75": "10.0",
@@ -117,7 +118,7 @@ class Lock:
     # "archives"): the toolkit's and NCCL's, each {"component", "archive", "sha256", "dir"}
     # (cuDNN's is cudnn_archive). Empty for a line installed from packages.
     cuda_archives: tuple[dict[str, str], ...] = ()
-    # The operating system whose packages the lock names (gpuprov.os_lines): debian12 (the
+    # The operating system whose packages the lock names (gpuprov.lock.os_lines): debian12 (the
     # default, and every lock stored before there was an OS) is left out of the hash.
     os: str = os_lines.DEFAULT_OS
 
@@ -392,8 +393,8 @@ def _packages(src: dict[str, Any], module: str, branch: str, exact: str, pieces:
 
 
 def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | None:
-    """One line when ``lock``'s driver branch is past its end of life (gpuprov.drivers.eol_warning;
-    for a distro lock of another OS than Debian 12, that OS's support: gpuprov.os_lines)."""
+    """One line when ``lock``'s driver branch is past its end of life (gpuprov.lock.drivers.eol_warning;
+    for a distro lock of another OS than Debian 12, that OS's support: gpuprov.lock.os_lines)."""
     if not lock:
         return None
     return os_lines.eol_warning(lock, on) or drivers.eol_warning(lock, on)

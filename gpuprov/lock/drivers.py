@@ -2,7 +2,7 @@
 lifecycle (designation, end of life, source) from ``data/stack.toml``, the default branch
 (computed on a given day: the newest long-term branch not past its end of life that serves
 the GPUs and CUDA), the kernel module flavour the GPUs need, and the end-of-life warning.
-``gpuprov.stack`` builds the lock with these and re-exports them."""
+``gpuprov.lock.stack`` builds the lock with these and re-exports them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 from gpuprov import defaults
 from gpuprov.errors import BadInput
 
-_DATA = Path(__file__).parent / "data" / "stack.toml"
+_DATA = Path(__file__).parent.parent / "data" / "stack.toml"  # gpuprov/data/
 
 # Minimum driver for each CUDA release.
 # Source: CUDA Toolkit Release Notes, Table 3 "CUDA Toolkit and Corresponding
@@ -219,7 +219,7 @@ def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | No
 
 
 def eol_field(lock: dict[str, Any] | None, on: date | None = None) -> str | None:
-    """``eol_warning`` (and gpuprov.stack.eol_warning, said for the same locks) as a short field,
+    """``eol_warning`` (and gpuprov.lock.stack.eol_warning, said for the same locks) as a short field,
     for a command that only reads (status, verify --local): `driver: R535, end of life 2026-06
     (see gpuprov stack)`; None when it has nothing to say."""
     branch = str((lock or {}).get("driver_branch") or "")

@@ -1,6 +1,6 @@
 """What a command asks of the version lock (`--cuda`, `--driver`, `--source`, `--kernel-module`,
 the mirror's URL and key), typed and checked: a leaf, so the command line builds it without
-loading the lock's data (gpuprov.stack resolves it)."""
+loading the lock's data (gpuprov.lock.stack resolves it)."""
 
 from __future__ import annotations
 

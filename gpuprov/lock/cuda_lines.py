@@ -1,7 +1,7 @@
 """CUDA lines: the CUDA releases a lock can carry (11.8, the default; 12.9; 13.0; and 12.4, Debian
-13's own toolkit, with --os debian13 --source distro only: gpuprov.os_lines), each with the
+13's own toolkit, with --os debian13 --source distro only: gpuprov.lock.os_lines), each with the
 facts of ``data/stack.toml`` ([cuda."X.Y"]): its minimum driver, the GPU architectures it
-drives, cuDNN and NCCL built for it, and whether gpuprov installs it yet. ``gpuprov.stack``
+drives, cuDNN and NCCL built for it, and whether gpuprov installs it yet. ``gpuprov.lock.stack``
 resolves a lock of any line with these rules; `up`, `provision` and `patch` install only the
 lines marked installable.
 
@@ -16,8 +16,8 @@ import re
 from typing import Any
 
 from gpuprov.artifact_archives import line_archives, subdir
-from gpuprov.drivers import _v, data
 from gpuprov.errors import BadInput
+from gpuprov.lock.drivers import _v, data
 
 SPELLING = re.compile(r"([0-9]{1,2})(?:\.([0-9]{1,2}|x|X))?")
 # Where the line facts come from (the comments of data/stack.toml name each document).
@@ -45,7 +45,7 @@ def listing() -> str:
 
 def os_only(cuda: str) -> list[str]:
     """The operating systems line ``cuda`` is packaged for alone ([] for a line of every OS:
-    NVIDIA's repository and the mirror); Debian 13's own CUDA 12.4 is one (gpuprov.os_lines)."""
+    NVIDIA's repository and the mirror); Debian 13's own CUDA 12.4 is one (gpuprov.lock.os_lines)."""
     return list(lines().get(cuda, {}).get("os", ()))
 
 
