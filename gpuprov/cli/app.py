@@ -29,8 +29,8 @@ from gpuprov.cli.stack import cuda_for_install, stack, types
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
 from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.providers import ClusterSpec, options_for
-from gpuprov.scheduler_choice import Scheduler
 from gpuprov.shared.console import Console
+from gpuprov.slurm.scheduler_choice import Scheduler
 
 
 def _console():

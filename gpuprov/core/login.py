@@ -24,8 +24,8 @@ from gpuprov import ssh, validate
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import load, reachable_nodes, refresh
+from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 # Named in an unknown node's message; a fleet's other nodes are counted, not listed.

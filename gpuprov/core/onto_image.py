@@ -42,7 +42,6 @@ from gpuprov.images import BakedImage, newest_for
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.providers import get as get_provider
-from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import (
     cluster_lock,
     expectations,
@@ -54,6 +53,7 @@ from gpuprov.shared.cluster import (
 )
 from gpuprov.shared.console import Console, reporter
 from gpuprov.shared.results import LockMove, PatchHost, PatchResult
+from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store, now
 
 KIND = "patch-image"

@@ -11,7 +11,7 @@ The roll, in order:
 3. Baseline: the probes and health checks on the nodes to patch, against the lock
    they run now.
 4. Batch by batch (``--batch N``): drain (through Slurm on a Slurm cluster, waiting
-   ``--grace`` for its jobs: gpuprov.shared.slurm_drain; then the drain hook), ``patch.yml`` on
+   ``--grace`` for its jobs: gpuprov.slurm.drain; then the drain hook), ``patch.yml`` on
    the batch (the kernel guard and the reboot decision are in the playbook), the probes
    against the new lock, the health checks (``--health``, gpuprov.core.health_gate),
    resume hook, Slurm resume. A node whose play fails, whose probes or health checks fail
@@ -58,7 +58,6 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.health import run as health_run
 from gpuprov.health.facts import Expect
 from gpuprov.probes import run as probes_run
-from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import (
     check_reachable,
     cluster_lock,
@@ -71,7 +70,8 @@ from gpuprov.shared.cluster import (
 )
 from gpuprov.shared.results import LockMove, PatchHost, PatchResult, serialise
 from gpuprov.shared.settings import playbook_vars
-from gpuprov.shared.slurm_drain import GRACE_S, OWN, SlurmDrains, slurm_names
+from gpuprov.slurm import scheduler
+from gpuprov.slurm.drain import GRACE_S, OWN, SlurmDrains, slurm_names
 from gpuprov.state import NodeRecord, Store
 
 
@@ -102,7 +102,7 @@ class Roll:
     batches: list[list[str]] = field(default_factory=list)
     ok: bool = False
     health: str = "quick"  # the health gate's level (`--health`), or "off"
-    slurm: SlurmDrains | None = None  # a Slurm cluster's drains (gpuprov.shared.slurm_drain)
+    slurm: SlurmDrains | None = None  # a Slurm cluster's drains (gpuprov.slurm.drain)
     pull: Any = None  # `--via pull`: the rounds' context (gpuprov.core.patch_pull.begin)
     rows: dict[str, list[Any]] = field(default_factory=dict)  # pull: the probe rows of the last round
 

@@ -31,8 +31,8 @@ from gpuprov.core.patch_plan import host_reports
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec
 from gpuprov.pull import controller
-from gpuprov.shared import scheduler
 from gpuprov.shared.results import HostStats
+from gpuprov.slurm import scheduler
 
 PLAN_KIND = "patch-pull-plan"
 BATCH_KIND = "patch-pull"

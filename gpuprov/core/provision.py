@@ -15,7 +15,6 @@ from gpuprov.health import node_bundle
 from gpuprov.manifest import record as manifest_record
 from gpuprov.manifest import steps as manifests
 from gpuprov.providers import ClusterFiles, Provider
-from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import (
     check_reachable,
     cluster_lock,
@@ -28,6 +27,7 @@ from gpuprov.shared.cluster import (
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import UNREACHED, HostStats, ProvisionResult, serialise
 from gpuprov.shared.settings import play_secrets, playbook_vars
+from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 

@@ -12,7 +12,6 @@ from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import GpuprovError
 from gpuprov.lock import stack
 from gpuprov.providers import Provider, get
-from gpuprov.shared import scheduler
 from gpuprov.shared import settings as cluster_settings
 from gpuprov.shared.cluster import cluster_lock, expectations, load, refresh
 from gpuprov.shared.console import Console
@@ -29,6 +28,7 @@ from gpuprov.shared.results import (
     node_rows,
     settings_of,
 )
+from gpuprov.slurm import scheduler
 from gpuprov.state import Store
 
 

@@ -6,7 +6,6 @@ from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.probes import run as probes_run
-from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import (
     check_reachable,
     expectations,
@@ -19,6 +18,7 @@ from gpuprov.shared.cluster import (
 )
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import ProbeRow, VerifyResult, VerifySummary
+from gpuprov.slurm import scheduler
 from gpuprov.state import Store
 
 

@@ -22,11 +22,11 @@ from gpuprov.errors import BadInput
 from gpuprov.manifest import steps as manifests
 from gpuprov.providers import ClusterFiles, ClusterSpec, Provider
 from gpuprov.pull import controller
-from gpuprov.shared import scheduler
 from gpuprov.shared.cluster import check_reachable, expectations, version_lock
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import UNREACHED, ProvisionResult
 from gpuprov.shared.settings import play_secrets
+from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 KIND = "provision-pull"

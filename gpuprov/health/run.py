@@ -14,11 +14,12 @@ from gpuprov.errors import BadInput
 from gpuprov.health import LEVELS, cluster_nccl, evaluate, gather
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared import localhost, scheduler
+from gpuprov.shared import localhost
 from gpuprov.shared.cluster import load, reachable_nodes, refresh, version_lock
 from gpuprov.shared.console import Console
 from gpuprov.shared.localhost import LocalRequest
 from gpuprov.shared.results import HealthCheck, HealthResult, VerifySummary
+from gpuprov.slurm import scheduler
 from gpuprov.ssh import check_ssh, node_key, ssh_error_line, ssh_options
 from gpuprov.state import NodeRecord, Store, now
 

@@ -11,7 +11,7 @@ from typing import Any
 from gpuprov import defaults
 from gpuprov.errors import BadInput
 from gpuprov.lock.stack_choice import StackChoice
-from gpuprov.scheduler_choice import Scheduler
+from gpuprov.slurm.scheduler_choice import Scheduler
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ SILENCE_S = 1200
 
 def play_vars(cluster: Any, lock: Mapping[str, Any]) -> dict[str, Any]:
     """The bundle's play variables: push's for a cluster without Slurm (gpuprov.core.provision's,
-    with gpuprov.shared.scheduler's ``none``: pull never configures Slurm, refused at launch),
+    with gpuprov.slurm.scheduler's ``none``: pull never configures Slurm, refused at launch),
     so that a pulled node's inputs digest is the one the next push `provision` computes."""
     return playbook_vars(cluster, dict(lock)) | {"gpuprov_scheduler": "none"}
 

@@ -79,7 +79,7 @@ def test_a_spec_survives_its_record() -> None:
 def test_sinfo_lines_become_states_and_reasons() -> None:
     """`sinfo --noheader --Node --format=%N|%T|%E` as Slurm 22.05.8 printed it on two local nodes
     of this machine (2026-11-27), one drained by hand; a node is listed once per partition."""
-    from gpuprov.shared.scheduler import parse_sinfo
+    from gpuprov.slurm.scheduler import parse_sinfo
 
     text = ("s1-node-1|idle|none\ns1-node-1|idle|none\n"
             "s1-node-2|drained|by hand\ns1-node-2|drained|by hand\n")

@@ -73,4 +73,4 @@ def test_a_stale_name_is_caught() -> None:
         assert not _resolves(stale), stale
     assert _resolves("gpuprov.core.verify.verify") and _resolves("gpuprov.lock.driver")
     assert _resolves("gpuprov.lock.stack.resolve_types") and not _resolves("gpuprov.lock.stack.no_such_rule")
-    assert not _resolves("gpuprov.stack") and not _resolves("gpuprov.shared.scheduler.nothing")
+    assert not _resolves("gpuprov.stack") and not _resolves("gpuprov.slurm.scheduler.nothing")

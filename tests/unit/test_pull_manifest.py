@@ -312,9 +312,9 @@ def test_a_pulled_nodes_inputs_digest_is_the_one_push_computes(tmp_path: Path, m
     from gpuprov.providers import ClusterSpec
     from gpuprov.providers import get as get_provider
     from gpuprov.pull.controller import bundle_for, play_vars
-    from gpuprov.shared import scheduler
     from gpuprov.shared.cluster import expectations, files_for, version_lock
     from gpuprov.shared.settings import playbook_vars
+    from gpuprov.slurm import scheduler
     from gpuprov.state import NodeRecord, Store
 
     store = Store(tmp_path / "state.db")

@@ -38,7 +38,7 @@ from gpuprov.health import dcgm, evaluate, parse
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.health.gather import Section
 from gpuprov.pricing import live
-from gpuprov.shared.scheduler import parse_sinfo
+from gpuprov.slurm.scheduler import parse_sinfo
 from tests.fixtures.health_recordings import LOCK, REC, sections
 from tests.fixtures.mutate import mutate_text as _mutate_text
 from tests.fixtures.mutate import mutate_value as _mutate_value

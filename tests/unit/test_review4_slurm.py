@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared import slurm_drain
-from gpuprov.shared.slurm_drain import HEALTH, NAME, SlurmDrains
-from gpuprov.slurm import munge
+from gpuprov.slurm import drain, munge
+from gpuprov.slurm.drain import HEALTH, NAME, SlurmDrains
 from gpuprov.state import NodeRecord
 from tests.unit.node_programs import load_health_program as _program
 
@@ -182,11 +181,11 @@ def test_slurm_names_refuses_a_hostname_with_a_trailing_newline(monkeypatch: pyt
     from gpuprov.errors import GpuprovError
 
     node = NodeRecord(name="a", id="1", address="10.0.0.1", ssh_port=22, user="u", state="running", zone="static")
-    monkeypatch.setattr(slurm_drain, "run_on", lambda n, f, argv: "n1.\n")  # 'n1.' -> 'n1' ... then:
-    assert slurm_drain.slurm_names([node], ClusterFiles(tmp_path)) == {"a": "n1"}
-    monkeypatch.setattr(slurm_drain, "run_on", lambda n, f, argv: " n1;reboot\n")
+    monkeypatch.setattr(drain, "run_on", lambda n, f, argv: "n1.\n")  # 'n1.' -> 'n1' ... then:
+    assert drain.slurm_names([node], ClusterFiles(tmp_path)) == {"a": "n1"}
+    monkeypatch.setattr(drain, "run_on", lambda n, f, argv: " n1;reboot\n")
     with pytest.raises(GpuprovError, match="not a Slurm node name"):
-        slurm_drain.slurm_names([node], ClusterFiles(tmp_path))
+        drain.slurm_names([node], ClusterFiles(tmp_path))
 
 
 def test_the_munge_key_is_written_over_a_stale_temporary_file_of_the_same_pid(tmp_path: Path) -> None:

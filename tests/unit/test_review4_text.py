@@ -22,8 +22,8 @@ from gpuprov.health import gather
 from gpuprov.manifest import remote
 from gpuprov.node_text import printable, printable_data
 from gpuprov.pull.reports import check_report
-from gpuprov.shared import scheduler
-from gpuprov.shared.slurm_drain import SlurmDrains
+from gpuprov.slurm import scheduler
+from gpuprov.slurm.drain import SlurmDrains
 from gpuprov.state import NodeRecord
 
 CLIPBOARD = "\x1b]52;c;cm0gLXJmIH4K\x07"

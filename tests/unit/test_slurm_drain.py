@@ -1,4 +1,4 @@
-"""`patch` on a Slurm cluster: the words its drains write (gpuprov.shared.slurm_drain). The drains
+"""`patch` on a Slurm cluster: the words its drains write (gpuprov.slurm.drain). The drains
 themselves run against real Slurm in tests/e2e/test_patch_e2e.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from gpuprov.core.patch_plan import request
 from gpuprov.errors import BadInput
-from gpuprov.shared.slurm_drain import NAME, is_own, one_line
+from gpuprov.slurm.drain import NAME, is_own, one_line
 
 
 def test_a_reason_is_one_printable_line_of_bounded_length() -> None:

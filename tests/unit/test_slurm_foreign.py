@@ -1,4 +1,4 @@
-"""A node whose slurm.conf serves another cluster is never clobbered (gpuprov.shared.scheduler):
+"""A node whose slurm.conf serves another cluster is never clobbered (gpuprov.slurm.scheduler):
 the ClusterName parse, the name the slurm play would write, which runs check, and the refusal
 built from each node's answer (ssh replaced by a recorder of what would run; the real SSH path
 is tests/e2e/test_slurm_e2e.py)."""
@@ -14,8 +14,8 @@ import pytest
 from gpuprov import paths
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles
-from gpuprov.scheduler_choice import Scheduler
-from gpuprov.shared import scheduler
+from gpuprov.slurm import scheduler
+from gpuprov.slurm.scheduler_choice import Scheduler
 from gpuprov.state import ClusterRecord, NodeRecord
 
 # What Debian's slurm.conf of another site looks like (spaces, case and comments as Slurm's

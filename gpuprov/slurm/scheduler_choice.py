@@ -1,6 +1,6 @@
 """What a command asks of a cluster's scheduler (`--scheduler`, `--slurm-controller`,
 `--slurm-controller-only`), typed and checked: a leaf, so the command line builds it
-(gpuprov.shared.scheduler keeps it with the cluster and serves it to the slurm play)."""
+(gpuprov.slurm.scheduler keeps it with the cluster and serves it to the slurm play)."""
 
 from __future__ import annotations
 
