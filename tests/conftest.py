@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.suite_strategy import SUITE_STRATEGY
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The probes' markers (gpu, driver, ...) are declared in the probes' own pytest.ini, read
@@ -82,6 +84,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     # Baked images are local to the engine, not to a state directory: each module bakes into
     # a repository of its own, so no other module (or a run beside this one) boots from them.
     return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1",
+            "GPUPROV_ANSIBLE_STRATEGY": SUITE_STRATEGY,
             "GPUPROV_BAKED_REPO": f"gpuprov-test/baked-{secrets.token_hex(4)}"}
 
 
@@ -275,9 +278,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{unit} {took:.0f}")
     for worker, took in sorted(WORKER_TOOK.items()):
         terminalreporter.write_line(f"# {worker}: {took / 60:.1f} min of tests")
-    from tests.suite_budget import report
+    from tests.suite_budget import report, speed_probe
 
     started = terminalreporter.config.stash.get(_STARTED, None)
     tests_s = time.monotonic() - started if started is not None else None
-    for line in report(UNIT_TOOK, tests_s, os.environ.get("GPUPROV_SUITE_STARTED")):
+    for line in report(UNIT_TOOK, tests_s, os.environ.get("GPUPROV_SUITE_STARTED"),
+                       strategy=SUITE_STRATEGY, speed_s=speed_probe()):
         terminalreporter.write_line(line)

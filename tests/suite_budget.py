@@ -25,6 +25,20 @@ AMD_OVER_INTEL = 1.7
 MAX_UNIT_SHARE = 0.25
 
 
+# A fixed piece of pure-Python work, timed on one core at the end of the run: machines of one kind
+# differ (two 2-core AMD EPYCs ran the same units 1.7 to 1.9 times apart, docs/performance-history.md,
+# 2026-12-02), and this figure tells a slow machine from a slow suite when two runs are compared.
+SPEED_LOOP = 5_000_000
+
+
+def speed_probe(n: int = SPEED_LOOP) -> float:
+    """Seconds this machine takes to add up ``n`` integers in a Python loop."""
+    started, total = time.perf_counter(), 0
+    for i in range(n):
+        total += i
+    return time.perf_counter() - started
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The first CPU's model name, as lscpu prints it ('unknown' where the file does not say)."""
     try:
@@ -46,13 +60,20 @@ def budget_minutes(model: str) -> tuple[int, str]:
 
 
 def report(units: dict[str, float], tests_s: float | None, started_epoch: str | None,
-           *, model: str | None = None, cores: int | None = None, now: float | None = None) -> list[str]:
-    """The closing lines: the machine, the wall time (the whole `make test` when its start is
-    known, GPUPROV_SUITE_STARTED, else the tests), the ten slowest units, and the budget."""
+           *, model: str | None = None, cores: int | None = None, now: float | None = None,
+           strategy: str | None = None, speed_s: float | None = None) -> list[str]:
+    """The closing lines: the machine (and its speed at a fixed loop), the e2e units' Ansible
+    strategy, the wall time (the whole `make test` when its start is known,
+    GPUPROV_SUITE_STARTED, else the tests), the ten slowest units, and the budget."""
     model = model or cpu_model()
     cores = cores or len(os.sched_getaffinity(0))
     minutes, kind = budget_minutes(model)
     lines = ["", f"the suite's time (tests/suite_budget.py): {model}, {cores} cores"]
+    if speed_s is not None:
+        lines.append(f"  this machine's speed: {SPEED_LOOP / 1e6:.0f} M additions in a Python loop in "
+                     f"{speed_s:.2f} s (one core, at the end of the run)")
+    if strategy:
+        lines.append(f"  the e2e units' Ansible strategy: {strategy} (the node from scratch: linear)")
     wall_s = None
     if started_epoch and started_epoch.isdigit():
         wall_s = (now if now is not None else time.time()) - int(started_epoch)

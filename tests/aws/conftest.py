@@ -18,6 +18,7 @@ import pytest
 from gpuprov.providers.aws import api
 from tests.aws import moto_shim
 from tests.aws.s3_front import Front
+from tests.suite_strategy import SUITE_STRATEGY
 
 REGION = "us-east-1"
 
@@ -59,6 +60,7 @@ def shim(_shim_server: moto_shim.Shim, moto_server: str, gpuprov_home: Path,
     monkeypatch.setenv("GPUPROV_AWS_MAX_ATTEMPTS", "4")
     monkeypatch.setenv("GPUPROV_AWS_SSH_TIMEOUT", "3")
     monkeypatch.setenv("GPUPROV_AWS_BACKOFF_S", "0.05")
+    monkeypatch.setenv("GPUPROV_ANSIBLE_STRATEGY", SUITE_STRATEGY)  # tests/suite_strategy.py says why
     yield _shim_server
     _shim_server.release.set()
 

@@ -30,6 +30,13 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
+def env(env: dict[str, str]) -> dict[str, str]:
+    """Ansible's own linear strategy, the default users get: the whole site from scratch is
+    proven on it (the other e2e units run Mitogen's, tests/suite_strategy.py)."""
+    return {**env, "GPUPROV_ANSIBLE_STRATEGY": "linear"}
+
+
+@pytest.fixture(scope="module")
 def scratch(env: dict[str, str], request: pytest.FixtureRequest):
     """Node 1 from scratch, verified and baked (tests/e2e/scratch_image.py's record), the image
     published for the grown unit when it runs in this session (else removed at the end)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.suite_budget import budget_minutes, cpu_model, report
+from tests.suite_budget import budget_minutes, cpu_model, report, speed_probe
 
 UNITS = {f"tests/e2e/test_{i}.py": float(i * 10) for i in range(1, 13)}
 
@@ -52,3 +52,16 @@ def test_a_unit_past_a_quarter_of_the_budget_is_named_and_the_other_kind_is_esti
     intel = report({}, 15 * 60.0, None, model="Intel(R) Xeon(R) CPU", cores=2)
     assert "  on the other kind (AMD EPYC), at 1.7 times: about 25.5 min of its 45" in intel
     assert not [ln for ln in report(units, 60.0, None, model="Apple M2", cores=8) if "other kind" in ln]
+
+
+def test_the_machines_speed_and_the_e2e_strategy_are_named_when_given() -> None:
+    lines = report(UNITS, 30 * 60.0, None, model="AMD EPYC", cores=2, strategy="mitogen", speed_s=0.87)
+    assert lines[2] == ("  this machine's speed: 5 M additions in a Python loop in 0.87 s "
+                        "(one core, at the end of the run)")
+    assert lines[3] == "  the e2e units' Ansible strategy: mitogen (the node from scratch: linear)"
+    assert not [ln for ln in report(UNITS, 60.0, None, model="AMD EPYC", cores=2) if "speed" in ln]
+
+
+def test_the_speed_probe_measures_its_loop() -> None:
+    short, long = speed_probe(10_000), speed_probe(1_000_000)
+    assert 0 < short < long
