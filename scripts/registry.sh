@@ -42,7 +42,7 @@ cd "$here"
 # writable registry of an earlier gpuprov is replaced), and held to those digests.
 # shellcheck disable=SC2046
 "$python" -m tests.fixtures.registry seed --dir "$dir" --digests "$dir/digests.json" \
-  $("$python" -c 'from gpuprov import stack; print(" ".join(stack.resolve(None, source="distro").base_images))')
+  $("$python" -c 'from gpuprov.lock import stack; print(" ".join(stack.resolve(None, source="distro").base_images))')
 if running "$dir/registry.pid" && grep -q '"readonly"' "$dir/config.yml" 2>/dev/null; then
   log "registry on $gateway:$port, read-only (already running)"
 else
