@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpuprov.probes.nodefacts import installed_version, require_systemd
+from gpuprov.probes.nodefacts import installed_version, read_text, require_systemd, unit_state
 from gpuprov.probes.test_gpu import _gpus_expected
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -47,9 +47,9 @@ def _site_image(lock: dict) -> str:
 @pytest.mark.containers
 def test_docker_active(host, report):
     require_systemd(host)
-    service = host.service("docker")
-    assert service.is_running, "expected the docker service active, it is not"
-    assert service.is_enabled, "expected the docker service enabled at boot, it is not"
+    service = unit_state(host, "docker")
+    assert service.is_running, f"expected the docker service active, found {service}"
+    assert service.is_enabled, f"expected the docker service enabled at boot, found {service}"
     out = _docker(host, "version --format '{{.Server.Version}}'")
     assert out.rc == 0, f"expected dockerd to answer, found: {(out.stderr or out.stdout).strip()[:200]}"
     report(f"dockerd {out.stdout.strip()} active and enabled")
@@ -102,12 +102,14 @@ def _kept(before, now, path=()) -> list[str]:
 
 @pytest.mark.containers
 def test_daemon_json_keeps_the_keys_from_before(host, report):
-    before_file = host.file(DAEMON_JSON_BEFORE)
-    assert before_file.exists, (
+    before_text = read_text(host, DAEMON_JSON_BEFORE)
+    assert before_text is not None, (
         f"expected {DAEMON_JSON_BEFORE} (daemon.json as it was before gpuprov changed it), found none"
     )
-    before = json.loads(before_file.content_string)
-    now = json.loads(host.file(DAEMON_JSON).content_string)
+    before = json.loads(before_text)
+    now_text = read_text(host, DAEMON_JSON)
+    assert now_text is not None, f"expected {DAEMON_JSON}, found none"
+    now = json.loads(now_text)
     lost = _kept(before, now)
     assert not lost, f"expected every key daemon.json held before gpuprov kept, found: {'; '.join(lost)}"
     assert now.get("runtimes", {}).get("nvidia", {}).get("path") == "nvidia-container-runtime", (
@@ -122,8 +124,8 @@ def test_base_images_present(host, expect, report):
     images = list(lock.get("base_images") or [])
     if not images:
         pytest.skip(_no_images(lock))
-    record = host.file(PULLED)
-    pulled = {r["image"]: r for r in json.loads(record.content_string)} if record.exists else {}
+    record = read_text(host, PULLED)
+    pulled = {r["image"]: r for r in json.loads(record)} if record is not None else {}
     problems, seen = [], []
     for image in images:
         name, _, digest = image.partition("@")
@@ -206,15 +208,15 @@ def test_cuda_base_image_reports_the_locked_cuda(host, expect, report):
 @pytest.mark.gpu
 def test_cdi_spec_matches_the_driver(host, expect, report):
     _gpus_expected(host, expect)
-    module = host.file("/sys/module/nvidia/version")
-    assert module.exists, (
+    module = read_text(host, "/sys/module/nvidia/version")
+    assert module is not None, (
         f"expected the nvidia module loaded (driver {expect.lock()['driver']}) for the CDI spec to "
         "name, found none (/sys/module/nvidia/version)"
     )
-    driver = module.content_string.strip()
-    spec = host.file("/etc/cdi/nvidia.yaml")
-    assert spec.exists, "expected the CDI spec /etc/cdi/nvidia.yaml, found none"
-    assert f"libcuda.so.{driver}" in spec.content_string, (
+    driver = module.strip()
+    spec = read_text(host, "/etc/cdi/nvidia.yaml")
+    assert spec is not None, "expected the CDI spec /etc/cdi/nvidia.yaml, found none"
+    assert f"libcuda.so.{driver}" in spec, (
         f"expected /etc/cdi/nvidia.yaml made for driver {driver}, it names another"
     )
     report(f"/etc/cdi/nvidia.yaml for driver {driver}")

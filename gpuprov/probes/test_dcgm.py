@@ -15,7 +15,7 @@ import yaml
 
 from gpuprov import paths, platforms
 from gpuprov.defaults import DEFAULT_OS
-from gpuprov.probes.nodefacts import installed_version, nvidia_pci, require_systemd
+from gpuprov.probes.nodefacts import installed_version, nvidia_pci, read_text, require_systemd, unit_state
 
 pytestmark = pytest.mark.dcgm
 
@@ -122,9 +122,9 @@ def test_dcgm_matches_the_lock_and_is_held(host, expect, report):
 
 def test_dcgm_counters_file_turns_on_every_field_the_alerts_read(host, expect, report):
     _dcgm_lock(expect)
-    counters = host.file(COUNTERS)
-    assert counters.is_file, f"expected gpuprov's dcgm-exporter counters file {COUNTERS}"
-    fields = parse_counters(counters.content_string)
+    counters = read_text(host, COUNTERS)
+    assert counters is not None, f"expected gpuprov's dcgm-exporter counters file {COUNTERS}"
+    fields = parse_counters(counters)
     wanted = alert_fields(Path(ALERT_RULES).read_text())
     missing = sorted(wanted - set(fields))
     assert not missing, f"{COUNTERS} leaves out fields the alert rules read: {missing}"
@@ -134,13 +134,13 @@ def test_dcgm_counters_file_turns_on_every_field_the_alerts_read(host, expect, r
 def test_dcgm_host_engine_enabled_and_running_with_a_gpu(host, expect, report):
     lock = _dcgm_lock(expect)
     require_systemd(host)
-    service = host.service(SERVICE)
-    assert service.is_enabled, f"expected {SERVICE} enabled (DCGM {lock['dcgm']})"
+    service = unit_state(host, SERVICE)
+    assert service.is_enabled, f"expected {SERVICE} enabled (DCGM {lock['dcgm']}), found {service}"
     gpus = _gpus(host)
     if gpus == 0:
         pytest.skip(f"no NVIDIA GPU on this node's PCI bus: {SERVICE} is enabled, not started "
                     "(nv-hostengine has nothing to manage)")
-    assert service.is_running, f"expected {SERVICE} running ({gpus} GPU(s) on the PCI bus)"
+    assert service.is_running, f"expected {SERVICE} running ({gpus} GPU(s) on the PCI bus), found {service}"
     report(f"{SERVICE} enabled and running, {gpus} GPU(s)")
 
 
@@ -156,9 +156,9 @@ def exporter_unit(text: str) -> dict[str, str]:
 
 def test_dcgm_exporter_runs_the_locked_image_on_one_address(host, expect, report):
     lock = _dcgm_lock(expect)
-    unit = host.file(f"/etc/systemd/system/{EXPORTER_UNIT}")
-    assert unit.is_file, f"expected the dcgm-exporter unit {EXPORTER_UNIT}"
-    found = exporter_unit(unit.content_string)
+    unit = read_text(host, f"/etc/systemd/system/{EXPORTER_UNIT}")
+    assert unit is not None, f"expected the dcgm-exporter unit {EXPORTER_UNIT}"
+    found = exporter_unit(unit)
     digest = lock["dcgm_exporter_image"].rsplit("@", 1)[-1]
     assert found["image"].endswith("@" + digest), (
         f"expected the exporter run by the lock's digest {digest}, found {found['image'] or 'none'}")
@@ -170,7 +170,8 @@ def test_dcgm_exporter_runs_the_locked_image_on_one_address(host, expect, report
         pytest.skip(f"no NVIDIA GPU on this node's PCI bus: {EXPORTER_UNIT} is installed ({where}), "
                     "not started (dcgm-exporter would have nothing to read)")
     require_systemd(host)
-    assert host.service(EXPORTER_UNIT).is_running, f"expected {EXPORTER_UNIT} running ({gpus} GPU(s))"
+    exporter = unit_state(host, EXPORTER_UNIT)
+    assert exporter.is_running, f"expected {EXPORTER_UNIT} running ({gpus} GPU(s)), found {exporter}"
     url = f"http://{where}/metrics"
     page = host.run("python3 -c " + shlex.quote(
         "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10)"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gpuprov.probes.nodefacts import installed_kernels, nvidia_pci
+from gpuprov.probes.nodefacts import installed_kernels, nvidia_pci, read_text
 
 pytestmark = pytest.mark.gpu
 
@@ -117,15 +117,15 @@ def _lock_flavour(lock: dict) -> str:
 def test_running_kernel_module_flavour_matches_the_lock(host, expect, report):
     _gpus_expected(host, expect)
     lock = expect.lock()
-    version = host.file("/proc/driver/nvidia/version")
-    assert version.exists, (
+    version = read_text(host, "/proc/driver/nvidia/version")
+    assert version is not None, (
         f"expected the NVIDIA kernel module ({_lock_flavour(lock)}, {lock['driver']}) loaded, "
         "found no /proc/driver/nvidia/version (no NVIDIA module loaded)"
     )
-    seen = parse_nvrm_version(version.content_string)
+    seen = parse_nvrm_version(version)
     assert seen is not None, (
         f"expected /proc/driver/nvidia/version to name the NVIDIA kernel module, found: "
-        f"{version.content_string.strip()[:200]}"
+        f"{version.strip()[:200]}"
     )
     want = {"kernel_module": _lock_flavour(lock), "driver": lock["driver"]}
     assert seen == want, (

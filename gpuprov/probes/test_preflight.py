@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuprov.probes.nodefacts import in_container, nvidia_pci
+from gpuprov.probes.nodefacts import file_stat, in_container, nvidia_pci
 
 pytestmark = pytest.mark.preflight
 
@@ -96,8 +96,8 @@ def test_kernel_headers_for_running_kernel(host, report):
 
 @pytest.mark.base
 def test_gpu_fact_matches_pci_bus(host, report):
-    fact = host.file("/etc/ansible/facts.d/gpu.fact")
-    assert fact.exists and fact.mode & 0o111, "expected an executable /etc/ansible/facts.d/gpu.fact"
+    fact = file_stat(host, "/etc/ansible/facts.d/gpu.fact")
+    assert fact and fact.mode & 0o111, "expected an executable /etc/ansible/facts.d/gpu.fact"
     out = host.run("/etc/ansible/facts.d/gpu.fact")
     assert out.rc == 0, f"gpu.fact failed: {out.stderr.strip()}"
     data = json.loads(out.stdout)

@@ -15,6 +15,7 @@ from gpuprov.probes.nodefacts import (
     installed_version,
     nvidia_pci,
     rdma_adapters,
+    read_text,
     require_systemd,
 )
 
@@ -82,15 +83,15 @@ def test_memlock_unlimited_in_containers(host, report):
 
 @pytest.mark.rdma
 def test_nccl_conf_has_the_expected_keys(host, expect, report):
-    conf = host.file("/etc/nccl.conf")
-    assert conf.exists, "expected /etc/nccl.conf, found none"
-    keys = dict(ln.split("=", 1) for ln in conf.content_string.splitlines()
+    conf = read_text(host, "/etc/nccl.conf")
+    assert conf is not None, "expected /etc/nccl.conf, found none"
+    keys = dict(ln.split("=", 1) for ln in conf.splitlines()
                 if "=" in ln and not ln.startswith("#"))
     ifname = keys.get("NCCL_SOCKET_IFNAME", "")
     excluded = ifname[1:].split(",") if ifname.startswith("^") else []
     assert "lo" in excluded and "docker" in excluded, (
         f"expected NCCL_SOCKET_IFNAME to exclude lo and docker bridges (^lo,docker,...), found '{ifname}'")
-    env = host.file("/etc/profile.d/gpuprov-nccl.sh").content_string
+    env = read_text(host, "/etc/profile.d/gpuprov-nccl.sh") or ""
     if _efa_interfaces(expect):
         assert re.search(r"^export FI_PROVIDER=efa$", env, re.M), (
             f"expected FI_PROVIDER=efa in /etc/profile.d/gpuprov-nccl.sh on {expect.instance_type}, found none")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from gpuprov.probes import conftest
-from gpuprov.probes.nodefacts import nvidia_pci, require_systemd
+from gpuprov.probes.nodefacts import file_stat, nvidia_pci, once, read_text, require_systemd, unit_state
 
 pytestmark = pytest.mark.slurm
 
@@ -62,13 +62,13 @@ def slurm(host, node) -> SlurmNode:
     scheduler = data.get("scheduler")
     if scheduler not in (None, "slurm"):
         pytest.skip(f"this cluster runs no Slurm (scheduler {scheduler!r}): nothing to check")
-    conf = host.file(CONF)
-    if not conf.is_file:
+    # slurm.conf and the node's name, read once per probe session (probes change neither).
+    conf, name = once(host, "slurm", lambda: (read_text(host, CONF), host.run("hostname -s").stdout.strip()))
+    if conf is None:
         if scheduler == "slurm":
             raise AssertionError(f"expected Slurm's configuration {CONF} (cluster scheduler slurm), found none")
         pytest.skip(f"no Slurm on this node (no {CONF}): a cluster without a scheduler")
-    controller, compute = parse_conf(conf.content_string)
-    name = host.run("hostname -s").stdout.strip()
+    controller, compute = parse_conf(conf)
     return SlurmNode(name=name, controller=controller, compute=compute,
                      drained_by=str(data.get("slurm_drained_by") or ""))
 
@@ -121,8 +121,8 @@ def _need_compute(slurm: SlurmNode) -> None:
 
 
 def test_munge_key_is_0400_and_owned_by_munge(host, slurm, report):
-    key = host.file(MUNGE_KEY)
-    assert key.is_file, f"expected the cluster's munge key at {MUNGE_KEY}, found none"
+    key = file_stat(host, MUNGE_KEY)
+    assert key and key.kind == "regular file", f"expected the cluster's munge key at {MUNGE_KEY}, found none"
     found = f"mode {key.mode:04o}, {key.user}:{key.group}"
     assert key.mode == 0o400 and key.user == "munge" and key.group == "munge", (
         f"expected {MUNGE_KEY} mode 0400 owned by munge:munge, found {found}")
@@ -132,7 +132,8 @@ def test_munge_key_is_0400_and_owned_by_munge(host, slurm, report):
 
 def test_munge_encodes_and_decodes_a_credential(host, slurm, report):
     require_systemd(host)
-    assert host.service("munge").is_running, "expected munge running, found it stopped"
+    munge = unit_state(host, "munge")
+    assert munge.is_running, f"expected munge running, found {munge}"
     cred = host.run("munge -n | unmunge")
     assert cred.rc == 0 and re.search(r"^STATUS:\s+Success", cred.stdout, re.M), (
         f"expected `munge -n | unmunge` to succeed, found rc {cred.rc}: {(cred.stdout + cred.stderr)[-300:]}")
@@ -143,10 +144,9 @@ def test_slurmctld_active_on_the_controller(host, slurm, report):
     if not slurm.is_controller:
         pytest.skip(f"{slurm.name} is not the controller (SlurmctldHost={slurm.controller}): no slurmctld here")
     require_systemd(host)
-    service = host.service("slurmctld")
+    service = unit_state(host, "slurmctld")
     assert service.is_enabled and service.is_running, (
-        f"expected slurmctld enabled and running on the controller {slurm.name}, found "
-        f"enabled={service.is_enabled}, running={service.is_running}")
+        f"expected slurmctld enabled and running on the controller {slurm.name}, found {service}")
     ping = host.run("scontrol ping")
     assert ping.rc == 0 and "UP" in ping.stdout, f"expected `scontrol ping` UP, found: {ping.stdout}{ping.stderr}"
     report(f"slurmctld running; {ping.stdout.strip()}")
@@ -155,10 +155,9 @@ def test_slurmctld_active_on_the_controller(host, slurm, report):
 def test_slurmd_active_on_a_compute_node(host, slurm, report):
     _need_compute(slurm)
     require_systemd(host)
-    service = host.service("slurmd")
+    service = unit_state(host, "slurmd")
     assert service.is_enabled and service.is_running, (
-        f"expected slurmd enabled and running on {slurm.name}, found "
-        f"enabled={service.is_enabled}, running={service.is_running}")
+        f"expected slurmd enabled and running on {slurm.name}, found {service}")
     report("slurmd enabled and running")
 
 
@@ -212,10 +211,10 @@ def test_srun_runs_a_task_on_this_node(host, slurm, report):
 
 def test_every_task_gets_the_clusters_environment(host, slurm, report):
     _need_jobs(host, slurm)
-    env_file = host.file(TASK_ENV)
-    if not env_file.is_file:
+    env_text = read_text(host, TASK_ENV)
+    if env_text is None:
         pytest.skip(f"no task environment on {slurm.name} (no {TASK_ENV}: slurm_task_env is empty)")
-    wanted = dict(line[len("export "):].split("=", 1) for line in env_file.content_string.splitlines()
+    wanted = dict(line[len("export "):].split("=", 1) for line in env_text.splitlines()
                   if line.startswith("export ") and "=" in line)
     run = host.run(f"timeout 120 srun -N1 -w {shlex.quote(slurm.name)} env")
     assert run.rc == 0, f"expected `srun env` to run on {slurm.name}, found rc {run.rc}: {run.stderr[-300:]}"

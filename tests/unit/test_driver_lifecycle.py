@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -157,16 +158,18 @@ def test_the_runtime_probe_judges_the_node_against_the_lock() -> None:
     from gpuprov.probes.conftest import Expectation
     from gpuprov.probes.test_gpu import test_running_kernel_module_flavour_matches_the_lock as probe
 
-    class _File:
-        def __init__(self, text: str | None) -> None:
-            self.exists, self.content_string = text is not None, text or ""
-
     class _Host:
+        """FIXTURE: a node's shell answering the probe's one read of /proc/driver/nvidia/version
+        (nodefacts.read_text: exit 3 where there is no such file)."""
+
         def __init__(self, text: str | None) -> None:
             self.text = text
 
-        def file(self, _path: str) -> _File:
-            return _File(self.text)
+        def run(self, command: str, *args: str) -> SimpleNamespace:
+            assert args == ("/proc/driver/nvidia/version",) * 2, (command, args)
+            if self.text is None:
+                return SimpleNamespace(rc=3, stdout="", stderr="")
+            return SimpleNamespace(rc=0, stdout=self.text, stderr="")
 
     lock = stack.resolve("p5.48xlarge", on=ON).as_dict()
     expect = Expectation(node="n1", instance_type="p5.48xlarge", gpus=1, gpu_model="H100",
