@@ -10,6 +10,7 @@ functions, or the same bus as recorded (no NVSwitch).
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -33,44 +34,29 @@ class _Result:
     stderr: str
 
 
-@dataclass
-class _Package:
-    is_installed: bool
-    version: str | None
-
-
-@dataclass
-class _File:
-    is_directory: bool
-
-
-@dataclass
-class _Service:
-    is_enabled: bool
-    is_running: bool
-
-
 class FakeHost:
-    """testinfra's ``host`` for the probe: commands run here against ``pci`` instead of
-    /sys/bus/pci/devices; packages and services as given."""
+    """testinfra's ``host`` for the probe: its commands run here, formatted as testinfra does
+    (each argument quoted), against ``pci`` instead of /sys/bus/pci/devices; the package
+    database (the one ``dpkg-query`` the probe runs), systemd's answers and the unit's two
+    states are the ones given."""
 
     def __init__(self, pci: Path, packages: dict[str, str], running: bool = True) -> None:
         self.pci, self.packages, self.running = pci, packages, running
+        self.commands: list[str] = []
 
-    def run(self, cmd: str) -> _Result:
-        proc = subprocess.run(["sh", "-c", cmd.replace("/sys/bus/pci/devices", str(self.pci))],
+    def run(self, cmd: str, *args: str) -> _Result:
+        line = cmd % tuple(shlex.quote(a) for a in args) if args else cmd
+        self.commands.append(line)
+        if line.startswith("dpkg-query -W -f '${db:Status-Status} ${Version}' "):
+            version = self.packages.get(shlex.split(line)[-1])
+            return _Result(0, f"installed {version}", "") if version else _Result(1, "", "no packages found")
+        if line.startswith("test -d /run/systemd/system"):
+            return _Result(0, "", "")  # a node run by systemd
+        if line.startswith("systemctl is-active -- "):
+            return _Result(0, ("active\nenabled\n0 0\n" if self.running else "inactive\nenabled\n3 0\n"), "")
+        proc = subprocess.run(["sh", "-c", line.replace("/sys/bus/pci/devices", str(self.pci))],
                               capture_output=True, text=True, check=False)
         return _Result(proc.returncode, proc.stdout, proc.stderr)
-
-    def package(self, name: str) -> _Package:
-        return _Package(name in self.packages, self.packages.get(name))
-
-    def service(self, _name: str) -> _Service:
-        return _Service(True, self.running)
-
-    def file(self, path: str) -> _File:
-        # A node run by systemd (the probe checks before it asks for the service).
-        return _File(path == "/run/systemd/system")
 
 
 @pytest.fixture
@@ -148,3 +134,11 @@ def test_nvswitch_with_matching_fabric_manager_passes() -> None:
     # ... and a fabric manager at another release still fails, as before.
     with pytest.raises(AssertionError, match=r"found 535\.288\.01-1"):
         run_probe(FakeHost(NVSWITCH_BUS, {"nvidia-fabricmanager-535": "535.288.01-1"}), NVSWITCH_LOCK)
+
+
+def test_a_stopped_fabric_manager_fails_naming_its_state() -> None:
+    host = FakeHost(NVSWITCH_BUS, {"nvidia-fabricmanager-535": "535.309.01-1"}, running=False)
+    with pytest.raises(AssertionError, match=r"expected nvidia-fabricmanager running \(4 NVSwitch\(es\) present\), "
+                                             r"found nvidia-fabricmanager inactive, enabled"):
+        run_probe(host, NVSWITCH_LOCK)
+    assert host.commands[-1].startswith("systemctl is-active -- nvidia-fabricmanager;")
