@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpuprov import providers
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.probes.run import control_dir
 from gpuprov.providers import Orphans, Provider
 from gpuprov.providers import get as get_provider
 from gpuprov.shared.cluster import cluster_lock, files_for, kept_alive, validate_name
@@ -38,6 +40,11 @@ def down(
         files = files_for(name)
         removed = provider.terminate(name, nodes, files, reporter(console))
         store.delete_cluster(name)
+        # The cluster's multiplexed SSH connections (its own directory, as ansible.cfg names
+        # it): their masters end with the nodes, or idle past ControlPersist without sockets.
+        sockets = control_dir(files.ansible_cfg, make=False) if files.ansible_cfg.is_file() else None
+        if sockets is not None and sockets == Path.home() / ".ansible" / "cp" / name:
+            shutil.rmtree(sockets, ignore_errors=True)
         shutil.rmtree(files.dir, ignore_errors=True)
     console.say(f"{name}: down ({removed} node(s) {done})")
     return {"cluster": name, "provider": cluster.provider, "removed": removed}

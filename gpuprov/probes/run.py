@@ -37,12 +37,34 @@ def run_probes(
 ) -> dict[str, list[dict[str, str]]]:
     """The probes on a cluster's nodes, over its generated inventory (testinfra's ansible
     backend, pytest-xdist over up to 8 workers); ``only``: a marker expression choosing them."""
+    control_dir(ansible_cfg)
     targets = ["--connection=ansible", f"--ansible-inventory={inventory}", f"--hosts={','.join(hosts)}"]
     workers = min(len(hosts), 8)
     if workers > 1:
         targets += ["-n", str(workers)]
     return _run(targets, hosts, expectations, run_dir, level, console, {"ANSIBLE_CONFIG": str(ansible_cfg)},
                 only=only)
+
+
+def control_dir(ansible_cfg: Path, make: bool = True) -> Path | None:
+    """The cluster's directory of multiplexed SSH connections, made (0700) when missing.
+
+    testinfra multiplexes its commands to a node through one master only if the ControlPath
+    directory ansible.cfg names already exists (``[persistent_connection] control_path_dir``);
+    otherwise each command is a whole SSH connection and sudo (about 0.28 s and 0.13 CPU-s of
+    this machine's on the slow kind). Ansible's ssh connection makes the directory, Mitogen's
+    does not, and a cluster just launched has none: made here, a probe run costs one key
+    exchange per node, not one per command (docs/performance-history.md, 2026-12-03).
+    ``make=False``: only the path (`down` removes the directory with the cluster)."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ansible_cfg)
+    raw = cfg.get("persistent_connection", "control_path_dir", fallback="")
+    if not raw:
+        return None
+    path = Path(os.path.expanduser(raw))
+    if make:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 def run_local_probes(

@@ -87,3 +87,26 @@ def test_list_reconciles_with_every_provider_that_lists_by_label(fake: FakeProvi
     assert rows["kept"].nodes == 2
     assert rows["gone"].state.endswith("(missing at fake)")
     assert rows["stray"].state == "untracked (tags only)" and rows["stray"].provider == "fake"
+
+
+def test_down_removes_the_clusters_ssh_connection_directory_and_no_other(
+    fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuprov import templating
+    from gpuprov.probes.run import control_dir
+    from gpuprov.shared.cluster import files_for
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    Store().create_cluster("gone", "fake", {})
+    files = files_for("gone")
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.ansible_cfg.write_text(templating.render("ansible.cfg.j2", {
+        "cluster": "gone", "forks": 5, "inventory": "i", "roles_path": "r", "strategy_plugins": None}))
+    sockets = control_dir(files.ansible_cfg)
+    assert sockets == tmp_path / "home" / ".ansible" / "cp" / "gone"
+    (sockets / "0123abcd").touch()
+    other = sockets.parent / "kept"
+    other.mkdir()
+    down.down("gone", console=Console(quiet=True))
+    assert not sockets.exists() and not files.dir.exists()
+    assert other.is_dir()
