@@ -36,14 +36,24 @@ def run_probes(
     only: str | None = None,
 ) -> dict[str, list[dict[str, str]]]:
     """The probes on a cluster's nodes, over its generated inventory (testinfra's ansible
-    backend, pytest-xdist over up to 8 workers); ``only``: a marker expression choosing them."""
+    backend, pytest-xdist over ``probe_workers``); ``only``: a marker expression choosing them."""
     control_dir(ansible_cfg)
     targets = ["--connection=ansible", f"--ansible-inventory={inventory}", f"--hosts={','.join(hosts)}"]
-    workers = min(len(hosts), 8)
+    workers = probe_workers(len(hosts))
     if workers > 1:
         targets += ["-n", str(workers)]
     return _run(targets, hosts, expectations, run_dir, level, console, {"ANSIBLE_CONFIG": str(ansible_cfg)},
                 only=only)
+
+
+def probe_workers(hosts: int, cpus: int | None = None) -> int:
+    """pytest-xdist workers for a probe run of ``hosts`` nodes: one per two nodes, at most one
+    per CPU of this machine and 8. Each worker is a pytest of its own (its start, testinfra's
+    ``ansible-inventory``): on a 2-core machine a probe run of 2 nodes took the same wall time
+    on one process or two and half the CPU on one (2.4 against 5.0 CPU-s), one of 4 nodes
+    the least wall on two (5.6 to 6.0 s, against 7.2 on four and 7.4 to 7.9 on one)
+    (docs/performance-history.md, 2026-12-03)."""
+    return max(1, min(hosts // 2, cpus or os.cpu_count() or 1, 8))
 
 
 def control_dir(ansible_cfg: Path, make: bool = True) -> Path | None:

@@ -65,3 +65,11 @@ def test_a_config_without_the_setting_makes_nothing(tmp_path: Path) -> None:
     cfg = tmp_path / "ansible.cfg"
     cfg.write_text("[defaults]\nforks = 5\n")
     assert control_dir(cfg) is None
+
+
+@pytest.mark.parametrize(("hosts", "cpus", "workers"), [
+    (1, 2, 1), (2, 2, 1), (3, 2, 1), (4, 2, 2), (8, 2, 2), (8, 16, 4), (16, 16, 8), (64, 64, 8)])
+def test_probe_workers_one_per_two_nodes_within_the_cpus(hosts: int, cpus: int, workers: int) -> None:
+    from gpuprov.probes.run import probe_workers
+
+    assert probe_workers(hosts, cpus) == workers
