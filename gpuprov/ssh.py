@@ -117,12 +117,17 @@ def ssh_options(known_hosts: Path, key: Path | None) -> list[str]:
     return opts
 
 
+# A node record's ``login`` (its extra) when the node takes the user's own SSH keys (agent and
+# default identities), not a key of the cluster's: a provider that records such nodes says so.
+USER_KEYS = "user-keys"
+
+
 def node_key(node: NodeRecord, default: Path) -> Path | None:
-    """The private key for ``node``: its own (static hosts), else the cluster's, else None
-    (a static host without a key: the user's agent and default keys are used)."""
+    """The private key for ``node``: its own (``key_file``), else None where the node logs in
+    with the user's keys (``login``: USER_KEYS), else the cluster's."""
     if node.extra.get("key_file"):
         return Path(node.extra["key_file"]).expanduser()
-    if node.zone == "static":
+    if node.extra.get("login") == USER_KEYS:
         return None
     return default
 

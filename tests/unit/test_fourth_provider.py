@@ -84,8 +84,9 @@ def test_a_fourth_provider_declared_in_the_registry_is_offered_and_asked_everywh
 
 
 def test_the_registry_is_the_only_list_of_provider_names() -> None:
-    """Outside gpuprov/providers/, no module compares a provider with a name of one (the names a
-    catalog entry or a node carries as data, `onprem` and the static zone, are not providers')."""
+    """Outside gpuprov/providers/, no module compares a provider, or a node's zone, with a
+    provider's name (a node taking the user's keys says so itself: gpuprov/ssh.py ``USER_KEYS``;
+    `onprem`, a name a catalog entry carries as data, is no provider's)."""
     from gpuprov.providers import names
 
     quoted = "|".join(names())
@@ -95,7 +96,7 @@ def test_the_registry_is_the_only_list_of_provider_names() -> None:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]
-            if any(f'{op} "{n}"' in code for op in ("==", "!=") for n in quoted.split("|")) and "zone" not in code:
+            if any(f'{op} "{n}"' in code for op in ("==", "!=") for n in quoted.split("|")):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
             if f'Choice(["{names()[1]}"' in code or f'default="{names()[1]}"' in code:
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")

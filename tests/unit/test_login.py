@@ -12,6 +12,7 @@ import pytest
 from gpuprov.core import login
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
+from gpuprov.ssh import USER_KEYS
 from gpuprov.state import ClusterRecord, NodeRecord
 
 FILES = ClusterFiles(Path("/state/clusters/demo"))
@@ -55,7 +56,9 @@ def test_a_command_follows_the_destination_as_one_shell_line() -> None:
 def test_a_nodes_own_key_is_used_and_a_static_host_without_one_uses_the_agent() -> None:
     own = login.ssh_argv(node(1, zone="static", extra={"key_file": "/keys/ops"}), FILES)
     assert own[own.index("-i") + 1] == "/keys/ops"
-    agent = login.ssh_argv(node(1, zone="static", user="ops", address="10.0.0.5", ssh_port=22), FILES)
+    # A static host without a key, as the static provider records it (login: the user's keys).
+    agent = login.ssh_argv(node(1, zone="static", user="ops", address="10.0.0.5", ssh_port=22,
+                                extra={"login": USER_KEYS}), FILES)
     assert agent == ["ssh", "-p", "22", "-o", f"UserKnownHostsFile={KNOWN}", "-o", "StrictHostKeyChecking=yes",
                      "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ControlMaster=no", "-o", "ControlPath=none",
                      "--", "ops@10.0.0.5"]
@@ -142,8 +145,8 @@ def test_a_host_entry_is_named_as_the_node() -> None:
 
 
 def test_a_static_host_without_a_key_gets_no_identity_lines() -> None:
-    assert login.host_block(node(1, zone="static", user="ops", address="gpu01.example.org", ssh_port=22),
-                            FILES) == [
+    assert login.host_block(node(1, zone="static", user="ops", address="gpu01.example.org", ssh_port=22,
+                                 extra={"login": USER_KEYS}), FILES) == [
         "", "Host demo-node-1", "    HostName gpu01.example.org", "    Port 22", "    User ops",
         f"    UserKnownHostsFile {KNOWN}", "    GlobalKnownHostsFile /dev/null", "    StrictHostKeyChecking yes"]
 

@@ -164,3 +164,30 @@ def test_binary_or_utf16_hosts_file_is_bad_input(tmp_path: Path, data: bytes) ->
     f.write_bytes(data)
     with pytest.raises(BadInput, match=r"is not (a text file|UTF-8 text)"):
         parse_hosts_file(str(f))
+
+
+def test_a_host_without_a_key_logs_in_with_the_users_keys_and_old_records_learn_it(
+    tmp_path: Path, key: Path
+) -> None:
+    """Which hosts take the user's agent and default keys is the static provider's record
+    (``login``), not a provider name other modules test for (gpuprov/ssh.py ``node_key``)."""
+    from dataclasses import replace
+
+    from gpuprov import ssh
+    from gpuprov.providers import ClusterFiles, ClusterSpec, Plan
+    from gpuprov.providers.static import PROVIDER
+    from gpuprov.providers.static.options import StaticOptions
+
+    f = tmp_path / "hosts.yml"
+    f.write_text(f"user: ops\nhosts:\n  - name: own\n    address: 10.1.0.11\n    key: {key}\n"
+                 "  - name: agent\n    address: 10.1.0.12\n")
+    spec = ClusterSpec(name="rack", provider="static", instance_type=None, count=None,
+                       options=StaticOptions(hosts_file=str(f)))
+    files = ClusterFiles(tmp_path / "rack")
+    own, agent = PROVIDER.launch(Plan(spec=spec, existing=0, billable=False), files, lambda _: None)
+    assert ssh.node_key(own, files.key) == key.resolve()
+    assert agent.extra["login"] == ssh.USER_KEYS and ssh.node_key(agent, files.key) is None
+    # A record of a host without a key written before ``login`` existed: describe adds it.
+    old = replace(agent, extra={k: v for k, v in agent.extra.items() if k != "login"})
+    assert ssh.node_key(old, files.key) == files.key
+    assert PROVIDER.describe("rack", [own, old], files) == [own, agent]

@@ -102,6 +102,8 @@ class StaticProvider(Provider):
                 instance_type=h.instance_type or spec.instance_type or "",
                 extra={
                     "key_file": str(Path(h.key).expanduser().resolve()) if h.key else None,
+                    # A host without a key of its own takes the user's agent and default keys.
+                    **({} if h.key else {"login": ssh.USER_KEYS}),
                     "gpus": h.gpus,
                     "host_key": h.host_key,
                     **({"root_free_gib": h.root_free_gib} if h.root_free_gib is not None else {}),
@@ -179,7 +181,9 @@ class StaticProvider(Provider):
         }
 
     def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
-        return list(known)
+        # Records written before ``login`` was recorded: a host without key_file took the user's keys.
+        return [n if n.extra.get("key_file") or "login" in n.extra
+                else replace(n, extra={**n.extra, "login": ssh.USER_KEYS}) for n in known]
 
     def pull_address(self, spec: ClusterSpec, nodes: list[NodeRecord]) -> str:
         """This machine's address on the route to the first host (the kernel's choice; no
