@@ -82,7 +82,7 @@ test-debian13: $(STAMP) host-setup mirror registry settings
 	$(ENV) GPUPROV_E2E_DEBIAN13=1 python -m pytest tests/e2e/test_debian13_e2e.py -p no:cacheprovider
 
 # The linters are one unit of `make test` (tests/unit/test_lint.py: ruff, yamllint, ansible-lint's
-# production profile), run there beside the other units; `make lint` runs that file alone.
+# production profile, mypy), run there beside the other units; `make lint` runs that file alone.
 lint: $(STAMP)
 	python -m pytest tests/unit/test_lint.py -p no:cacheprovider -q
 

@@ -314,7 +314,8 @@ class Store:
                 "INSERT INTO runs(cluster, kind, started, artifact_dir, pid) VALUES (?, ?, ?, ?, ?)",
                 (cluster, kind, now(), artifact_dir, os.getpid()),
             )
-            return int(cur.lastrowid)
+            assert cur.lastrowid is not None  # an INSERT's row
+            return cur.lastrowid
 
     def close_dead_runs(self, cluster: str) -> None:
         """Close, as failed and interrupted, the unfinished runs of ``cluster`` whose process is
@@ -367,7 +368,7 @@ class BadRecord(ValueError):
 
 
 def _object(text: str | None, what: str, *, none_ok: bool = False) -> Any:
-    value = json.loads(text) if text or not none_ok else None
+    value = json.loads(text or "") if text or not none_ok else None
     if not isinstance(value, dict) and not (none_ok and value is None):
         raise BadRecord(f"{what} is not a JSON object")
     return value

@@ -14,10 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.node_text import printable_data
 from gpuprov.ssh import ssh_error_line
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 
 @dataclass
@@ -100,7 +103,7 @@ class PlaybookProgress:
         # Per node, the name of each task that reported a change (in check mode: would change).
         self.changed_tasks: dict[str, list[str]] = {h: [] for h in hosts}
         self.stats: dict[str, Any] | None = None
-        self.live = None
+        self.live: Live | None = None
         self.interactive = self.console.is_terminal
         self.started = time.monotonic()
 
@@ -109,8 +112,8 @@ class PlaybookProgress:
         if self.interactive:
             from rich.live import Live
 
-            self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
-            self.live.__enter__()
+            self.live = live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
+            live.__enter__()
         else:
             self.console.print(f"{self.title}: {len(self.hosts)} node(s)", highlight=False, markup=False, emoji=False)
         return self

@@ -76,7 +76,7 @@ def extravars_yaml(data: Mapping[str, Any]) -> str:
     Dumper.add_multi_representer(list, Dumper.represent_list)
     Dumper.add_multi_representer(object, refuse)
     # No anchors or aliases: each value written out where it is.
-    Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
+    Dumper.ignore_aliases = lambda self, data: True
     return yaml.dump(dict(data), Dumper=Dumper, default_flow_style=False, sort_keys=True,
                      width=1 << 16, allow_unicode=False, explicit_start=True)
 

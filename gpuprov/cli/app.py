@@ -324,9 +324,10 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         sys.exit(2)
     except click.ClickException as exc:
+        ctx = getattr(exc, "ctx", None)  # a UsageError's
         hint = (
-            f" (see 'gpuprov {exc.ctx.command_path.split(' ', 1)[1]} --help')"
-            if getattr(exc, "ctx", None) and " " in exc.ctx.command_path
+            f" (see 'gpuprov {ctx.command_path.split(' ', 1)[1]} --help')"
+            if ctx is not None and " " in ctx.command_path
             else ""
         )
         click.echo(f"gpuprov: {exc.format_message()}{hint}", err=True)

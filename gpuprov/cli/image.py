@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -52,11 +54,11 @@ def _no_region(provider: str, region: str | None, copy_to: tuple[str, ...] = (),
                        f"{' or '.join(f'--provider {n}' for n in having('regions'))}")
 
 
-def _asker(yes: bool, what: str) -> Any:
+def _asker(yes: bool, what: str) -> Callable[[str], bool]:
     def confirm(question: str) -> bool:
         if yes:
             return True
-        if not click.get_text_stream("stdin").isatty():
+        if not sys.stdin.isatty():
             raise BadInput(f"{what}: pass --yes to confirm without a prompt")
         return click.confirm(question, default=False, err=True)
 

@@ -60,7 +60,7 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
         which = ", ".join(r.probe for r in failing) or "no probe ran"
         raise GpuprovError(f"{chosen.name} did not pass verify ({which}); "
                            "not baked")
-    console.say(f"{chosen.name}: verified; baking an image for lock {cluster.lock['hash']}")
+    console.say(f"{chosen.name}: verified; baking an image for lock {(cluster.lock or {}).get('hash')}")
     with cluster_lock(name):
         image = provider.bake(load(store, name), chosen, files, reporter(console), copy_to=copy_to)
         if provider.bake_consumes_node:

@@ -177,7 +177,7 @@ class Rounds:
             self.kept |= gone
         else:
             run.report(f"terminating the failed node(s): {', '.join(n.name for n in out)}")
-            stay = set(run.provider.terminate_nodes(out, run.files, run.report))
+            stay = set(run.provider.terminate_nodes(out, run.made_files, run.report))
             for n in out:
                 if n.id in stay:
                     self.stuck[n.name] = failed[n.name]
@@ -193,7 +193,7 @@ class Rounds:
         """One round: the missing nodes launched, reached, bootstrapped and gated, alone."""
         run = self.run
         cluster = load(run.store, run.name)
-        new = counts.counted(run.provider.plan(run.spec, run.files), run.provider,
+        new = counts.counted(run.provider.plan(run.spec, run.made_files), run.provider,
                              len(kept_alive(run.provider, cluster)))
         plan = dataclasses.replace(run.plan, spec=new.spec, to_create=new.to_create, min_create=new.min_create,
                                    existing=new.existing, notes=new.notes, details=new.details)
@@ -226,7 +226,7 @@ class Rounds:
 
     def finish(self, nodes: list[NodeRecord], blamed: bool = True) -> UpResult:
         """The judgement: at least K nodes converged (and healthy), none failed that stays."""
-        run, wanted = self.run, self.run.spec.count
+        run, wanted = self.run, self.run.spec.launch_count
         ok = blamed and not self.stuck and len(nodes) >= self.least
         if ok:
             reach(run.store, run.name, "reachable" if run.tags else "bootstrapped")

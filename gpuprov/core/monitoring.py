@@ -63,7 +63,7 @@ def monitor(name: str, *, on: str | None, console, store: Store | None = None) -
                monitoring_host=host)
         run_dir = new_run_dir(files, KIND)
         run_id = store.start_run(name, KIND, str(run_dir))
-        ok, summary = False, {"host": host}
+        ok, summary = False, dict[str, object]({"host": host})
         try:
             console.say(f"monitor {name}: node_exporter on {len(nodes)} node(s), Prometheus and Alertmanager "
                         f"on {host}")

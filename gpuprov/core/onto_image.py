@@ -157,7 +157,7 @@ def _replace_batch(name: str, provider: Provider, batch: list[str], image: Baked
     """One batch: drain, new nodes, converge, probe, health, swap. False when it stops the roll."""
     cluster = load(store, name)
     old_nodes = [n for n in cluster.nodes if n.name in batch]
-    drained = []
+    drained: list[NodeRecord] = []
     for node in old_nodes:
         ok, detail = run_hook(req.drain, name, node, "drain") if req.drain else (True, "")
         if not ok:
@@ -215,7 +215,7 @@ def add_nodes(name: str, count: int, image: BakedImage, *, console: Console, sto
         nodes = wait_ready(run, nodes)
         added = list(run.added)
         try:
-            outcome = run_site(store, load(store, name), provider, run.files, added, console=console)
+            outcome = run_site(store, load(store, name), provider, run.made_files, added, console=console)
             if not outcome.ok:
                 raise GpuprovError("the site did not converge on " + ", ".join(
                     f"{h}: {e}" for h, e in outcome.errors.items()) or "the new nodes")

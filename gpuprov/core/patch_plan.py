@@ -97,7 +97,7 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
     with it); a new CUDA line through it too (its toolkit, cuDNN, NCCL and base images), held
     to the driver the cluster will run; microcode pins from the current stack data; everything
     else as it was."""
-    cuda = req.cuda if moves_cuda(lock, req) else lock["cuda"]
+    cuda: str = (req.cuda or lock["cuda"]) if moves_cuda(lock, req) else lock["cuda"]
     if cuda != lock["cuda"]:
         late = cuda_lines.not_installed_yet(cuda, lock.get("instance_type") or "TYPE", lock["source"], lock.get("os"))
         if late:
@@ -110,13 +110,13 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
                                 kernel_module=req.kernel_module or lock.get("kernel_module")
                                 or "proprietary").as_dict()
     if req.move_driver:
-        moved = {k: fresh[k] for k in ("driver_branch", "driver", "fabricmanager", "kernel_module",
+        moved: dict[str, Any] = {k: fresh[k] for k in ("driver_branch", "driver", "fabricmanager", "kernel_module",
                                        "driver_branch_kind", "driver_eol") if k in fresh}
         packages = {k: v for k, v in lock.get("packages", {}).items() if k != "pinning"}
         packages.update({k: fresh["packages"][k] for k in
                          ("driver", "driver_version", "fabricmanager", "fabricmanager_version", "pinning")
                          if k in fresh["packages"]})
-        out = {**lock, **moved, "packages": packages}
+        out: dict[str, Any] = {**lock, **moved, "packages": packages}
     else:
         out = dict(lock)
     if cuda != lock["cuda"]:

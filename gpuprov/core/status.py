@@ -51,7 +51,7 @@ def list_clusters(
             for c in clusters]
     for provider in providers.supporting("list_tagged_clusters"):
         mine = any(r.provider == provider.name for r in rows)
-        regions = {region} if region else {
+        regions: set[str | None] = {region} if region else {
             c.spec.get("region") for c in clusters if c.provider == provider.name} | {None}
         tagged = _tagged(provider, regions, bool(region or mine), console)
         if tagged is not None:

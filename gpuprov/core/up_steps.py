@@ -53,6 +53,12 @@ class Run:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def made_files(self) -> ClusterFiles:
+        """The cluster's files (its key, known_hosts), once `record` made them."""
+        assert self.files is not None, "the cluster's files are made by record() first"
+        return self.files
+
     def report(self, message: str) -> None:
         reporter(self.console)(message)
 

@@ -205,11 +205,12 @@ def _launch(group: Sequence[Peer], files: ClusterFiles, program: Sequence[str], 
                f"--mca plm_rsh_agent {shlex.quote(agent)} --mca plm_rsh_no_tree_spawn 1 {exports} "
                f"{shlex.join(program)} 2>&1")
     try:
-        proc = subprocess.run(_ssh(launcher.node, files, command), capture_output=True, text=True,
-                              timeout=timeout + 60, check=False)
+        mpirun = subprocess.run(_ssh(launcher.node, files, command), capture_output=True, text=True,
+                                timeout=timeout + 60, check=False)
     except subprocess.TimeoutExpired:
         return ran
-    return replace(ran, rc=None if proc.returncode == 124 else proc.returncode, output=proc.stdout + proc.stderr)
+    return replace(ran, rc=None if mpirun.returncode == 124 else mpirun.returncode,
+                   output=mpirun.stdout + mpirun.stderr)
 
 
 def srun_command(group: Sequence[Peer], program: Sequence[str], *, ranks_per_node: int,

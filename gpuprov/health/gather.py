@@ -133,7 +133,7 @@ def split(output: str) -> dict[str, Section]:
             if name is not None:
                 sections[name] = Section("\n".join(lines), None)
             name, lines = start.group(1), []
-        elif end and end.group(1) == name:
+        elif end and name is not None and end.group(1) == name:
             sections[name] = Section("\n".join(lines), int(end.group(2)))
             name, lines = None, []
         elif name is not None:

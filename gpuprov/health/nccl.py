@@ -154,7 +154,8 @@ class Network:
 
     @property
     def ofi(self) -> bool:
-        return bool(self.name) and ("libfabric" in self.name.lower() or "ofi" in self.name.lower())
+        name = (self.name or "").lower()
+        return "libfabric" in name or "ofi" in name
 
     @property
     def sockets(self) -> bool:

@@ -97,7 +97,7 @@ def nvlink_status(text: str) -> list[GpuLinks]:
     ("Link 3: <inactive>"). No GPU lines (one GPU, or NVLink off): an empty list."""
     out: list[GpuLinks] = []
     gpu: str | None = None
-    active, inactive = 0, []
+    active, inactive = 0, list[int]()
     for line in text.splitlines():
         head = re.match(r"^GPU (\d+): (.*)$", line.strip())
         link = re.match(r"^Link (\d+): (.*)$", line.strip())

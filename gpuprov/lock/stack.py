@@ -290,7 +290,7 @@ def _checked_cuda(kinds: list[catalog.InstanceType], cuda: str | None, os: str, 
     cuda_lines.line(cuda)  # refused here when the data lacks the line
     for itype in kinds:
         why = itype.arch and cuda_lines.arch_reason(cuda, itype.arch)
-        if why:
+        if why and itype.arch:
             raise BadInput(f"CUDA {cuda} cannot drive {itype.gpu_model} ({itype.arch}, "
                            f"{cuda_lines.family(itype.arch)}) on {itype.name}: {why}"
                            f"{cuda_lines.way_forward(itype.arch, cuda)}")

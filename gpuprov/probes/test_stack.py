@@ -196,7 +196,7 @@ def test_cudnn_matches_the_lock(host, expect, report):
         f"/usr/include/aarch64-linux-gnu/cudnn_version_v{major}.h 2>/dev/null"
     ).stdout
     parts = [re.search(rf"#define CUDNN_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCHLEVEL")]
-    found = ".".join(m.group(1) for m in parts) if all(parts) else None
+    found = ".".join(m.group(1) for m in parts if m) if all(parts) else None
     assert found == want, f"expected cudnn_version.h to say {want}, found {found}"
     # The library itself: loaded by the dynamic linker, asked for its version.
     code = (
@@ -274,6 +274,6 @@ def nccl_from_archive(host, lock: dict, report) -> None:
     MINOR*100 + PATCH from NCCL 2.9)."""
     header = host.run(f"cat /usr/local/cuda-{lock['cuda']}/include/nccl.h 2>/dev/null").stdout
     parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCH")]
-    found = ".".join(m.group(1) for m in parts) if all(parts) else None
+    found = ".".join(m.group(1) for m in parts if m) if all(parts) else None
     assert found == lock["nccl"], f"expected nccl.h to say {lock['nccl']}, found {found}"
     report(f"nccl.h {found}, libnccl.so.2 loads and reports {nccl_loads(host, lock)} (from the archive)")

@@ -116,6 +116,14 @@ class ClusterSpec:
     keep_failed: bool = False
     scheduler: Scheduler = field(default_factory=Scheduler)
 
+    @property
+    def launch_count(self) -> int:
+        """``count`` for a provider that launches its nodes (only one that adopts existing hosts
+        has a spec without it)."""
+        if self.count is None:
+            raise ValueError(f"{self.name}: a spec for launching nodes without a count")
+        return self.count
+
     # The options core reads of any provider that has them (None where it has not).
     @property
     def region(self) -> str | None:

@@ -335,7 +335,7 @@ def _watch(server: PullServer | ObjectReports, names: list[str], outcome: dict[s
 
 
 def _one(node: str, event: dict[str, Any], got: dict[str, Any], progress: Any) -> None:
-    kind, data = event.get("event"), event.get("event_data") or {}
+    kind, data = str(event.get("event") or ""), event.get("event_data") or {}
     if kind == "playbook_on_stats":
         got["stats"] = {"ok": data.get("ok", {}).get(node, 0), "changed": data.get("changed", {}).get(node, 0),
                         "failed": data.get("failures", {}).get(node, 0),

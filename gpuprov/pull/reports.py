@@ -168,7 +168,8 @@ def _rows(value: Any) -> list[dict[str, str]]:
     return rows
 
 
-_TASK = {"host": _text, "task": _text, "role": _text, "task_action": _text, "res": _res, "ignore_errors": _flag}
+_TASK: dict[str, Callable[[Any], Any]] = {"host": _text, "task": _text, "role": _text, "task_action": _text,
+                                          "res": _res, "ignore_errors": _flag}
 # Each event the agent and its callback send, the fields it may have, and those it must.
 _KINDS: dict[str, tuple[dict[str, Callable[[Any], Any]], tuple[str, ...]]] = {
     **{kind: (_TASK, ("task",)) for kind in ("runner_on_start", "runner_on_ok", "runner_on_failed",

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 from gpuprov.pull import node_token, report_secret, report_signature
 from gpuprov.pull.reports import MAX_EVENTS, MAX_REPORT, BadReport, check_report
@@ -64,6 +64,7 @@ class PullServer:
     @property
     def base_url(self) -> str:
         host, port = self.httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server: (host, port)
         return f"http://{host}:{port}"
 
     @property
@@ -177,7 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
     deadline_s: float = 0.0
     server_version = "gpuprov-pull"
     sys_version = ""
-    timeout: float | None = None  # each read and each write of the connection (socketserver sets it)
+    timeout: ClassVar[float | None] = None  # each read and each write of the connection (socketserver sets it)
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # no access log: the events are the record

@@ -319,8 +319,9 @@ class PatchHost:
     def of(cls, state: Mapping[str, Any]) -> PatchHost:
         """From the roll's working record of the node (patch.py keeps it as it goes)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: (list(v) if isinstance(v, (list, tuple)) else v)
-                      for k, v in state.items() if k in known})
+        values: dict[str, Any] = {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                                  for k, v in state.items() if k in known}
+        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""The linters, as one unit of `make test`: ruff, yamllint, and ansible-lint's production
-profile (which syntax-checks every playbook, molecule's converge playbooks included).
+"""The linters, as one unit of `make test`: ruff, yamllint, ansible-lint's production profile
+(which syntax-checks every playbook, molecule's converge playbooks included) and mypy on the
+package.
 
 They are a test file so that they run on one worker beside the suite's other units rather than
 before all of them (about two minutes of one core on a 2-core AMD EPYC). `make lint` runs this file
@@ -19,6 +20,8 @@ LINTERS = {
     "ruff": ["ruff", "check", "gpuprov", "tests", "benchmarks"],
     "yamllint": ["yamllint", "-s", "."],
     "ansible-lint": ["ansible-lint", "--profile", "production", "--offline", "playbooks", "roles"],
+    # The package's annotations ([tool.mypy] in pyproject.toml): about 10 s of one core, cold.
+    "mypy": ["mypy"],
 }
 
 

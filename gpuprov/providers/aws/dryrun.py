@@ -48,7 +48,7 @@ def dry_run(prep: AwsPlan, report: Reporter, pull: bool = False) -> None:
         ("DeleteSecurityGroup", ec2.delete_security_group, {"GroupId": _DUMMY["sg"]}),
         ("DeleteKeyPair", ec2.delete_key_pair, {"KeyName": f"gpuprov-dryrun-{spec.name}"}),
     ]
-    if uses_placement_group(prep.itype, spec.count):
+    if uses_placement_group(prep.itype, spec.launch_count):
         checks[3:3] = [
             ("CreatePlacementGroup", ec2.create_placement_group,
              {"GroupName": f"gpuprov-dryrun-{spec.name}", "Strategy": "cluster",

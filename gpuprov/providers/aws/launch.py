@@ -122,7 +122,7 @@ def _run_with_failover(
 ) -> list[str]:
     spec, aws, tried = prep.spec, prep.aws, []
     count, least = counts  # how many to launch, and the least a short launch may bring
-    zones = prep.zones
+    zones = list(prep.zones)
     reservation = options.of(spec).capacity_reservation
     if reservation:
         zones = [z for z in zones if z == reservation_zone(aws, reservation)] or zones
@@ -137,7 +137,7 @@ def _run_with_failover(
                 tried.append(f"{zone}: no default subnet")
                 continue
             group = None
-            if uses_placement_group(prep.itype, spec.count):
+            if uses_placement_group(prep.itype, spec.launch_count):
                 group = ensure_placement_group(aws, spec.name, zone, report)
             report(f"zone {zone}: launching {count} x {prep.itype.name}")
             params = run_params(prep, spec, subnet, sg, zone, group, batch, data, count, first)

@@ -241,7 +241,7 @@ def _quota(
     aws: api.Aws, itype: InstanceType, spec: ClusterSpec, notes: list[str]
 ) -> tuple[str, str, float | None]:
     code, quota_name = catalog.quota_for(itype.name, options.of(spec).spot)
-    need = (itype.vcpus or 0) * spec.count
+    need = (itype.vcpus or 0) * spec.launch_count
     try:
         answer = aws.client("service-quotas").get_service_quota(ServiceCode="ec2", QuotaCode=code)
         value = float(answer["Quota"]["Value"])

@@ -201,7 +201,7 @@ class Channel:
 
     def list_reports(self) -> dict[str, int]:
         """Every report object of this cluster: {key: size}."""
-        s3, out = client(self.aws), {}
+        s3, out = client(self.aws), dict[str, int]()
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=f"{self.prefix}reports/"):
             self.listed += 1
             out.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
@@ -269,7 +269,7 @@ def simulate(aws: api.Aws, asks: tuple[tuple[tuple[str, ...], str], ...], report
     """Each (actions, resource ARN) asked of IAM's policy simulator on the caller's own
     principal; the refused actions. Where the simulator cannot be asked, each is said to be
     not checked (and none counts as refused)."""
-    refused = []
+    refused: list[str] = []
     try:
         principal = caller_principal(aws)
         # Asked as gpuprov makes them: on a bucket of this account (the policy's s3:ResourceAccount).

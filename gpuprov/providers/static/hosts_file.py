@@ -289,7 +289,7 @@ def _reason(exc: BaseException) -> str:
     return text.strip().splitlines()[0]
 
 
-def _at(exc: BaseException) -> str:
+def _at(exc: BaseException | None) -> str:
     """' (line L, column C)' from the innermost Ansible error that knows them."""
     while exc is not None:
         origin = getattr(exc, "obj", None)

@@ -74,8 +74,9 @@ class Reporter:
 
     def add(self, event: str, **data: object) -> None:
         data = {k: clip(v) if isinstance(v, str) else v for k, v in data.items()}
-        if isinstance(data.get("rows"), list):
-            data["rows"] = [{**r, "detail": clip(str(r.get("detail", "")))} for r in data["rows"]]
+        rows = data.get("rows")
+        if isinstance(rows, list):
+            data["rows"] = [{**r, "detail": clip(str(r.get("detail", "")))} for r in rows]
         with self.events.open("a", encoding="utf-8") as out:
             out.write(json.dumps({"event": event, "event_data": {"host": self.config["node"], **data}}) + "\n")
 
