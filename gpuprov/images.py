@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov.clock import utc_text
+from gpuprov.lock.lock_data import LockData
 
 # The lock fields an image records beside its hash (labels on docker, tags on aws).
 LOCK_FIELDS = ("driver", "source", "kernel_module", "cuda", "cudnn", "fabricmanager", "instance_type")
@@ -61,7 +62,7 @@ def now() -> str:
     return utc_text()
 
 
-def lock_record(lock: dict[str, Any]) -> dict[str, str]:
+def lock_record(lock: LockData) -> dict[str, str]:
     return {k: str(lock.get(k) or "") for k in LOCK_FIELDS}
 
 
@@ -71,7 +72,7 @@ def newest_for(images: list[BakedImage], lock_hash: str) -> BakedImage | None:
     return max(mine, key=lambda i: (i.created, i.id)) if mine else None
 
 
-def choose(images: list[BakedImage], lock: dict[str, Any], *, explicit: str | None,
+def choose(images: list[BakedImage], lock: LockData, *, explicit: str | None,
            no_baked: bool, os: str | None = None) -> ImageChoice:
     """The image new nodes boot from: ``--image`` wins, ``--no-baked`` forbids a baked one,
     else the newest baked for the cluster's lock (and its OS, where images record one), else

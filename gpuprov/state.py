@@ -21,6 +21,7 @@ from typing import Any
 from gpuprov import paths
 from gpuprov.clock import utc_text
 from gpuprov.errors import DamagedFile, GpuprovError
+from gpuprov.lock.lock_data import LockData
 
 # Each entry moves the schema from version i to i+1. Never edit a released
 # entry; append a new one.
@@ -114,7 +115,7 @@ class ClusterRecord:
     created: str
     state: str
     spec: dict[str, Any]
-    lock: dict[str, Any] | None
+    lock: LockData | None
     nodes: tuple[NodeRecord, ...] = ()
     failed_step: str | None = None
 
@@ -222,7 +223,7 @@ class Store:
 
     # -- clusters ---------------------------------------------------------
     def create_cluster(
-        self, name: str, provider: str, spec: dict[str, Any], lock: dict[str, Any] | None = None
+        self, name: str, provider: str, spec: dict[str, Any], lock: LockData | None = None
     ) -> ClusterRecord:
         """Reserve a cluster name. Raises ``KeyError`` when it is taken."""
         with self._tx() as conn:
@@ -273,7 +274,7 @@ class Store:
         with self._tx() as conn:
             conn.execute("UPDATE clusters SET spec = ? WHERE name = ?", (json.dumps(spec), name))
 
-    def set_lock(self, name: str, lock: dict[str, Any] | None) -> None:
+    def set_lock(self, name: str, lock: LockData | None) -> None:
         with self._tx() as conn:
             conn.execute(
                 "UPDATE clusters SET lock = ? WHERE name = ?",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuprov.cli.table import table
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import having
 
 if TYPE_CHECKING:
@@ -322,7 +323,7 @@ def stack_table(instance_type: str, data: dict[str, Any]) -> None:
         click.echo(f"note: {note}")
 
 
-def eol_warning(lock: dict[str, Any] | None) -> None:
+def eol_warning(lock: LockData | None) -> None:
     """Say once, on stderr, that a lock's driver branch is past its end of life."""
     from gpuprov.lock import stack  # lazy: CLI start-up
 

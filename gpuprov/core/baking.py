@@ -10,6 +10,7 @@ from gpuprov.core.up import UpRequest, up
 from gpuprov.core.verify import verify
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.images import BakedImage
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterSpec, Provider, options_for
 from gpuprov.providers import get as get_provider
 from gpuprov.shared.cluster import cluster_lock, load, refresh
@@ -60,7 +61,7 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
         which = ", ".join(r.probe for r in failing) or "no probe ran"
         raise GpuprovError(f"{chosen.name} did not pass verify ({which}); "
                            "not baked")
-    console.say(f"{chosen.name}: verified; baking an image for lock {(cluster.lock or {}).get('hash')}")
+    console.say(f"{chosen.name}: verified; baking an image for lock {(cluster.lock or LockData()).get('hash')}")
     with cluster_lock(name):
         image = provider.bake(load(store, name), chosen, files, reporter(console), copy_to=copy_to)
         if provider.bake_consumes_node:

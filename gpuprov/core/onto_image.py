@@ -39,6 +39,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.health import run as health_run
 from gpuprov.health.facts import Expect
 from gpuprov.images import BakedImage, newest_for
+from gpuprov.lock.lock_data import LockData
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.providers import get as get_provider
@@ -68,7 +69,7 @@ def spec_of(cluster: ClusterRecord, *, image: str | None, no_baked: bool = False
     return spec.with_options(image=image, no_baked=no_baked)
 
 
-def pick(images: list[BakedImage], ref: str, lock: dict[str, Any]) -> BakedImage | None:
+def pick(images: list[BakedImage], ref: str, lock: LockData) -> BakedImage | None:
     """REF (baked for ``lock``, else BadInput), or the newest image baked for ``lock`` (None:
     there is none yet)."""
     if ref == NEWEST:
@@ -256,7 +257,7 @@ def _record(store: Store, name: str, pairs: list[tuple[str, str]], image: BakedI
     store.set_spec(name, {**cluster.spec, "replaced": done})
 
 
-def bake_for_lock(cluster: ClusterRecord, lock: dict[str, Any], *, base: BakedImage | None, console: Console,
+def bake_for_lock(cluster: ClusterRecord, lock: LockData, *, base: BakedImage | None, console: Console,
                   store: Store) -> BakedImage:
     """An image for ``lock``: a throwaway one-node cluster that holds ``lock`` from the start,
     booted from ``base`` (the current lock's image) where there is one, converged, verified,

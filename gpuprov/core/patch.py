@@ -57,6 +57,7 @@ from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-e
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.health import run as health_run
 from gpuprov.health.facts import Expect
+from gpuprov.lock.lock_data import LockData
 from gpuprov.probes import run as probes_run
 from gpuprov.shared.cluster import (
     check_reachable,
@@ -90,8 +91,8 @@ class Roll:
 
     name: str
     req: Request
-    old: dict[str, Any]
-    lock: dict[str, Any]
+    old: LockData
+    lock: LockData
     extravars: dict[str, Any]
     console: Any
     files: Any = None  # ClusterFiles, once the cluster is locked
@@ -373,7 +374,7 @@ def mark_unreachable(state: dict[str, Any], why: str) -> None:
     state.update(status="not-started", error=detail, plan=[], plan_error=detail)
 
 
-def _store_lock(store: Store, name: str, old: dict[str, Any], lock: dict[str, Any]) -> None:
+def _store_lock(store: Store, name: str, old: LockData, lock: LockData) -> None:
     if lock.get("hash") != old.get("hash"):
         store.set_lock(name, lock)
 

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gpuprov.errors import BadInput
 from gpuprov.lock import cuda_lines, stack
+from gpuprov.lock.lock_data import LockData
 from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.state import NodeRecord
 
@@ -87,12 +88,12 @@ CUDA_KEYS = ("cuda", "cuda_version", "cuda_archives", "cudnn", "cudnn_archive", 
              "nccl_tests", "nccl_tests_sha256", "base_images", "site_pip_requirements", "notes")
 
 
-def moves_cuda(lock: dict[str, Any], req: Request) -> bool:
+def moves_cuda(lock: LockData, req: Request) -> bool:
     """Whether the roll moves the CUDA line (``--cuda`` naming another line than the lock's)."""
     return req.cuda is not None and req.cuda != lock.get("cuda")
 
 
-def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
+def new_lock(lock: LockData, req: Request) -> LockData:
     """The lock after the patch: a new driver through the resolver (fabric manager moves
     with it); a new CUDA line through it too (its toolkit, cuDNN, NCCL and base images), held
     to the driver the cluster will run; microcode pins from the current stack data; everything
@@ -104,11 +105,13 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
             raise BadInput(f"--cuda {cuda}: {late}")
     # The kernel module flavour moves only when asked (--kernel-module); else it stays what the
     # cluster runs (a lock from before flavours installed the proprietary one).
-    fresh = stack.resolve_types(stack.kinds_of(lock), cuda=cuda, os=lock.get("os"),
+    # Read field by field below (its keys as data): a plain mapping of the resolved lock.
+    fresh: dict[str, Any] = {**stack.resolve_types(stack.kinds_of(lock), cuda=cuda, os=lock.get("os"),
                                 driver=req.driver or lock["driver_branch"], source=lock["source"],
                                 label=lock.get("instance_type") or "unknown",
                                 kernel_module=req.kernel_module or lock.get("kernel_module")
-                                or "proprietary").as_dict()
+                                or "proprietary").as_dict()}
+    out: dict[str, Any]
     if req.move_driver:
         moved: dict[str, Any] = {k: fresh[k] for k in ("driver_branch", "driver", "fabricmanager", "kernel_module",
                                        "driver_branch_kind", "driver_eol") if k in fresh}
@@ -116,9 +119,9 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
         packages.update({k: fresh["packages"][k] for k in
                          ("driver", "driver_version", "fabricmanager", "fabricmanager_version", "pinning")
                          if k in fresh["packages"]})
-        out: dict[str, Any] = {**lock, **moved, "packages": packages}
+        out = {**lock, **moved, "packages": packages}
     else:
-        out = dict(lock)
+        out = {**lock}
     if cuda != lock["cuda"]:
         out.update({k: fresh[k] for k in CUDA_KEYS if k in fresh})
         for gone in [k for k in out if k in CUDA_KEYS and k not in fresh]:
@@ -129,12 +132,12 @@ def new_lock(lock: dict[str, Any], req: Request) -> dict[str, Any]:
     if req.microcode or "microcode" not in out:
         out["microcode"] = fresh["microcode"]
     body = {k: v for k, v in out.items() if k != "hash"}
-    out["hash"] = stack.from_dict(body).short_hash()
-    return out
+    out["hash"] = stack.from_dict(cast(LockData, body)).short_hash()
+    return cast(LockData, out)  # the lock's own keys, moved: a LockData again
 
 
-def patch_vars(extravars: dict[str, Any], req: Request, lock: dict[str, Any],
-               old: dict[str, Any] | None = None) -> dict[str, Any]:
+def patch_vars(extravars: dict[str, Any], req: Request, lock: LockData,
+               old: LockData | None = None) -> dict[str, Any]:
     """The playbook variables of a roll (``BadInput`` for a mirror lock without its mirror);
     ``old``: the lock the nodes run now (a CUDA move names the line it leaves)."""
     # --cuda: the line is (re)applied, and what the line the nodes run now left behind is taken out.
@@ -157,7 +160,7 @@ def patch_vars(extravars: dict[str, Any], req: Request, lock: dict[str, Any],
     return extravars
 
 
-def what_of(req: Request, lock: dict[str, Any]) -> str:
+def what_of(req: Request, lock: LockData) -> str:
     parts = []
     if req.move_driver:
         parts.append(f"driver {lock['driver']} ({lock.get('kernel_module') or 'proprietary'} kernel modules)"
@@ -189,8 +192,8 @@ def host_reports(artifact_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request,
-            old: dict[str, Any] | None = None) -> list[str]:
+def plan_of(report: dict[str, Any], lock: LockData, req: Request,
+            old: LockData | None = None) -> list[str]:
     """What would move on a node, read from its report of the check-mode run: packages in
     (the new lock's, at its release), packages out (the old lock's and NVIDIA release pins that
     the new lock does not name), and for a driver move the reboot it needs (or why none)."""
@@ -199,11 +202,11 @@ def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request,
     before: dict[str, str] = report.get("before") or {}
     plan = []
     if req.move_driver:
-        driver_moves = _driver_plan(before, lock, old or {})
+        driver_moves = _driver_plan(before, lock, old or LockData())
         plan += driver_moves
         if driver_moves and "container" in report:
             plan.append(_reboot_plan(report))
-    if moves_cuda(old or {}, req):
+    if moves_cuda(old or LockData(), req):
         plan += _cuda_plan(report, lock)
     if req.kernel:
         plan += [f"{name} -> newest" for name in report.get("kernel_upgradable") or []]
@@ -217,7 +220,7 @@ def plan_of(report: dict[str, Any], lock: dict[str, Any], req: Request,
     return plan
 
 
-def top_packages(lock: dict[str, Any]) -> list[str]:
+def top_packages(lock: LockData) -> list[str]:
     """The packages a lock installs by name: the release pin, the driver's, fabric manager."""
     packages = lock.get("packages") or {}
     names = [packages["pinning"]] if packages.get("pinning") else []
@@ -227,7 +230,7 @@ def top_packages(lock: dict[str, Any]) -> list[str]:
     return names
 
 
-def _driver_plan(before: dict[str, str], lock: dict[str, Any], old: dict[str, Any]) -> list[str]:
+def _driver_plan(before: dict[str, str], lock: LockData, old: LockData) -> list[str]:
     packages = lock["packages"]
     targets = dict.fromkeys(top_packages(lock), packages["driver_version"])
     if packages.get("pinning"):
@@ -242,7 +245,7 @@ def _driver_plan(before: dict[str, str], lock: dict[str, Any], old: dict[str, An
     return moves + [f"{name} {before[name]} -> removed" for name in dict.fromkeys(leaving) if name in before]
 
 
-def _cuda_plan(report: dict[str, Any], lock: dict[str, Any]) -> list[str]:
+def _cuda_plan(report: dict[str, Any], lock: LockData) -> list[str]:
     """A CUDA move on one node, from its check-mode report: the line it runs (where /usr/local/cuda
     points) to the lock's, how the new one comes, and what of the old one is taken out."""
     if "cuda_line" not in report:  # a report without the CUDA fields (a node_patch before them)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import Plan, Provider
 from gpuprov.shared.console import Console
 from gpuprov.shared.costs import PlanCost
 
 
-def show_plan(plan: Plan, lock: dict[str, Any], console: Console, provider: Provider) -> None:
+def show_plan(plan: Plan, lock: LockData, console: Console, provider: Provider) -> None:
     spec = plan.spec
     total = plan.existing + plan.to_create
     line = f"plan: {spec.name} ({spec.provider}): {total} x {spec.instance_type or 'node'}"

@@ -11,6 +11,7 @@ from gpuprov.ansible.inventory import render, to_json
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import GpuprovError
 from gpuprov.lock import stack
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import Provider, get
 from gpuprov.shared import settings as cluster_settings
 from gpuprov.shared.cluster import cluster_lock, expectations, load, refresh
@@ -103,7 +104,7 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         created=cluster.created, spec=cluster.spec, stack=cluster.lock,
         settings=settings_of(cluster_settings.recorded(cluster)), nodes=node_rows(nodes),
         runs=[RunRow.of(r) for r in store.runs(name, limit=5)],
-        images=node_images(nodes, (cluster.lock or {}).get("hash"), _image_locks(cluster.provider, nodes)),
+        images=node_images(nodes, (cluster.lock or LockData()).get("hash"), _image_locks(cluster.provider, nodes)),
         replaced=[Replacement.of(r) for r in cluster.spec.get("replaced") or []],
         kept=[KeptNode(name=k["name"], id=k["id"], address=k["address"], why=k["why"], when=k["when"])
               for k in cluster.spec.get("kept") or []],

@@ -16,6 +16,7 @@ from gpuprov.core.provision import run_site
 from gpuprov.errors import BadInput, PartialLaunch
 from gpuprov.health import run as health_run
 from gpuprov.lock import stack
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, facts
 from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
@@ -35,7 +36,7 @@ class Run:
     store: Store
     console: Console
     plan: Plan
-    lock: dict[str, Any]
+    lock: LockData
     existing: ClusterRecord | None
     recorded: dict[str, Any] | None
     rollback: bool = False
@@ -108,7 +109,7 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
                existing=existing, recorded=recorded, image=image)
 
 
-def choose_image(spec: ClusterSpec, provider: Provider, lock: dict[str, Any]) -> tuple[ClusterSpec, ImageUsed]:
+def choose_image(spec: ClusterSpec, provider: Provider, lock: LockData) -> tuple[ClusterSpec, ImageUsed]:
     """What new nodes boot from: --image, else the newest image baked for ``lock`` (unless
     --no-baked), else the provider's default. The spec comes back naming it."""
     no_baked = spec.no_baked
@@ -280,7 +281,7 @@ def rollback(run: Run, nodes: list[NodeRecord], *, whole: bool = False) -> list[
 # -- the version lock and the plan, in words --------------------------------------------------
 def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
                  provider: Provider | None = None,
-                 nodes: list[NodeRecord] | None = None) -> dict[str, Any]:
+                 nodes: list[NodeRecord] | None = None) -> LockData:
     """The version lock for a new cluster (refused with its rule when impossible), or the one
     an existing cluster already has; a different request for an existing cluster is refused."""
     choice = spec.stack.checked()

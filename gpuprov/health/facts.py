@@ -11,6 +11,7 @@ from typing import Any
 from gpuprov import catalog
 from gpuprov.health import parse
 from gpuprov.health.gather import Section
+from gpuprov.lock.lock_data import LockData
 
 
 @lru_cache(maxsize=1)
@@ -32,7 +33,7 @@ class Expect:
     gpu_model: str | None = None
     nvswitch: bool | None = None
     efa_interfaces: int = 0
-    lock: dict[str, Any] | None = None
+    lock: LockData | None = None
     # How a user brings the node back to what gpuprov set (`gpuprov provision NAME`).
     provision: str = "gpuprov provision NAME"
 
@@ -46,7 +47,7 @@ class Expect:
         return nvlink_table().get(self.instance_type or "")
 
     @classmethod
-    def of(cls, seen: dict[str, Any], lock: dict[str, Any] | None, provision: str) -> Expect:
+    def of(cls, seen: dict[str, Any], lock: LockData | None, provision: str) -> Expect:
         """From a provider's expectations of a node (Provider.expectations) and the lock."""
         itype = catalog.find(seen.get("instance_type"))
         efa = itype.efa_max_interfaces if itype is not None and itype.efa else 0

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import gpuprov
 from gpuprov.health import node_check
 from gpuprov.health.facts import Expect
+from gpuprov.lock.lock_data import LockData
 
 if TYPE_CHECKING:
     from gpuprov.providers import Provider
@@ -31,7 +32,7 @@ FILES = (
     "__init__.py", "errors.py", "paths.py", "node_text.py",
     "catalog/__init__.py", "catalog/instance_types.json",
     "shared/__init__.py", "shared/results.py", "shared/json_form.py", "shared/costs.py",
-    "shared/manifest_result.py",
+    "shared/manifest_result.py", "lock/__init__.py", "lock/lock_data.py",
     *(f"health/{m}.py" for m in ("__init__", "checks_deep", "checks_gpu", "checks_node", "checks_state", "dcgm",
                                   "facts", "floors", "gather", "nccl", "node_check", "parse", "xid")),
 )
@@ -75,7 +76,7 @@ def play_vars(directory: Path, expected: Mapping[str, Expect]) -> dict[str, Any]
 
 
 def expectations(cluster: str, provider: Provider, nodes: Sequence[NodeRecord],
-                 lock: dict[str, Any] | None) -> dict[str, Expect]:
+                 lock: LockData | None) -> dict[str, Expect]:
     """Each node's Expect as `gpuprov health NAME` makes it (gpuprov.health.run.cluster_health):
     the provider's expectations of the node and the cluster's lock."""
     return {n.name: Expect.of(provider.expectations(n), lock, f"gpuprov provision {cluster}") for n in nodes}

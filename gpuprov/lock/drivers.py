@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuprov import defaults
 from gpuprov.errors import BadInput
+from gpuprov.lock.lock_data import LockData
 
 _DATA = Path(__file__).parent.parent / "data" / "stack.toml"  # gpuprov/data/
 
@@ -189,7 +190,7 @@ def _kernel_module(requested: str | None, archs: list[str], gpus: list[str], bra
                    + (f" that {models} needs" if needs_open else "") + f": {why}")
 
 
-def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | None:
+def eol_warning(lock: LockData | None, on: date | None = None) -> str | None:
     """One line when ``lock``'s driver branch is past its end of life ``on`` (default:
     today), naming the branch to move to; None otherwise. For the distro source it says
     whose support applies to the packages."""
@@ -218,7 +219,7 @@ def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | No
     return said + move
 
 
-def eol_field(lock: dict[str, Any] | None, on: date | None = None) -> str | None:
+def eol_field(lock: LockData | None, on: date | None = None) -> str | None:
     """``eol_warning`` (and gpuprov.lock.stack.eol_warning, said for the same locks) as a short field,
     for a command that only reads (status, verify --local): `driver: R535, end of life 2026-06
     (see gpuprov stack)`; None when it has nothing to say."""

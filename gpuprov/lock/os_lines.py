@@ -15,6 +15,7 @@ from typing import Any
 from gpuprov import defaults
 from gpuprov.errors import BadInput
 from gpuprov.lock.drivers import LIFECYCLE_DOC, data, lifecycle, past_eol
+from gpuprov.lock.lock_data import LockData
 
 DEFAULT_OS = defaults.DEFAULT_OS
 
@@ -121,7 +122,7 @@ def in_hash(os: str) -> bool:
     return os != DEFAULT_OS
 
 
-def eol_warning(lock: dict[str, Any], on: date | None = None) -> str | None:
+def eol_warning(lock: LockData, on: date | None = None) -> str | None:
     """The end-of-life line for a distro lock of an OS other than the default (its own archive's
     support applies, and NVIDIA's repository for it is named), else None: the default's is
     gpuprov.lock.drivers.eol_warning."""

@@ -14,7 +14,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import date
-from typing import Any
+from typing import Any, cast
 
 from gpuprov import catalog, defaults, platforms
 from gpuprov.errors import BadInput
@@ -35,6 +35,7 @@ from gpuprov.lock.drivers import (  # noqa: F401 (the lock's rules, re-exported:
     pinned_branches,
     today,
 )
+from gpuprov.lock.lock_data import LockData
 from gpuprov.lock.stack_choice import StackChoice  # noqa: F401 (stack.StackChoice is the API)
 
 SOURCES = defaults.PACKAGE_SOURCES
@@ -126,11 +127,11 @@ class Lock:
     def flavour(self) -> str:
         return self.kernel_module or "proprietary"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> LockData:
         out = asdict(self)
         out["notes"] = list(self.notes)
         out["hash"] = self.short_hash()
-        return out
+        return cast(LockData, out)
 
     def public(self) -> dict[str, Any]:
         """The `stack` JSON shape of docs/json-output.md (plus the resolved source, branch lifecycle, kernel
@@ -392,7 +393,7 @@ def _packages(src: dict[str, Any], module: str, branch: str, exact: str, pieces:
     return packages
 
 
-def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | None:
+def eol_warning(lock: LockData | None, on: date | None = None) -> str | None:
     """One line when ``lock``'s driver branch is past its end of life (gpuprov.lock.drivers.eol_warning;
     for a distro lock of another OS than Debian 12, that OS's support: gpuprov.lock.os_lines)."""
     if not lock:
@@ -400,7 +401,7 @@ def eol_warning(lock: dict[str, Any] | None, on: date | None = None) -> str | No
     return os_lines.eol_warning(lock, on) or drivers.eol_warning(lock, on)
 
 
-def kinds_of(lock: dict[str, Any]) -> list[catalog.InstanceType]:
+def kinds_of(lock: LockData) -> list[catalog.InstanceType]:
     """The hosts a stored lock was resolved for, as far as it matters to a lock (GPU models,
     NVSwitch, EFA), rebuilt from the lock itself: a lock of hosts that declared nothing, or of
     a mixed cluster, names no single catalog type."""
@@ -408,7 +409,7 @@ def kinds_of(lock: dict[str, Any]) -> list[catalog.InstanceType]:
     known = catalog.find(name)
     if known is not None:
         return [known]
-    models = [g.strip() for g in (lock.get("gpu") or "").split(",") if g.strip()] or [None]
+    models: list[str | None] = [g.strip() for g in (lock.get("gpu") or "").split(",") if g.strip()] or [None]
     return [catalog.InstanceType(
         name=name, provider="onprem", gpu_model=model, gpu_count=0, gpu_memory_gib=0,
         arch=catalog.ARCH_BY_GPU.get(model or ""), vcpus=None, memory_gib=None,
@@ -416,8 +417,8 @@ def kinds_of(lock: dict[str, Any]) -> list[catalog.InstanceType]:
         nvswitch=bool(lock.get("nvswitch")), virtualization="unknown") for model in models]
 
 
-def from_dict(raw: dict[str, Any]) -> Lock:
-    body = {k: v for k, v in raw.items() if k != "hash"}
+def from_dict(raw: LockData) -> Lock:
+    body: dict[str, Any] = {k: v for k, v in raw.items() if k != "hash"}
     body["notes"] = tuple(body.get("notes", ()))
     body["base_images"] = tuple(body.get("base_images", ()))
     body["site_pip_requirements"] = tuple(body.get("site_pip_requirements", ()))

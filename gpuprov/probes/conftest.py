@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpuprov.lock import stack
+from gpuprov.lock.lock_data import LockData
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,9 @@ class Expectation:
     gpu_model: str | None
     nvswitch: bool | None
     virtualization: str
-    stack: dict[str, Any] | None = None
+    stack: LockData | None = None
 
-    def lock(self) -> dict[str, Any]:
+    def lock(self) -> LockData:
         """The node's version lock; a probe that needs one skips, saying so, without it."""
         if not self.stack:
             pytest.skip(f"no version lock for {self.node}: `gpuprov provision` resolves one")
@@ -72,7 +73,7 @@ def expect(node: str) -> Expectation:
     )
 
 
-def _resolve(request: dict[str, Any] | None) -> dict[str, Any] | None:
+def _resolve(request: dict[str, Any] | None) -> LockData | None:
     """A lock resolved from a request ({"instance_type", "source", ...}): molecule's way."""
     if not request:
         return None

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from gpuprov.lock.lock_data import LockData
 from gpuprov.probes.nodefacts import installed_version, read_text, require_systemd, unit_state
 from gpuprov.probes.test_gpu import _gpus_expected
 
@@ -28,7 +29,7 @@ def _docker(host, args: str):
     return host.run(f"docker {args}")
 
 
-def _no_images(lock: dict) -> str | None:
+def _no_images(lock: LockData) -> str | None:
     """Why the node holds no base image of its lock (a line whose images are named by tag but
     not pinned by digest: base_images pulls none and builds no site image), or None."""
     if lock.get("base_images"):
@@ -37,7 +38,7 @@ def _no_images(lock: dict) -> str | None:
             "pinned by digest yet, or the lock predates the list): no image pulled, no site image built")
 
 
-def _site_image(lock: dict) -> str:
+def _site_image(lock: LockData) -> str:
     """The site image of a lock, keyed by what goes into it (its CUDA images and pip
     requirements), so that a driver move keeps it; roles/gpuprov_lock/vars/main.yml names it the same."""
     content = ",".join(lock.get("base_images") or []) + "|" + ",".join(lock.get("site_pip_requirements") or [])

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from gpuprov.lock.lock_data import LockData
 from gpuprov.probes.nodefacts import installed_kernels, nvidia_pci, read_text
 
 pytestmark = pytest.mark.gpu
@@ -109,7 +110,7 @@ def test_cuda_context_can_be_created(host, expect, report):
     report(f"CUDA context created on GPU 0; the CUDA driver sees {count} device(s)")
 
 
-def _lock_flavour(lock: dict) -> str:
+def _lock_flavour(lock: LockData) -> str:
     # Locks stored before the kernel_module field installed the proprietary modules.
     return lock.get("kernel_module") or "proprietary"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import pytest
 
+from gpuprov.lock.lock_data import LockData
 from gpuprov.probes.nodefacts import file_stat, in_container, nvidia_pci
 
 pytestmark = pytest.mark.preflight
@@ -54,7 +54,7 @@ def test_dpkg_consistent(host, report):
     report("dpkg --audit: nothing to report")
 
 
-def locked_packages(lock: dict[str, Any] | None) -> list[str]:
+def locked_packages(lock: LockData | None) -> list[str]:
     """The package names the node's lock installs (driver, pinning, fabric manager, CUDA,
     cuDNN; a line that comes as archives names none): what the families above stand for on this
     node, checked by name."""

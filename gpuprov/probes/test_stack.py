@@ -9,6 +9,7 @@ from fnmatch import fnmatch
 import pytest
 
 from gpuprov.lock import cuda_lines
+from gpuprov.lock.lock_data import LockData
 from gpuprov.probes.nodefacts import (
     in_container,
     installed_kernels,
@@ -136,7 +137,7 @@ int main() { std::printf("%d\n", CUDART_VERSION); return 0; }
 """
 
 
-def compile_targets(lock: dict) -> list[str]:
+def compile_targets(lock: LockData) -> list[str]:
     archs = [a.strip() for a in (lock.get("arch") or "").split(",") if a.strip()]
     if archs:
         return archs
@@ -238,7 +239,7 @@ def test_nccl_matches_the_lock(host, expect, report):
     report(f"libnccl2 and libnccl-dev {want}, held")
 
 
-def nccl_loads(host, lock: dict) -> str:
+def nccl_loads(host, lock: LockData) -> str:
     """libnccl.so.2, loaded through the dynamic linker's paths, asked for its version
     (ncclGetVersion: MAJOR*10000 + MINOR*100 + PATCH from NCCL 2.9; it needs no GPU): the
     number, after an assertion that it is the lock's release."""
@@ -253,7 +254,7 @@ def nccl_loads(host, lock: dict) -> str:
     return want.split()[1]
 
 
-def nccl_from_distro(host, lock: dict, report) -> None:
+def nccl_from_distro(host, lock: LockData, report) -> None:
     """The distribution's own NCCL (Debian 13's libnccl2) at the lock's package version, held,
     and the library it installed loads and reports the locked release."""
     packages = lock["packages"]
@@ -268,7 +269,7 @@ def nccl_from_distro(host, lock: dict, report) -> None:
     report(f"{', '.join(found)} {want}, held; libnccl.so.2 loads and reports {number}")
 
 
-def nccl_from_archive(host, lock: dict, report) -> None:
+def nccl_from_archive(host, lock: LockData, report) -> None:
     """NCCL unpacked from the lock's archive: nccl.h says the locked release, and libnccl.so.2
     loads (through the dynamic linker's paths) and reports it (ncclGetVersion: MAJOR*10000 +
     MINOR*100 + PATCH from NCCL 2.9)."""

@@ -42,6 +42,7 @@ from typing import Any
 from gpuprov import __version__, paths
 from gpuprov.ansible.runner import extravars_yaml
 from gpuprov.errors import GpuprovError
+from gpuprov.lock.lock_data import LockData
 from gpuprov.manifest import record, remote
 from gpuprov.probes.run import groups_of_plays
 
@@ -76,7 +77,7 @@ class Bundle:
         return len(self.data)
 
 
-def build(*, lock: Mapping[str, Any], extravars: Mapping[str, Any], group: str,
+def build(*, lock: LockData, extravars: Mapping[str, Any], group: str,
           group_vars: Mapping[str, Any], profiles: Mapping[str, Mapping[str, Any]],
           tags: Sequence[str] = (), playbook: str = "site.yml", check: bool = False) -> Bundle:
     """The bundle for one cluster's bootstrap. ``profiles``: per kind of node (its key is in

@@ -23,6 +23,7 @@ from gpuprov.ansible import inventory
 from gpuprov.ansible.progress import PlaybookProgress
 from gpuprov.ansible.runner import new_run_dir
 from gpuprov.errors import GpuprovError
+from gpuprov.lock.lock_data import LockData
 from gpuprov.manifest import record, remote
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.pull import Boot, verdicts
@@ -43,11 +44,11 @@ FIRST_WORD_S = 900
 SILENCE_S = 1200
 
 
-def play_vars(cluster: Any, lock: Mapping[str, Any]) -> dict[str, Any]:
+def play_vars(cluster: Any, lock: LockData) -> dict[str, Any]:
     """The bundle's play variables: push's for a cluster without Slurm (gpuprov.core.provision's,
     with gpuprov.slurm.scheduler's ``none``: pull never configures Slurm, refused at launch),
     so that a pulled node's inputs digest is the one the next push `provision` computes."""
-    return playbook_vars(cluster, dict(lock)) | {"gpuprov_scheduler": "none"}
+    return playbook_vars(cluster, lock) | {"gpuprov_scheduler": "none"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Plays:
     variables, the nodes' probes held to ``lock`` (the plan in check mode: the lock they run
     now). Such a round is recorded as its run only: no manifest, no cluster state, no verify run."""
 
-    lock: Mapping[str, Any]
+    lock: LockData
     extravars: Mapping[str, Any]
     playbook: str = "patch.yml"
     check: bool = False
@@ -205,7 +206,7 @@ def _hand_over(node: NodeRecord, files: Any, boot: Boot, profile: str) -> None:
         raise GpuprovError(f"{node.name}: the pull agent could not be handed over ({why})")
 
 
-def bundle_for(provider: Provider, spec: ClusterSpec, lock: Mapping[str, Any], extravars: Mapping[str, Any],
+def bundle_for(provider: Provider, spec: ClusterSpec, lock: LockData, extravars: Mapping[str, Any],
                tags: list[str], nodes: list[NodeRecord], *, playbook: str = "site.yml",
                check: bool = False) -> tuple[Bundle, dict[str, str]]:
     """The bundle of one cluster's pull bootstrap, and each node's profile in it: the host

@@ -17,6 +17,7 @@ from gpuprov import paths, ssh, validate
 from gpuprov.clock import utc_text
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.lock import stack
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterFiles, Provider, facts
 from gpuprov.providers import get as get_provider
 from gpuprov.shared.console import Console
@@ -109,12 +110,12 @@ def load(store: Store, name: str) -> ClusterRecord:
 
 
 def expectations(provider: Provider, nodes: list[NodeRecord],
-                 lock: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+                 lock: LockData | None = None) -> dict[str, dict[str, Any]]:
     """What the probes should find on each node: the provider's view plus the version lock."""
     return {n.name: {**provider.expectations(n), "stack": lock} for n in nodes}
 
 
-def version_lock(store: Store, cluster: ClusterRecord) -> dict[str, Any]:
+def version_lock(store: Store, cluster: ClusterRecord) -> LockData:
     """The cluster's version lock: resolved once, stored, then the same on every run."""
     if cluster.lock:
         return cluster.lock

@@ -24,6 +24,7 @@ from typing import Any
 from gpuprov import catalog
 from gpuprov.errors import BadInput
 from gpuprov.lock import stack
+from gpuprov.lock.lock_data import LockData
 from gpuprov.probes.run import check_groups
 
 # The `cluster` of a local run's result (docs/json-output.md); its node is the hostname.
@@ -48,7 +49,7 @@ class LocalPlan:
 
     node: str
     expectation: dict[str, Any]
-    lock: dict[str, Any]
+    lock: LockData
     expecting: str
 
 
@@ -110,7 +111,7 @@ def plan(req: LocalRequest, bus: dict[str, Any] | None = None) -> LocalPlan:
     return LocalPlan(node=socket.gethostname() or LOCAL, expectation=expect, lock=lock, expecting=expecting)
 
 
-def lock_line(lock: dict[str, Any]) -> str:
+def lock_line(lock: LockData) -> str:
     return (f"lock {lock['hash']} ({lock.get('instance_type') or 'untyped'}): driver {lock['driver']} "
             f"({lock.get('kernel_module')} module, branch {lock.get('driver_branch')}), CUDA {lock['cuda']}"
             + (f", fabric manager {lock['fabricmanager']}" if lock.get("fabricmanager") else ""))

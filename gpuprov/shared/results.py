@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpuprov.lock.lock_data import LockData
 from gpuprov.shared.costs import ClusterCost, ClusterPrice, PlanCost
 from gpuprov.shared.json_form import JSON_NAME, OPTIONAL
 from gpuprov.shared.json_form import json_name as json_name
@@ -97,7 +98,7 @@ class StatusResult:
     failed_step: str | None
     created: str
     spec: dict[str, Any]
-    stack: dict[str, Any] | None
+    stack: LockData | None
     settings: dict[str, Setting] | None
     nodes: list[NodeRow]
     runs: list[RunRow]

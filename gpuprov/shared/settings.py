@@ -21,6 +21,7 @@ from typing import Any
 from gpuprov import defaults, validate
 from gpuprov.errors import BadInput
 from gpuprov.lock import os_lines, stack
+from gpuprov.lock.lock_data import LockData
 from gpuprov.state import ClusterRecord
 
 # key: (environment variable, what it is)
@@ -156,7 +157,7 @@ def values(cluster: ClusterRecord) -> dict[str, str]:
 LOCK_FIELDS = frozenset(f.name for f in dataclasses.fields(stack.Lock))
 
 
-def complete_lock(lock: dict[str, Any]) -> dict[str, Any]:
+def complete_lock(lock: LockData) -> LockData:
     """A stored lock with every field today's plays read: a lock stored by an older gpuprov
     lacks the fields added since (container toolkit, base images, ...); they are taken from
     the same request resolved against today's stack data, and what the lock has always wins
@@ -175,7 +176,7 @@ def complete_lock(lock: dict[str, Any]) -> dict[str, Any]:
     return {**current, **lock}
 
 
-def playbook_vars(cluster: ClusterRecord, lock: dict[str, Any]) -> dict[str, Any]:
+def playbook_vars(cluster: ClusterRecord, lock: LockData) -> dict[str, Any]:
     """The extra variables every play of a cluster gets: the lock and where packages come from."""
     options = cluster.spec.get("options") or {}
     have = values(cluster)

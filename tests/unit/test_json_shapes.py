@@ -36,6 +36,8 @@ def render(tp: Any) -> tuple[str, list[tuple[str, type]]]:
         return f"{text} or null", inside
     if dataclasses.is_dataclass(tp):
         return "object", [("", tp)]  # type: ignore[list-item]
+    if typing.is_typeddict(tp):
+        return "object", []  # a stored record (the lock): its keys are documented with the lock
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (list, tuple):
         text, inside = render(args[0])

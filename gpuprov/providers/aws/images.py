@@ -23,6 +23,7 @@ from typing import Any
 from gpuprov import images
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.images import LOCK_FIELDS, BakedImage
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterFiles, Reporter
 from gpuprov.providers.aws import api
 from gpuprov.providers.aws.common import backoff, env_seconds, region_of, tags_of
@@ -37,7 +38,7 @@ REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 
 
 def _tags(cluster: Any, node: NodeRecord, baked_at: str) -> list[dict[str, str]]:
-    lock = cluster.lock or {}
+    lock = cluster.lock or LockData()
     tags = {LOCK_TAG: lock["hash"], "gpuprov:baked-at": baked_at,
             "gpuprov:baked-from": f"{cluster.name}/{node.name}", "Name": f"gpuprov {lock['hash']}",
             "gpuprov:os": str(((cluster.spec or {}).get("options") or {}).get("os") or ""),
@@ -120,7 +121,7 @@ def bake(cluster: Any, node: NodeRecord, files: ClusterFiles, report: Reporter,
          copy_to: tuple[str, ...] = ()) -> Any:
     """Clean the node, stop it, capture it as an AMI tagged with the lock (image and
     snapshots), wait until it is available, copy it to ``copy_to``, terminate the node."""
-    lock = cluster.lock or {}
+    lock = cluster.lock or LockData()
     if not lock.get("hash"):
         raise BadInput(f"cluster '{cluster.name}' has no version lock yet; `gpuprov up` it first")
     region = region_of([node], files)

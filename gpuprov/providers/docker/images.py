@@ -15,6 +15,7 @@ from typing import Any
 from gpuprov import images
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.images import LOCK_FIELDS, BakedImage
+from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import Reporter
 from gpuprov.providers.docker.engine import BAKED_REPO, IMAGE_LABEL, LABEL, NODE_LABEL, docker
 from gpuprov.state import NodeRecord
@@ -56,7 +57,7 @@ def bake(cluster: Any, node: NodeRecord, repo: str, report: Reporter) -> Any:
     a stopped copy, clean that copy (gpuprov/data/bake-clean.sh) and commit it as
     BAKED_REPO:LOCKHASH-TIME; the node runs on, untouched. Nothing is left behind but the
     image, whatever fails."""
-    lock = cluster.lock or {}
+    lock = cluster.lock or LockData()
     if not lock.get("hash"):
         raise BadInput(f"cluster '{cluster.name}' has no version lock yet; `gpuprov up` it first")
     cname = node.extra.get("container") or ""
