@@ -38,7 +38,7 @@ from gpuprov import paths
 from gpuprov.ansible import runner
 from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir
-from gpuprov.core import health_gate, patch_pull
+from gpuprov.core import health_gate, patch_pull, via_pull
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-exported)
     REPORT_TASK,
@@ -59,6 +59,7 @@ from gpuprov.health import run as health_run
 from gpuprov.health.facts import Expect
 from gpuprov.lock.lock_data import LockData
 from gpuprov.probes import run as probes_run
+from gpuprov.providers import ClusterFiles
 from gpuprov.shared.cluster import (
     check_reachable,
     cluster_lock,
@@ -69,6 +70,7 @@ from gpuprov.shared.cluster import (
     validate_name,
     version_lock,
 )
+from gpuprov.shared.console import Console
 from gpuprov.shared.results import LockMove, PatchHost, PatchResult, serialise
 from gpuprov.shared.settings import playbook_vars
 from gpuprov.slurm import scheduler
@@ -94,8 +96,8 @@ class Roll:
     old: LockData
     lock: LockData
     extravars: dict[str, Any]
-    console: Any
-    files: Any = None  # ClusterFiles, once the cluster is locked
+    console: Console
+    files: ClusterFiles | None = None  # once the cluster is locked
     run_dir: Path = Path()
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     by_name: dict[str, NodeRecord] = field(default_factory=dict)
@@ -104,8 +106,14 @@ class Roll:
     ok: bool = False
     health: str = "quick"  # the health gate's level (`--health`), or "off"
     slurm: SlurmDrains | None = None  # a Slurm cluster's drains (gpuprov.slurm.drain)
-    pull: Any = None  # `--via pull`: the rounds' context (gpuprov.core.patch_pull.begin)
+    pull: via_pull.Round | None = None  # `--via pull`: the rounds' context (gpuprov.core.patch_pull.begin)
     rows: dict[str, list[Any]] = field(default_factory=dict)  # pull: the probe rows of the last round
+
+    @property
+    def made_files(self) -> ClusterFiles:
+        """The cluster's files, once the cluster is locked and refreshed."""
+        assert self.files is not None, "the cluster's files are read when it is locked first"
+        return self.files
 
     def say(self, text: str) -> None:
         self.console.say(text)
@@ -172,7 +180,7 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
 def reach(roll: Roll, nodes: list[NodeRecord]) -> None:
     """0. Each node once over SSH: one that does not answer is reported here, once, and is
     never planned, drained or patched; the others are served."""
-    reachable, roll.down = check_reachable(roll.files, nodes, roll.console)
+    reachable, roll.down = check_reachable(roll.made_files, nodes, roll.console)
     for host, why in roll.down.items():
         mark_unreachable(roll.hosts[host], why)
     roll.by_name = {n.name: n for n in reachable}
@@ -186,8 +194,8 @@ def slurm_drains(roll: Roll, cluster: Any, run_id: Any) -> SlurmDrains:
         raise GpuprovError(f"{roll.name}: the Slurm controller {controller} does not answer: no node can be "
                            "drained through Slurm, so none is patched")
     grace = roll.req.grace if roll.req.grace is not None else GRACE_S
-    return SlurmDrains(controller=roll.by_name[controller], files=roll.files,
-                       names=slurm_names(list(roll.by_name.values()), roll.files), run=f"run {run_id}",
+    return SlurmDrains(controller=roll.by_name[controller], files=roll.made_files,
+                       names=slurm_names(list(roll.by_name.values()), roll.made_files), run=f"run {run_id}",
                        grace=grace, force=roll.req.force)
 
 
@@ -200,7 +208,7 @@ def plan(roll: Roll) -> list[str]:
         roll.rows = planned.rows  # the baseline: each node's probes against the lock it runs now
     else:
         planned = patch_pull.pushed(runner.run_playbook(
-            _playbook(), roll.files, list(roll.by_name), _sub(roll.run_dir, "plan"), title=f"plan {roll.name}",
+            _playbook(), roll.made_files, list(roll.by_name), _sub(roll.run_dir, "plan"), title=f"plan {roll.name}",
             check=True, extravars=roll.extravars, limit=list(roll.by_name) if roll.down else (),
             console=roll.console.rich))
     reports = planned.reports
@@ -237,7 +245,7 @@ def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect
     """2. The baseline (the probes and health checks against the lock the nodes run now), then
     3. batch by batch: drain, patch, probe and check, resume. True when a node stopped the roll."""
     baseline = dict(roll.rows) if roll.pull is not None else probes_run.run_probes(
-        roll.files.inventory, roll.files.ansible_cfg, todo, old_expect, _sub(roll.run_dir, "probes-before"),
+        roll.made_files.inventory, roll.made_files.ansible_cfg, todo, old_expect, _sub(roll.run_dir, "probes-before"),
         console=roll.console.rich) if todo else {}
     well_before = check_health(roll, todo, old_expect, "health-before", "before the patch")
     for number, batch in enumerate(roll.batches, 1):
@@ -247,7 +255,7 @@ def roll_out(roll: Roll, todo: list[str], old_expect: dict[str, Any], new_expect
         try:
             if passed:
                 after = roll.rows if roll.pull is not None else probes_run.run_probes(
-                    roll.files.inventory, roll.files.ansible_cfg, passed, new_expect,
+                    roll.made_files.inventory, roll.made_files.ansible_cfg, passed, new_expect,
                     _sub(roll.run_dir, f"probes-batch-{number}"), console=roll.console.rich)
                 well = check_health(roll, passed, new_expect, f"health-batch-{number}", f"after batch {number}")
                 for host in passed:
@@ -275,7 +283,7 @@ def check_health(roll: Roll, hosts: list[str], expect: dict[str, Any], part: str
         return {}
     roll.say(f"{roll.name}: health checks ({roll.health}) {when}: {', '.join(hosts)}")
     expected = {h: Expect.of(expect[h], expect[h].get("stack"), f"gpuprov provision {roll.name}") for h in hosts}
-    rows = health_run.check_nodes([roll.by_name[h] for h in hosts], expected, roll.files, _sub(roll.run_dir, part),
+    rows = health_run.check_nodes([roll.by_name[h] for h in hosts], expected, roll.made_files, _sub(roll.run_dir, part),
                        roll.console, roll.health)
     return health_gate.by_node(rows)
 
@@ -311,7 +319,7 @@ def play(roll: Roll, number: int, ready: list[str]) -> list[str]:
         roll.rows = played.rows  # each node's probes against the new lock, after its play
     else:
         played = patch_pull.pushed(runner.run_playbook(
-            _playbook(), roll.files, ready, _sub(roll.run_dir, f"batch-{number}"),
+            _playbook(), roll.made_files, ready, _sub(roll.run_dir, f"batch-{number}"),
             title=f"patch {roll.name} batch {number}", limit=ready, extravars=roll.extravars,
             console=roll.console.rich))
     reports = played.reports

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.core import via_pull
 from gpuprov.core.patch_plan import host_reports
@@ -33,6 +33,13 @@ from gpuprov.providers import ClusterSpec
 from gpuprov.pull import controller
 from gpuprov.shared.results import HostStats
 from gpuprov.slurm import scheduler
+
+if TYPE_CHECKING:
+    from gpuprov.ansible.runner import PlaybookResult
+    from gpuprov.core.patch import Roll
+    from gpuprov.providers import ClusterFiles, Provider
+    from gpuprov.shared.console import Console
+    from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 PLAN_KIND = "patch-pull-plan"
 BATCH_KIND = "patch-pull"
@@ -51,12 +58,13 @@ class Played:
     rows: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
 
-def pushed(result: Any) -> Played:
+def pushed(result: PlaybookResult) -> Played:
     """A push run's (gpuprov.ansible.runner's result) outcome as a Played."""
     return Played(hosts=result.hosts, errors=result.errors, reports=host_reports(result.artifact_dir))
 
 
-def begin(store: Any, cluster: Any, provider: Any, files: Any, nodes: list[Any], console: Any) -> via_pull.Round:
+def begin(store: Store, cluster: ClusterRecord, provider: Provider, files: ClusterFiles, nodes: list[NodeRecord],
+          console: Console) -> via_pull.Round:
     """The pull rounds' context, once the cluster is locked and refreshed; BadInput (nothing
     changed yet) where pull cannot patch this cluster (`--onto-image` is refused with the
     request: gpuprov.core.patch_plan)."""
@@ -68,13 +76,13 @@ def begin(store: Any, cluster: Any, provider: Any, files: Any, nodes: list[Any],
                           cluster=cluster)
 
 
-def plan_round(roll: Any) -> Played:
+def plan_round(roll: Roll) -> Played:
     """The plan: check mode on every reachable node, the probes held to the lock they run now."""
     plays = controller.Plays(lock=roll.old, extravars=roll.extravars, check=True)
     return _round(roll, list(roll.by_name), plays, PLAN_KIND)
 
 
-def batch_round(roll: Any, ready: list[str]) -> Played:
+def batch_round(roll: Roll, ready: list[str]) -> Played:
     """One batch, for real, the probes held to the new lock; no reboot from the node's own run."""
     plays = controller.Plays(lock=roll.lock, extravars={**roll.extravars, "gpuprov_patch_reboot": False})
     played = _round(roll, ready, plays, BATCH_KIND)
@@ -84,8 +92,9 @@ def batch_round(roll: Any, ready: list[str]) -> Played:
     return played
 
 
-def _round(roll: Any, names: list[str], plays: controller.Plays, kind: str) -> Played:
+def _round(roll: Roll, names: list[str], plays: controller.Plays, kind: str) -> Played:
     outcome: dict[str, Any] = {}
+    assert roll.pull is not None and roll.pull.cluster is not None, "the rounds' context is made by begin() first"
     result = controller.existing(roll.pull, roll.pull.cluster, [roll.by_name[n] for n in names], kind, plays=plays,
                                  outcome=outcome)
     hosts = {h: dataclasses.asdict(s) if isinstance(s, HostStats) else dict(s) for h, s in result.hosts.items()}

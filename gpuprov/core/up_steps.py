@@ -47,7 +47,7 @@ class Run:
     tags: list[str] = field(default_factory=list)  # only these plays (`--tags`); all when empty
     image: ImageUsed | None = None  # what new nodes boot from (providers with images)
     mode: str = "push"  # how new nodes bootstrap: push (Ansible from here) or pull (gpuprov.pull)
-    pull: Any = None  # a pull bootstrap under way (gpuprov.pull.controller.Session)
+    pull: pull.Session | None = None  # a pull bootstrap under way
     verify: bool = True  # the probes once bootstrapped and healthy (`--no-verify`: none)
 
     @property

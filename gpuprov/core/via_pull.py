@@ -14,7 +14,6 @@ in the environment (the bundle carries no secret), a provider pull cannot reach.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from gpuprov.ansible.inventory import render
 from gpuprov.core.monitoring import monitoring_host
@@ -42,12 +41,16 @@ class Round:
     console: Console
     files: ClusterFiles
     tags: list[str]
-    pull: Any = None
-    cluster: Any = None  # its record, where a round needs it (gpuprov.core.patch_pull)
+    pull: controller.Session | None = None
+    cluster: ClusterRecord | None = None  # its record, where a round needs it (gpuprov.core.patch_pull)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def made_files(self) -> ClusterFiles:
+        return self.files
 
 
 def refuse(cluster: ClusterRecord, provider: Provider, spec: ClusterSpec, nodes: list[NodeRecord]) -> None:

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuprov import __version__
 from gpuprov.errors import BadInput, NotSupported
@@ -40,6 +40,7 @@ from gpuprov.providers.spec import (
 )
 
 if TYPE_CHECKING:  # annotations only: the CLI's start-up does not pay for the state's sqlite3
+    from gpuprov.pricing.prices import Price
     from gpuprov.state import NodeRecord
 
 
@@ -82,15 +83,23 @@ class Plan:
     to_create: int = 0
     min_create: int = 0
     price_per_node_hour: float | None = None
-    # The node-hour's price with its kind, source and date (gpuprov.pricing.prices.Price).
-    price: Any = None
+    # The node-hour's price with its kind, source and date.
+    price: Price | None = None
     notes: tuple[str, ...] = ()
     # What the provider prepared for launch (frozen, its own type; None when it needs nothing):
-    # carried here, never cached on the provider, so two plans cannot leak into each other.
-    details: Any = None
+    # carried here, never cached on the provider, so two plans cannot leak into each other; the
+    # provider checks its type where it reads it (aws: AwsPlan).
+    details: object = None
     # Pull mode (gpuprov.pull.Boot): what each new node gets to bootstrap itself at boot; in a
     # dry run, True where the nodes would pull (the provider's dry run checks its channel too).
-    pull: Any = None
+    pull: BootArchive | bool | None = None
+
+
+class BootArchive(Protocol):
+    """What a provider that copies pull mode's boot configuration into a node before it starts
+    reads of it (gpuprov.pull.Boot, a layer above the providers)."""
+
+    def archive(self, node: str, profile: str | None = None) -> bytes: ...
 
 
 @dataclass(frozen=True)

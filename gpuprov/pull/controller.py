@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpuprov import ssh
 from gpuprov.ansible import inventory
@@ -25,7 +25,7 @@ from gpuprov.ansible.runner import new_run_dir
 from gpuprov.errors import GpuprovError
 from gpuprov.lock.lock_data import LockData
 from gpuprov.manifest import record, remote
-from gpuprov.providers import ClusterSpec, Provider
+from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider
 from gpuprov.pull import Boot, verdicts
 from gpuprov.pull.bundle import Bundle, build
 from gpuprov.pull.objects import ObjectReports
@@ -35,7 +35,7 @@ from gpuprov.shared.cluster import load, version_lock
 from gpuprov.shared.console import Console
 from gpuprov.shared.results import HostStats, ProvisionResult, PullReport, serialise
 from gpuprov.shared.settings import playbook_vars
-from gpuprov.state import NodeRecord, Store
+from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 # A node that has not said a word this long after its launch (boot, fetch) has failed, and
 # so has one silent this long once it started (the agent reports at least every few seconds
@@ -44,7 +44,7 @@ FIRST_WORD_S = 900
 SILENCE_S = 1200
 
 
-def play_vars(cluster: Any, lock: LockData) -> dict[str, Any]:
+def play_vars(cluster: ClusterRecord, lock: LockData) -> dict[str, Any]:
     """The bundle's play variables: push's for a cluster without Slurm (gpuprov.core.provision's,
     with gpuprov.slurm.scheduler's ``none``: pull never configures Slurm, refused at launch),
     so that a pulled node's inputs digest is the one the next push `provision` computes."""
@@ -69,13 +69,48 @@ class Session:
     """A pull bootstrap under way: its bundle, the server, the nodes' boot configuration."""
 
     bundle: Bundle
-    server: Any  # PullServer, or ObjectReports through a provider's object store
+    server: PullServer | ObjectReports  # ObjectReports through a provider's object store
     boot: Boot
     report: PullReport | None = None
 
 
+class PullRun(Protocol):
+    """What the pull paths read of the run they serve: an `up`'s (gpuprov.core.up_steps.Run) or a
+    round on nodes that are up (gpuprov.core.via_pull.Round); ``pull`` is the session under way."""
+
+    pull: Session | None
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def spec(self) -> ClusterSpec: ...
+    @property
+    def provider(self) -> Provider: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def console(self) -> Console: ...
+    @property
+    def made_files(self) -> ClusterFiles: ...
+    @property
+    def tags(self) -> list[str]: ...
+
+
+class LaunchRun(PullRun, Protocol):
+    """An `up`'s run (gpuprov.core.up_steps.Run): what serving its launch reads and sets."""
+
+    plan: Plan
+
+    @property
+    def mode(self) -> str: ...
+    @property
+    def lock(self) -> LockData: ...
+    @property
+    def added(self) -> list[NodeRecord]: ...
+
+
 @contextmanager
-def serving(run: Any) -> Iterator[None]:
+def serving(run: LaunchRun) -> Iterator[None]:
     """Around one `up`'s launch and bootstrap (``run``: gpuprov.core.up_steps.Run): in pull mode,
     the bundle built and served, and the plan carrying the nodes' boot configuration."""
     if run.mode != "pull" or not run.provider.pull_at_boot:
@@ -94,7 +129,7 @@ def serving(run: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _served(run: Any, bundle: Bundle, nodes: list[NodeRecord], profile: str, whom: str) -> Iterator[Session]:
+def _served(run: PullRun, bundle: Bundle, nodes: list[NodeRecord], profile: str, whom: str) -> Iterator[Session]:
     key = secrets.token_bytes(32)
     with PullServer(run.provider.pull_address(run.spec, nodes), key, bundle.data, bundle.sha256, ()) as server:
         boot = Boot(bundle_url=f"{server.base_url}/bundle/{bundle.sha256}",
@@ -105,7 +140,7 @@ def _served(run: Any, bundle: Bundle, nodes: list[NodeRecord], profile: str, who
         yield run.pull
 
 
-def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
+def bootstrap(run: LaunchRun, cluster: ClusterRecord, nodes: list[NodeRecord], *,
               push: Callable[..., ProvisionResult]) -> ProvisionResult:
     """The pull bootstrap of the nodes this `up` launched (they pulled at boot); any other node
     that needs one (a cluster resumed after a failed run) is pushed (``push``: the caller's
@@ -118,18 +153,18 @@ def bootstrap(run: Any, cluster: Any, nodes: list[NodeRecord], *,
     pulled = [n for n in nodes if n.name in added]
     others = [n for n in nodes if n.name not in added]
     result, session.report = follow(run.store, run.name, session.server, session.bundle, pulled,
-                                    new_run_dir(run.files, "bootstrap-pull"), console=run.console, tags=run.tags,
+                                    new_run_dir(run.made_files, "bootstrap-pull"), console=run.console, tags=run.tags,
                                     profiles=dict.fromkeys((n.name for n in pulled), session.boot.profile))
     if not others:
         return result
     run.console.say(f"  push: {', '.join(n.name for n in others)} (not launched by this run)")
-    pushed = push(run.store, cluster, run.provider, run.files, others, console=run.console,
+    pushed = push(run.store, cluster, run.provider, run.made_files, others, console=run.console,
                         tags=run.tags or None)
     return ProvisionResult(cluster=run.name, ok=result.ok and pushed.ok, hosts={**result.hosts, **pushed.hosts},
                            errors={**result.errors, **pushed.errors})
 
 
-def existing(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str = "bootstrap-pull", *,
+def existing(run: PullRun, cluster: ClusterRecord, nodes: list[NodeRecord], kind: str = "bootstrap-pull", *,
              plays: Plays | None = None, outcome: dict[str, Any] | None = None) -> ProvisionResult:
     """Pull on nodes that are up (hosts that exist, a cluster converged again by `provision --via
     pull`, a patch's round: ``plays``): through the provider's object store (aws: its bucket,
@@ -139,7 +174,8 @@ def existing(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str = "boots
     return through(run, cluster, nodes, kind, plays, {} if outcome is None else outcome)
 
 
-def _bundle(run: Any, cluster: Any, nodes: list[NodeRecord], plays: Plays | None) -> tuple[Bundle, dict[str, str]]:
+def _bundle(run: PullRun, cluster: ClusterRecord, nodes: list[NodeRecord],
+            plays: Plays | None) -> tuple[Bundle, dict[str, str]]:
     if plays is not None:
         return bundle_for(run.provider, run.spec, plays.lock, plays.extravars, [], nodes,
                           playbook=plays.playbook, check=plays.check)
@@ -147,24 +183,24 @@ def _bundle(run: Any, cluster: Any, nodes: list[NodeRecord], plays: Plays | None
     return bundle_for(run.provider, run.spec, lock, play_vars(cluster, lock), run.tags, nodes)
 
 
-def _existing_hosts(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str, plays: Plays | None,
+def _existing_hosts(run: PullRun, cluster: ClusterRecord, nodes: list[NodeRecord], kind: str, plays: Plays | None,
                     outcome: dict[str, Any]) -> ProvisionResult:
     """Pull on hosts gpuprov did not boot: the bundle is built for what their PCI buses
     showed, served, and each host is handed the agent, its unit and its configuration over
     SSH (pinned host key); the agent starts there and the run goes on as at boot."""
     bundle, profiles = _bundle(run, cluster, nodes, plays)
     with _served(run, bundle, nodes, "", f"{len(nodes)} host(s)") as session:
-        ssh.each_node(nodes, lambda n: _hand_over(n, run.files, session.boot, profiles[n.name]))
+        ssh.each_node(nodes, lambda n: _hand_over(n, run.made_files, session.boot, profiles[n.name]))
         for node in nodes:
             run.console.say(f"  {node.name}: pull agent started over SSH")
         result, session.report = follow(run.store, run.name, session.server, bundle, nodes,
-                                        new_run_dir(run.files, kind), console=run.console,
+                                        new_run_dir(run.made_files, kind), console=run.console,
                                         tags=run.tags, profiles=profiles, kind=kind, site=plays is None,
                                         outcome=outcome)
     return result
 
 
-def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str, plays: Plays | None,
+def _through_channel(run: PullRun, cluster: ClusterRecord, nodes: list[NodeRecord], kind: str, plays: Plays | None,
                      outcome: dict[str, Any]) -> ProvisionResult:
     """Pull through the provider's object store (aws: the cluster's S3 bucket): the bundle
     published once under its sha256, each node handed over SSH (pinned host key) its presigned
@@ -179,10 +215,10 @@ def _through_channel(run: Any, cluster: Any, nodes: list[NodeRecord], kind: str,
     boot = Boot(bundle_url="", report_url="", sha256=bundle.sha256, key=key, channel=channel)
     reports = ObjectReports(channel, key, [n.name for n in nodes])
     run.pull = Session(bundle=bundle, server=reports, boot=boot)
-    ssh.each_node(nodes, lambda n: _hand_over(n, run.files, boot, profiles[n.name]))
+    ssh.each_node(nodes, lambda n: _hand_over(n, run.made_files, boot, profiles[n.name]))
     run.console.say(f"  pull agent handed over SSH to {len(nodes)} node(s)")
     result, run.pull.report = follow(run.store, run.name, reports, bundle, nodes,
-                                     new_run_dir(run.files, kind), console=run.console, tags=run.tags,
+                                     new_run_dir(run.made_files, kind), console=run.console, tags=run.tags,
                                      profiles=profiles, kind=kind, site=plays is None, outcome=outcome)
     channel.remove_reports([n.name for n in nodes])  # recorded in the run's directory now
     return result
@@ -194,7 +230,7 @@ _HAND_OVER = ("sudo -n sh -c 'tar -x -o -C / -f - && systemctl daemon-reload && 
               "systemctl restart --no-block gpuprov-pull.service'")
 
 
-def _hand_over(node: NodeRecord, files: Any, boot: Boot, profile: str) -> None:
+def _hand_over(node: NodeRecord, files: ClusterFiles, boot: Boot, profile: str) -> None:
     import subprocess
 
     proc = subprocess.run(

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuprov import defaults, paths, ssh
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
+from gpuprov.providers import BootArchive, ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
 from gpuprov.providers.docker import images
 from gpuprov.providers.docker.engine import IMAGE_LABEL, LABEL, NODE_LABEL, docker
 from gpuprov.providers.docker.images import delete
@@ -127,6 +127,9 @@ class DockerProvider(Provider):
         existing = {c["Names"]: c for c in self._containers(spec.name)}
         apt_proxy = ((spec.settings or {}).get("apt_proxy") or {}).get("value", "")
         created: list[str] = []
+        boot = plan.pull
+        if isinstance(boot, bool):  # a dry run's plan says whether nodes would pull; it never launches
+            raise AssertionError("a launch's plan carries pull mode's boot configuration, not a flag")
         try:
             for cname, c in sorted(existing.items()):
                 if c["State"] != "running":
@@ -142,7 +145,7 @@ class DockerProvider(Provider):
                 node = node_name(spec.name, index)
                 image = spec.image or self.image_for(spec.os)
                 report(f"{node}: creating container from {image}")
-                self._create(spec.name, node, cname, pubkey, files, apt_proxy, image, plan.pull)
+                self._create(spec.name, node, cname, pubkey, files, apt_proxy, image, boot)
                 created.append(cname)
             for cname in created:
                 docker("start", cname)
@@ -160,7 +163,8 @@ class DockerProvider(Provider):
         return nodes
 
     def _create(self, cluster: str, node: str, cname: str, pubkey: str, files: ClusterFiles,
-                apt_proxy: str = "", image: str = DEFAULT_IMAGE, pull: Any = None) -> str:
+                apt_proxy: str = "", image: str = DEFAULT_IMAGE,
+                pull: BootArchive | None = None) -> str:
         volume = f"{cname}-docker"
         docker("volume", "create", "--label", f"{LABEL}={cluster}", volume)
         docker(
