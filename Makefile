@@ -48,7 +48,7 @@ registry: $(STAMP) host-setup
 # The machine's package cache, artifact mirror and registry as gpuprov's settings file (user
 # config dir): a new cluster records them at `up`, from any shell, with nothing exported.
 settings: $(STAMP) host-setup mirror registry
-	$(ENV) python -c "from gpuprov.shared.settings import write_file; print(f'settings: {write_file()}')"
+	$(ENV) python -c "from gpuprov.settings import write_file; print(f'settings: {write_file()}')"
 
 ## demo: two local nodes, bootstrapped and verified (the main job, no GPU, no cost): node 1 from
 # scratch, baked, node 2 from its image (one DKMS build; scripts/demo.sh). The mirror builds only

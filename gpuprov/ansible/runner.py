@@ -39,7 +39,7 @@ from gpuprov.providers import ClusterFiles
 ENV_ALLOW = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES",
              "TZ", "TMPDIR", "SSH_AUTH_SOCK", "GPUPROV_HOME")
 # gpuprov's own settings (mirrors, repositories) are not on it either: they reach the plays
-# as the cluster's recorded values (gpuprov.shared.settings), never from the caller's shell.
+# as the cluster's recorded values (gpuprov.settings), never from the caller's shell.
 # Always set, whatever the controller's environment says.
 ENV_FORCED = {
     "ANSIBLE_HOST_KEY_CHECKING": "True",

@@ -26,10 +26,10 @@ from gpuprov.cli.patch import patch
 from gpuprov.cli.registry import core
 from gpuprov.cli.ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli.stack import cuda_for_install, stack, types
+from gpuprov.console import Console
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
 from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.providers import ClusterSpec, options_for
-from gpuprov.shared.console import Console
 from gpuprov.slurm.scheduler_choice import Scheduler
 
 
@@ -68,7 +68,7 @@ def cli(debug: bool) -> None:
 @output_option
 def up(**given: Any) -> int:
     """Launch a cluster and bootstrap it (idempotent: re-running completes a cluster)."""
-    from gpuprov.shared import cluster  # lazy: CLI start-up
+    from gpuprov import cluster  # lazy: CLI start-up
 
     f = UpFlags(**given)
     flags = {"region": f.region, "image": f.image, "no_baked": f.no_baked, "os": f.os_name, "ssh_cidr": f.ssh_cidr,

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprov.cli.registry import core
+from gpuprov.console import Console
 from gpuprov.errors import BadInput
 from gpuprov.providers import facts, having
-from gpuprov.shared.console import Console
 
 
 def up_within_budget(request_for: Callable[[str | None, str | None], Any], instance_type: str | None,

@@ -9,8 +9,8 @@ import click
 
 from gpuprov import defaults
 from gpuprov.cli import output as cli_output
+from gpuprov.console import Console
 from gpuprov.errors import BadInput
-from gpuprov.shared.console import Console
 
 
 @click.command()
@@ -43,7 +43,7 @@ def health(name: str | None, level: str, nodes: tuple[str, ...], local: bool, ou
 
     run.check_level(level)
     if _target(name, local, nodes, flags) is None:
-        from gpuprov.shared import localhost  # lazy: CLI start-up
+        from gpuprov.probes import localhost  # lazy: CLI start-up
 
         req = localhost.request(instance_type=flags["local_type"], gpus=flags["gpus"], gpu_model=flags["gpu_model"])
         data = run.local_health(req, console=Console(), level=level)

@@ -11,9 +11,9 @@ import click
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import output_option
 from gpuprov.cli.registry import core
+from gpuprov.console import Console
 from gpuprov.errors import BadInput
 from gpuprov.providers import facts, having
-from gpuprov.shared.console import Console
 
 
 def _console():

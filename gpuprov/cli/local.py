@@ -12,8 +12,8 @@ from gpuprov import defaults
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import DRIVER
 from gpuprov.cli.registry import core
+from gpuprov.console import Console
 from gpuprov.errors import BadInput
-from gpuprov.shared.console import Console
 
 VERIFY_OPTIONS = [
     click.option("--local", is_flag=True, help="Probe this machine itself instead of a cluster: no "
@@ -69,7 +69,7 @@ def cluster_name(name: str | None, local: bool, output: str, flags: dict[str, An
 def verify_local(level: str, output: str, local_type: str | None, gpus: int | None,
                  gpu_model: str | None, driver: str | None, cuda: str | None, only: str | None,
                  every: bool = False) -> int:
-    from gpuprov.shared import localhost  # lazy: CLI start-up
+    from gpuprov.probes import localhost  # lazy: CLI start-up
 
     req = localhost.request(instance_type=local_type, gpus=gpus, gpu_model=gpu_model, driver=driver, cuda=cuda,
                               only=only)

@@ -8,7 +8,7 @@ import click
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import output_option
 from gpuprov.cli.registry import core
-from gpuprov.shared.console import Console
+from gpuprov.console import Console
 
 
 @click.command()

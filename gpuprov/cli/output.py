@@ -1,6 +1,6 @@
 """How the CLI prints: JSON for programs, rich tables for people (rich loads on first use).
 
-Every `--output json` goes through ``emit_json`` (gpuprov.shared.results.serialise: the shapes
+Every `--output json` goes through ``emit_json`` (gpuprov.results.shapes.serialise: the shapes
 of docs/json-output.md); the tables read the same results' attributes.
 """
 
@@ -17,7 +17,7 @@ from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import having
 
 if TYPE_CHECKING:
-    from gpuprov.shared.results import (
+    from gpuprov.results.shapes import (
         Bootstrap,
         ClusterCost,
         ClusterRow,
@@ -37,9 +37,9 @@ NODE_KEEP = ("id", "address")  # what a user copies: never cut (cli_table)
 
 
 def emit_json(data: Any) -> None:
-    """One JSON document on stdout: a command's result (a dataclass of gpuprov.shared.results), or plain
+    """One JSON document on stdout: a command's result (a dataclass of gpuprov.results.shapes), or plain
     data (types, stack, inventory)."""
-    from gpuprov.shared.results import serialise  # lazy: CLI start-up
+    from gpuprov.results.shapes import serialise  # lazy: CLI start-up
 
     click.echo(json.dumps(serialise(data), indent=2, sort_keys=False))
 

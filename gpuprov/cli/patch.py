@@ -8,7 +8,7 @@ from gpuprov import defaults
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import DRIVER, output_option
 from gpuprov.cli.registry import core
-from gpuprov.shared.console import Console
+from gpuprov.console import Console
 
 
 @click.command()

@@ -10,9 +10,9 @@ import click
 from gpuprov import defaults
 from gpuprov.cli import output as cli_output
 from gpuprov.cli.options import DRIVER, PRICE, output_option
+from gpuprov.console import Console
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pricing import PURPOSES, SORTS
-from gpuprov.shared.console import Console
 
 
 @click.command()

@@ -4,8 +4,9 @@ verify, patch, onto_image (patch --onto-image), min_count (up --min-count), coun
 monitoring, remote, local).
 
 They validate first (``BadInput`` before anything is created or changed), then act, then
-return a frozen dataclass of gpuprov/shared/results.py (the JSON shapes of
+return a frozen dataclass of gpuprov/results/shapes.py (the JSON shapes of
 docs/json-output.md; `down`, which prints no JSON, a small dict). What they share with
-health and pull lives below all three, in gpuprov/shared/; this package's ``__init__``
+health and pull lives below all three (gpuprov.cluster, gpuprov.settings, gpuprov.results,
+gpuprov.slurm; docs/design.md's layers); this package's ``__init__``
 imports nothing, so importing one command loads only what that command needs.
 """

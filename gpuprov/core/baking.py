@@ -5,6 +5,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from gpuprov.cluster import cluster_lock, load, refresh
+from gpuprov.console import Console, reporter
 from gpuprov.core.down import down
 from gpuprov.core.up import UpRequest, up
 from gpuprov.core.verify import verify
@@ -13,8 +15,6 @@ from gpuprov.images import BakedImage
 from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterSpec, Provider, options_for
 from gpuprov.providers import get as get_provider
-from gpuprov.shared.cluster import cluster_lock, load, refresh
-from gpuprov.shared.console import Console, reporter
 from gpuprov.state import Store
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import providers
+from gpuprov.cluster import cluster_lock, files_for, kept_alive, validate_name
+from gpuprov.console import Console, reporter
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.probes.run import control_dir
 from gpuprov.providers import Orphans, Provider
 from gpuprov.providers import get as get_provider
-from gpuprov.shared.cluster import cluster_lock, files_for, kept_alive, validate_name
-from gpuprov.shared.console import Console, reporter
 from gpuprov.state import Store
 
 

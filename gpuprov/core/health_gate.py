@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gpuprov.errors import BadInput
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 OFF = "off"
 # The levels a gate may ask for; `full` (NCCL across nodes) is for `gpuprov health` alone.

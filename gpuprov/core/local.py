@@ -1,7 +1,7 @@
 """`gpuprov verify --local`: the probes on this machine itself, with no cluster in gpuprov's
 state and no SSH (a DGX administrator, a Slurm prolog, an image bake, a health check).
 
-What the machine should have and its lock: gpuprov.shared.localhost (`health --local` reads
+What the machine should have and its lock: gpuprov.probes.localhost (`health --local` reads
 them there too).
 
 Nothing is written to gpuprov's state: a run's files (expectations, JSON lines, JUnit XML,
@@ -16,12 +16,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gpuprov.console import Console
 from gpuprov.errors import GpuprovError
 from gpuprov.lock import drivers
+from gpuprov.probes.localhost import LOCAL, LocalRequest, lock_line, plan
 from gpuprov.probes.run import run_local_probes
-from gpuprov.shared.console import Console
-from gpuprov.shared.localhost import LOCAL, LocalRequest, lock_line, plan
-from gpuprov.shared.results import ProbeRow, VerifyResult, VerifySummary
+from gpuprov.results.shapes import ProbeRow, VerifyResult, VerifySummary
 
 
 def verify_local(req: LocalRequest, *, console: Console, level: str = "quick") -> tuple[VerifyResult, str]:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprov import ssh, validate
+from gpuprov.cluster import load, reachable_nodes, refresh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared.cluster import load, reachable_nodes, refresh
 from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 

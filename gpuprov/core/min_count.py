@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuprov.cluster import kept_alive, load
 from gpuprov.core import counts, health_gate
 from gpuprov.core.up_steps import (
     Run,
@@ -41,8 +42,7 @@ from gpuprov.core.up_steps import (
 )
 from gpuprov.errors import GpuprovError
 from gpuprov.health import run as health_run
-from gpuprov.shared.cluster import kept_alive, load
-from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, HostStats, Replacement, UpResult
+from gpuprov.results.shapes import Bootstrap, HealthCheck, HealthResult, HostStats, Replacement, UpResult
 from gpuprov.state import NodeRecord, now
 
 # One round by default: a node that fails its bootstrap is most often a bad host or a passing

@@ -20,9 +20,7 @@ from gpuprov import paths
 from gpuprov.ansible import runner
 from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir
-from gpuprov.errors import BadInput
-from gpuprov.providers import ClusterFiles
-from gpuprov.shared.cluster import (
+from gpuprov.cluster import (
     check_reachable,
     cluster_lock,
     expectations,
@@ -31,8 +29,10 @@ from gpuprov.shared.cluster import (
     refresh,
     version_lock,
 )
-from gpuprov.shared.results import UNREACHED, HostStats, MonitorResult
-from gpuprov.shared.settings import play_secrets, playbook_vars
+from gpuprov.errors import BadInput
+from gpuprov.providers import ClusterFiles
+from gpuprov.results.shapes import UNREACHED, HostStats, MonitorResult
+from gpuprov.settings import play_secrets, playbook_vars
 from gpuprov.ssh import node_key, ssh_options
 from gpuprov.state import NodeRecord, Store
 

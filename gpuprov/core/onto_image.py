@@ -28,6 +28,16 @@ import dataclasses
 from typing import Any
 
 from gpuprov.ansible.runner import new_run_dir
+from gpuprov.cluster import (
+    cluster_lock,
+    expectations,
+    files_for,
+    load,
+    refresh,
+    validate_name,
+    version_lock,
+)
+from gpuprov.console import Console, reporter
 from gpuprov.core import health_gate
 from gpuprov.core.baking import bake_from
 from gpuprov.core.down import down
@@ -43,17 +53,7 @@ from gpuprov.lock.lock_data import LockData
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.providers import get as get_provider
-from gpuprov.shared.cluster import (
-    cluster_lock,
-    expectations,
-    files_for,
-    load,
-    refresh,
-    validate_name,
-    version_lock,
-)
-from gpuprov.shared.console import Console, reporter
-from gpuprov.shared.results import LockMove, PatchHost, PatchResult
+from gpuprov.results.shapes import LockMove, PatchHost, PatchResult
 from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store, now
 

@@ -38,6 +38,17 @@ from gpuprov import paths
 from gpuprov.ansible import runner
 from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir
+from gpuprov.cluster import (
+    check_reachable,
+    cluster_lock,
+    expectations,
+    load,
+    reachable_nodes,
+    refresh,
+    validate_name,
+    version_lock,
+)
+from gpuprov.console import Console
 from gpuprov.core import health_gate, patch_pull, via_pull
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-exported)
@@ -60,19 +71,8 @@ from gpuprov.health.facts import Expect
 from gpuprov.lock.lock_data import LockData
 from gpuprov.probes import run as probes_run
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared.cluster import (
-    check_reachable,
-    cluster_lock,
-    expectations,
-    load,
-    reachable_nodes,
-    refresh,
-    validate_name,
-    version_lock,
-)
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import LockMove, PatchHost, PatchResult, serialise
-from gpuprov.shared.settings import playbook_vars
+from gpuprov.results.shapes import LockMove, PatchHost, PatchResult, serialise
+from gpuprov.settings import playbook_vars
 from gpuprov.slurm import scheduler
 from gpuprov.slurm.drain import GRACE_S, OWN, SlurmDrains, slurm_names
 from gpuprov.state import NodeRecord, Store

@@ -31,14 +31,14 @@ from gpuprov.core.patch_plan import host_reports
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec
 from gpuprov.pull import controller
-from gpuprov.shared.results import HostStats
+from gpuprov.results.shapes import HostStats
 from gpuprov.slurm import scheduler
 
 if TYPE_CHECKING:
     from gpuprov.ansible.runner import PlaybookResult
+    from gpuprov.console import Console
     from gpuprov.core.patch import Roll
     from gpuprov.providers import ClusterFiles, Provider
-    from gpuprov.shared.console import Console
     from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 PLAN_KIND = "patch-pull-plan"

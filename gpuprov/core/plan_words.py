@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from gpuprov.console import Console
 from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import Plan, Provider
-from gpuprov.shared.console import Console
-from gpuprov.shared.costs import PlanCost
+from gpuprov.results.costs import PlanCost
 
 
 def show_plan(plan: Plan, lock: LockData, console: Console, provider: Provider) -> None:

@@ -10,12 +10,7 @@ from gpuprov import paths
 from gpuprov.ansible import runner
 from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir, parse_tags, write_extravars
-from gpuprov.core.monitoring import monitoring_host
-from gpuprov.health import node_bundle
-from gpuprov.manifest import record as manifest_record
-from gpuprov.manifest import steps as manifests
-from gpuprov.providers import ClusterFiles, Provider
-from gpuprov.shared.cluster import (
+from gpuprov.cluster import (
     check_reachable,
     cluster_lock,
     expectations,
@@ -24,9 +19,14 @@ from gpuprov.shared.cluster import (
     refresh,
     version_lock,
 )
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import UNREACHED, HostStats, ProvisionResult, serialise
-from gpuprov.shared.settings import play_secrets, playbook_vars
+from gpuprov.console import Console
+from gpuprov.core.monitoring import monitoring_host
+from gpuprov.health import node_bundle
+from gpuprov.manifest import record as manifest_record
+from gpuprov.manifest import steps as manifests
+from gpuprov.providers import ClusterFiles, Provider
+from gpuprov.results.shapes import UNREACHED, HostStats, ProvisionResult, serialise
+from gpuprov.settings import play_secrets, playbook_vars
 from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
+from gpuprov.cluster import load, reachable_nodes, refresh
+from gpuprov.console import Console
 from gpuprov.core import login
 from gpuprov.node_text import printable
-from gpuprov.shared.cluster import load, reachable_nodes, refresh
-from gpuprov.shared.console import Console
 from gpuprov.ssh import node_key
 from gpuprov.state import Store
 

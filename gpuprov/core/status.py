@@ -7,16 +7,16 @@ import dataclasses
 from typing import Any
 
 from gpuprov import providers
+from gpuprov import settings as cluster_settings
 from gpuprov.ansible.inventory import render, to_json
+from gpuprov.cluster import cluster_lock, expectations, load, refresh
+from gpuprov.console import Console
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import GpuprovError
 from gpuprov.lock import stack
 from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import Provider, get
-from gpuprov.shared import settings as cluster_settings
-from gpuprov.shared.cluster import cluster_lock, expectations, load, refresh
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import (
+from gpuprov.results.shapes import (
     ClusterCost,
     ClusterPrice,
     ClusterRow,

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuprov.ansible.runner import parse_tags
+from gpuprov.cluster import cluster_lock, validate_name
+from gpuprov.console import Console
 from gpuprov.core import counts, health_gate, min_count, up_verdict
 from gpuprov.core.plan_words import plan_cost, show_plan
 from gpuprov.core.up_steps import Run, check_health, launch, prepare, record, up_result, wait_ready
@@ -15,9 +17,7 @@ from gpuprov.providers import ClusterSpec, Plan, Provider
 from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
 from gpuprov.pull.mode import mode_for
-from gpuprov.shared.cluster import cluster_lock, validate_name
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import UpResult
+from gpuprov.results.shapes import UpResult
 from gpuprov.state import Store
 
 __all__ = ["Run", "UpRequest", "check_health", "checked", "launch_and_bootstrap", "up"]

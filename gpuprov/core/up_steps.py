@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprov import defaults, images
+from gpuprov import settings as cluster_settings
+from gpuprov.cluster import files_for, kept_alive, load, phase_at_least, without_kept
+from gpuprov.console import Console, reporter
 from gpuprov.core import counts, health_gate
 from gpuprov.core.provision import run_site
 from gpuprov.errors import BadInput, PartialLaunch
@@ -20,10 +23,7 @@ from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, facts
 from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
-from gpuprov.shared import settings as cluster_settings
-from gpuprov.shared.cluster import files_for, kept_alive, load, phase_at_least, without_kept
-from gpuprov.shared.console import Console, reporter
-from gpuprov.shared.results import Bootstrap, ImageUsed, UpResult, node_rows
+from gpuprov.results.shapes import Bootstrap, ImageUsed, UpResult, node_rows
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpuprov.cluster import load
 from gpuprov.core.up_steps import Run
 from gpuprov.core.verify import verify
-from gpuprov.shared.cluster import load
-from gpuprov.shared.results import UpResult, Verdict
+from gpuprov.results.shapes import UpResult, Verdict
 
 
 def finish(run: Run, result: UpResult) -> UpResult:

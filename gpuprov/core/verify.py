@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from gpuprov.ansible.inventory import render
 from gpuprov.ansible.runner import new_run_dir
-from gpuprov.core.monitoring import monitoring_host
-from gpuprov.probes import run as probes_run
-from gpuprov.shared.cluster import (
+from gpuprov.cluster import (
     check_reachable,
     expectations,
     load,
@@ -16,8 +14,10 @@ from gpuprov.shared.cluster import (
     unreachable_row,
     version_lock,
 )
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import ProbeRow, VerifyResult, VerifySummary
+from gpuprov.console import Console
+from gpuprov.core.monitoring import monitoring_host
+from gpuprov.probes import run as probes_run
+from gpuprov.results.shapes import ProbeRow, VerifyResult, VerifySummary
 from gpuprov.slurm import scheduler
 from gpuprov.state import Store
 

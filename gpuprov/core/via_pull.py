@@ -16,15 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gpuprov.ansible.inventory import render
+from gpuprov.cluster import check_reachable, expectations, version_lock
+from gpuprov.console import Console
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import BadInput
 from gpuprov.manifest import steps as manifests
 from gpuprov.providers import ClusterFiles, ClusterSpec, Provider
 from gpuprov.pull import controller
-from gpuprov.shared.cluster import check_reachable, expectations, version_lock
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import UNREACHED, ProvisionResult
-from gpuprov.shared.settings import play_secrets
+from gpuprov.results.shapes import UNREACHED, ProvisionResult
+from gpuprov.settings import play_secrets
 from gpuprov.slurm import scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 

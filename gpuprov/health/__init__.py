@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from gpuprov.health import checks_deep, checks_gpu, checks_node, checks_state
 from gpuprov.health.facts import Expect, Facts
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 LEVELS = ("quick", "standard", "full")
 BUILT_LEVELS = LEVELS

@@ -12,7 +12,7 @@ from gpuprov.health import dcgm, nccl
 from gpuprov.health.checks_gpu import failed, no_gpu, skipped
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.health.gather import DCGM_BUDGET_S, NCCL_BUDGET_S
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 NCCL_CHECK = "nccl_allreduce_node"
 

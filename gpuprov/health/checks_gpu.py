@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpuprov import catalog
 from gpuprov.health import parse
 from gpuprov.health.facts import Expect, Facts
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 # The alert rule the project started from: a GPU above 85 °C needs a person.
 ALERT_C = 85

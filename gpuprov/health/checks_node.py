@@ -8,7 +8,7 @@ from gpuprov.health import parse, xid
 from gpuprov.health.checks_gpu import failed, no_gpu, passed, skipped
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.node_text import memlock_text
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 
 def xids(facts: Facts, expect: Expect) -> HealthCheck:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpuprov.health import parse
 from gpuprov.health.checks_gpu import ALERT_C, RESET, RMA, failed, no_gpu, passed, skipped
 from gpuprov.health.facts import Expect, Facts
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 PerGpu = Callable[[str, parse.Tree], str | None]
 

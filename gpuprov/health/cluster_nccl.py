@@ -52,7 +52,7 @@ from gpuprov.health import mpi_key, nccl
 from gpuprov.health.checks_gpu import failed, skipped
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 from gpuprov.slurm.drain import NAME as SLURM_NAME
 from gpuprov.ssh import node_key, pinned_key, ssh_options
 from gpuprov.state import NodeRecord

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 CHECK = "dcgm_diag"
 _ROW = re.compile(r"^\|([^|]*)\|(.*)\|$")

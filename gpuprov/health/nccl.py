@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuprov.health.floors import floor_for
-from gpuprov.shared.results import HealthCheck
+from gpuprov.results.shapes import HealthCheck
 
 # mpirun's "[1,0]<stdout>:" and srun --label's "0: " before every line.
 _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+: )")

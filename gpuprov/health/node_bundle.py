@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 FILES = (
     "__init__.py", "errors.py", "paths.py", "node_text.py",
     "catalog/__init__.py", "catalog/instance_types.json",
-    "shared/__init__.py", "shared/results.py", "shared/json_form.py", "shared/costs.py",
-    "shared/manifest_result.py", "lock/__init__.py", "lock/lock_data.py",
+    "results/__init__.py", "results/shapes.py", "results/json_form.py", "results/costs.py",
+    "results/manifest.py", "lock/__init__.py", "lock/lock_data.py",
     *(f"health/{m}.py" for m in ("__init__", "checks_deep", "checks_gpu", "checks_node", "checks_state", "dcgm",
                                   "facts", "floors", "gather", "nccl", "node_check", "parse", "xid")),
 )

@@ -28,7 +28,7 @@ from typing import Any
 
 from gpuprov.health import evaluate, gather
 from gpuprov.health.facts import Expect, Facts
-from gpuprov.shared.results import HealthCheck, serialise
+from gpuprov.results.shapes import HealthCheck, serialise
 
 # How long the gather script may run here. slurmd kills its HealthCheckProgram after 60 s
 # (slurm.conf(5), HealthCheckProgram): the script gets less, and what it printed by then is

@@ -10,15 +10,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuprov.ansible.runner import new_run_dir
+from gpuprov.cluster import load, reachable_nodes, refresh, version_lock
+from gpuprov.console import Console
 from gpuprov.errors import BadInput
 from gpuprov.health import LEVELS, cluster_nccl, evaluate, gather
 from gpuprov.health.facts import Expect, Facts
+from gpuprov.probes import localhost
+from gpuprov.probes.localhost import LocalRequest
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared import localhost
-from gpuprov.shared.cluster import load, reachable_nodes, refresh, version_lock
-from gpuprov.shared.console import Console
-from gpuprov.shared.localhost import LocalRequest
-from gpuprov.shared.results import HealthCheck, HealthResult, VerifySummary
+from gpuprov.results.shapes import HealthCheck, HealthResult, VerifySummary
 from gpuprov.slurm import scheduler
 from gpuprov.ssh import check_ssh, node_key, ssh_error_line, ssh_options
 from gpuprov.state import NodeRecord, Store, now
@@ -161,7 +161,7 @@ def _stored(result: HealthResult) -> dict[str, object]:
 
 def local_health(req: LocalRequest, *, console: Console, level: str = "quick") -> HealthResult:
     """The checks on this machine (no cluster, no SSH, nothing recorded): what it should have
-    and its lock as `verify --local` resolves them (gpuprov.shared.localhost.plan)."""
+    and its lock as `verify --local` resolves them (gpuprov.probes.localhost.plan)."""
     import os
 
     check_level(level)

@@ -2,7 +2,7 @@
 
 A cluster's record, a baked image, the pull bundle and the plays' variables hold the lock as
 this object, not as the dataclass: a lock stored by an older gpuprov keeps the hash it was
-stored with and lacks the fields added since (`gpuprov.shared.settings.complete_lock` fills
+stored with and lacks the fields added since (`gpuprov.settings.complete_lock` fills
 them for the plays, what the record has always winning), and a patch moves some of its fields
 and hashes the result again (`gpuprov.core.patch_plan.new_lock`). ``LockData`` types that
 object for the checker (mypy, in the lint unit): every key a lock can have, and what each

@@ -59,7 +59,7 @@ ARCH_MIN_CUDA = {
 }
 
 # Fields added after locks were first stored: left out of the hash when empty, so a stored
-# lock keeps its hash (gpuprov completes it for the plays: gpuprov.shared.settings.complete_lock).
+# lock keeps its hash (gpuprov completes it for the plays: gpuprov.settings.complete_lock).
 _ADDED_FIELDS = ("dcgm", "dcgm_package", "dcgm_package_version", "dcgm_exporter_image",
                  "nccl_tests", "nccl_tests_sha256", "cuda_archives")
 

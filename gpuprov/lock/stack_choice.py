@@ -59,6 +59,6 @@ class StackChoice:
                                   ("kernel_module", self.kernel_module)) if v}
 
     def mirror(self) -> dict[str, str]:
-        """The mirror flags as the settings read them (gpuprov.shared.settings)."""
+        """The mirror flags as the settings read them (gpuprov.settings)."""
         return {k: v for k, v in (("mirror_url", self.mirror_url),
                                   ("mirror_key_fingerprint", self.mirror_key_fingerprint)) if v}

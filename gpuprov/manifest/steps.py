@@ -11,8 +11,8 @@ from typing import Any
 from gpuprov.ansible.inventory import to_json
 from gpuprov.manifest import collect, record, remote
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared.manifest_result import ManifestCheck
-from gpuprov.shared.results import HostStats, ProvisionResult
+from gpuprov.results.manifest import ManifestCheck
+from gpuprov.results.shapes import HostStats, ProvisionResult
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 NOTHING_RAN = HostStats(ok=0, changed=0, failed=0, unreachable=0, tasks=0)

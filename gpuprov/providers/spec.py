@@ -100,7 +100,7 @@ class ClusterSpec:
     ``count``: the nodes the cluster should have (a provider that ``adopts_existing`` reads
     "every host" as None). ``options``: the provider's own flags (its ``options_type``).
     ``stack``: what was asked of the version lock. ``settings``: where packages, artifacts
-    and images come from, as recorded with the cluster (gpuprov.shared.settings).
+    and images come from, as recorded with the cluster (gpuprov.settings).
     ``min_count``, ``retries``, ``keep_failed``: `up --min-count` (a provider that takes it
     says so with ``partial_launch``). ``scheduler``: `--scheduler` and its controller."""
 

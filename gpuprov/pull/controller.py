@@ -22,6 +22,8 @@ from gpuprov import ssh
 from gpuprov.ansible import inventory
 from gpuprov.ansible.progress import PlaybookProgress
 from gpuprov.ansible.runner import new_run_dir
+from gpuprov.cluster import load, version_lock
+from gpuprov.console import Console
 from gpuprov.errors import GpuprovError
 from gpuprov.lock.lock_data import LockData
 from gpuprov.manifest import record, remote
@@ -31,10 +33,8 @@ from gpuprov.pull.bundle import Bundle, build
 from gpuprov.pull.objects import ObjectReports
 from gpuprov.pull.server import PullServer
 from gpuprov.pull.verdicts import expected_probes
-from gpuprov.shared.cluster import load, version_lock
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import HostStats, ProvisionResult, PullReport, serialise
-from gpuprov.shared.settings import playbook_vars
+from gpuprov.results.shapes import HostStats, ProvisionResult, PullReport, serialise
+from gpuprov.settings import playbook_vars
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 # A node that has not said a word this long after its launch (boot, fetch) has failed, and

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterSpec, Provider
 from gpuprov.pull import choose
-from gpuprov.shared.settings import play_secrets
+from gpuprov.settings import play_secrets
 
 
 def mode_for(requested: str, provider: Provider, spec: ClusterSpec, bootstrap: bool) -> str:

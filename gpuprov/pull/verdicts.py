@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import paths
-from gpuprov.shared.cluster import phase_at_least
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import HostStats, ProbeRow, VerifySummary
+from gpuprov.cluster import phase_at_least
+from gpuprov.console import Console
+from gpuprov.results.shapes import HostStats, ProbeRow, VerifySummary
 from gpuprov.state import Store
 
 

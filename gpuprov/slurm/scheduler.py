@@ -21,7 +21,7 @@ from gpuprov import defaults, ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared.results import SlurmNode, SlurmStatus
+from gpuprov.results.shapes import SlurmNode, SlurmStatus
 from gpuprov.slurm import munge
 from gpuprov.slurm.scheduler_choice import Scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store

@@ -183,8 +183,8 @@ def test_a_baked_ami_is_clean_and_boots_a_new_cluster_of_its_lock(shim: Shim, ec
     id) is in the image."""
     import boto3
 
+    from gpuprov.cluster import load, refresh
     from gpuprov.providers import get
-    from gpuprov.shared.cluster import load, refresh
     from gpuprov.state import Store
 
     _image(shim)

@@ -233,8 +233,8 @@ def test_down_takes_the_clusters_objects_and_leaves_the_bucket(capsys: pytest.Ca
                                    "xn--abc", "sthree-abc", "amzn-s3-demo-x", "abc-s3alias", "abc--ol-s3", "a.mrap",
                                    "abc--x-s3", "gpuprov-rack3-0123456789", "abc\nx", "s3://abc", "{{abc}}"])
 def test_a_name_that_is_not_an_s3_bucket_name_is_refused(value: str) -> None:
+    from gpuprov import settings
     from gpuprov.errors import BadInput
-    from gpuprov.shared import settings
 
     with pytest.raises(BadInput) as refused:
         settings.check("pull_bucket", value, "GPUPROV_PULL_BUCKET")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.health import QUICK
-from gpuprov.shared.localhost import read_pci_bus
+from gpuprov.probes.localhost import read_pci_bus
 from tests.conftest import invoke
 
 CHECKS = [c.__name__.replace("xids", "xid") for c in QUICK]

@@ -67,7 +67,7 @@ def test_up_exits_1_naming_each_failing_check_when_health_fails(capsys, gpuprov_
     import json
 
     from gpuprov.core import up as up_command
-    from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
+    from gpuprov.results.shapes import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
 
     ecc = HealthCheck(node="h1-node-1", check="ecc", status="fail", found="GPU 2: 4 uncorrectable (DRAM)",
                       expected="0 uncorrectable volatile ECC errors", action="drain the node and reset the GPU")

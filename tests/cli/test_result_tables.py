@@ -14,7 +14,7 @@ import pytest
 from gpuprov import ssh
 from gpuprov.cli import output as cli_output
 from gpuprov.probes import run as probes
-from gpuprov.shared.results import HealthCheck, HealthResult, ProbeRow, VerifyResult, VerifySummary
+from gpuprov.results.shapes import HealthCheck, HealthResult, ProbeRow, VerifyResult, VerifySummary
 from gpuprov.state import NodeRecord, Store
 from tests.conftest import invoke
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpuprov import ssh
+from gpuprov.cluster import files_for
 from gpuprov.core import login
-from gpuprov.shared.cluster import files_for
 from gpuprov.state import NodeRecord, Store
 from tests.conftest import invoke
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.probes.localhost import read_pci_bus
 from gpuprov.probes.run import check_groups
-from gpuprov.shared.localhost import read_pci_bus
 from tests.conftest import invoke, run_cli
 
 # The GPU probes that need a GPU to say anything (test_gpu.py): with none expected they skip.

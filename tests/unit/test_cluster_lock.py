@@ -1,4 +1,4 @@
-"""The per-cluster lock (gpuprov.shared.cluster.cluster_lock): one mutating command per cluster at a time,
+"""The per-cluster lock (gpuprov.cluster.cluster_lock): one mutating command per cluster at a time,
 across processes. The holder is always a real second process holding the real flock; the one
 refused is this process, through the library and through the CLI."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.cluster import cluster_lock
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.shared.cluster import cluster_lock
 from gpuprov.state import Store
 from tests.conftest import ROOT, invoke
 
@@ -27,7 +27,7 @@ from tests.conftest import ROOT, invoke
 HOLDER = """
 import sys, click
 from gpuprov.cli.app import cli
-from gpuprov.shared.cluster import cluster_lock
+from gpuprov.cluster import cluster_lock
 with click.Context(cli, info_name="gpuprov") as root, \\
         click.Context(cli.commands[sys.argv[1]], info_name=sys.argv[1], parent=root):
     with cluster_lock(sys.argv[2]):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.console import Console
 from gpuprov.core import down, status
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter, spec
-from gpuprov.shared.console import Console
 from gpuprov.state import NodeRecord, Store
 
 NODE = NodeRecord(name="lost-node-1", id="f-1", address="192.0.2.9", ssh_port=22, user="u", state="running")
@@ -93,8 +93,8 @@ def test_down_removes_the_clusters_ssh_connection_directory_and_no_other(
     fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gpuprov import templating
+    from gpuprov.cluster import files_for
     from gpuprov.probes.run import control_dir
-    from gpuprov.shared.cluster import files_for
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     Store().create_cluster("gone", "fake", {})

@@ -15,7 +15,7 @@ import pytest
 from gpuprov.core import health_gate, up
 from gpuprov.core import patch as patching
 from gpuprov.errors import BadInput
-from gpuprov.shared.results import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
+from gpuprov.results.shapes import Bootstrap, HealthCheck, HealthResult, UpResult, VerifySummary
 
 XID_ACTION = "drain and reboot the node; RMA if it recurs"
 

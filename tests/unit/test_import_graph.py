@@ -162,10 +162,10 @@ def test_the_graph_sees_imports_inside_functions_and_packages() -> None:
     """The reader itself: a function-level import, a relative one, `from pkg import module` and
     the package a dotted import runs are all edges (so a circle hidden by them is found)."""
     edges = graph()
-    assert "gpuprov.shared.cluster" in edges["gpuprov.cli.app"]  # imported inside the `up` command
+    assert "gpuprov.cluster" in edges["gpuprov.cli.app"]  # imported inside the `up` command
     assert "gpuprov.core.up" in edges[REGISTRY]  # a row of the command registry
     assert "gpuprov.core" in edges[REGISTRY]  # gpuprov.core.up runs gpuprov/core/__init__
-    assert "gpuprov.shared.settings" in edges["gpuprov.core.up_steps"]  # from gpuprov.shared import settings
+    assert "gpuprov.settings" in edges["gpuprov.core.up_steps"]  # from gpuprov import settings
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     table = layers(DESIGN.read_text())  # a file the table names, in a folder of another layer
     assert [table[layer_of(m, table)][0] for m in ("gpuprov.lock.stack", "gpuprov.lock.stack_choice")] == [

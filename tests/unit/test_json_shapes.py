@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from gpuprov.shared import costs, results
-from gpuprov.shared.results import SHAPES, serialise
+from gpuprov.results import costs
+from gpuprov.results import shapes as results
+from gpuprov.results.shapes import SHAPES, serialise
 from tests.json_doc import DOC, _normal, _paths, documented
 
 SCALARS = {str: "string", int: "integer", bool: "boolean", float: "number"}
@@ -158,7 +159,7 @@ def test_plain_shapes_match_a_real_result(command: str) -> None:
 
 # -- real results through the one serialiser ---------------------------------------------------------
 def _built() -> dict[str, Any]:
-    from gpuprov.shared.results import (
+    from gpuprov.results.shapes import (
         UNREACHED,
         Bootstrap,
         ClusterRow,

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpuprov.lock import stack
-from gpuprov.shared.settings import complete_lock
+from gpuprov.settings import complete_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 MAPPING = ROOT / "roles" / "gpuprov_lock" / "vars" / "main.yml"

@@ -114,7 +114,7 @@ def test_the_play_runs_on_the_nodes_that_did_not_hold_and_slurm_takes_them_all()
 
 def test_a_held_node_is_in_the_result_with_nothing_run() -> None:
     from gpuprov.manifest import steps
-    from gpuprov.shared.results import HostStats, ProvisionResult, serialise
+    from gpuprov.results.shapes import HostStats, ProvisionResult, serialise
 
     ran = HostStats(ok=80, changed=3, failed=0, unreachable=0, tasks=80)
     outcome = ProvisionResult(cluster="c", ok=True, hosts={"c-node-2": ran}, errors={})

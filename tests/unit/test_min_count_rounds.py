@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from gpuprov.console import Console
 from gpuprov.core import up, up_steps
 from gpuprov.providers import ClusterFiles, ClusterSpec, Plan, Provider, Reporter, spec
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import HealthCheck, HealthResult, HostStats, ProvisionResult, VerifySummary
+from gpuprov.results.shapes import HealthCheck, HealthResult, HostStats, ProvisionResult, VerifySummary
 from gpuprov.state import NodeRecord, Store
 
 

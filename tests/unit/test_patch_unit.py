@@ -220,7 +220,7 @@ def test_a_node_the_roll_never_reached_is_not_started() -> None:
 def test_a_driver_move_resolves_the_lock_once(monkeypatch: pytest.MonkeyPatch, gpuprov_home) -> None:
     """`patch --driver` resolves the new lock once: the plays' variables take a lock that has
     every field as it is (an older lock is still completed from today's data)."""
-    from gpuprov.shared import settings
+    from gpuprov import settings
     from gpuprov.state import ClusterRecord
 
     old = stack.resolve("p4d.24xlarge", driver="535").as_dict()

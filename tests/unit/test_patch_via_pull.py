@@ -20,7 +20,7 @@ from gpuprov.core import patch_plan, patch_pull
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pull import bundle as bundle_mod
 from gpuprov.pull.reports import BadReport, check_report
-from gpuprov.shared.results import HostStats, ProvisionResult
+from gpuprov.results.shapes import HostStats, ProvisionResult
 from tests.unit.node_programs import load_agent
 
 PROFILES = {"docker-node": {"hostvars": {"gpuprov_expected_gpus": 0}, "expect": {}}}

@@ -97,7 +97,7 @@ def test_exec_output_reaches_the_terminal_as_text() -> None:
 def test_a_warning_reads_as_an_error_does(capsys) -> None:
     """Issue 53, section 7: every warning a command says starts `gpuprov:` on a line of its own,
     as errors do (an indented plan note too); other lines are as they came."""
-    from gpuprov.shared.console import Console
+    from gpuprov.console import Console
 
     console = Console()
     console.say("  warning: could not read the vCPU quota 'x' (AccessDenied): y; going on")

@@ -63,7 +63,7 @@ def test_node_text_in_a_result_table_is_printed_as_it_came(capsys, monkeypatch) 
     from gpuprov.cli import output as cli_output
 
     monkeypatch.setenv("COLUMNS", "200")  # the detail on one line (under xdist COLUMNS may say 80)
-    from gpuprov.shared.results import ProbeRow, VerifyResult, VerifySummary
+    from gpuprov.results.shapes import ProbeRow, VerifyResult, VerifySummary
 
     data = VerifyResult(cluster="c", ok=False, hosts={"n[1]": [ProbeRow("gpus_on_pci_bus", "fail", MSG)]},
                         summary=VerifySummary(pass_=0, fail=1, skip=0))

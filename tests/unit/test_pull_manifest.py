@@ -245,9 +245,9 @@ def _reports(every: list[dict], manifest: dict | None) -> list[tuple[str, dict]]
 
 
 def _follow(tmp_path: Path, tags: list[str], manifests: dict[str, dict | None]):
+    from gpuprov.console import Console
     from gpuprov.pull.bundle import Bundle
     from gpuprov.pull.controller import expected_probes, follow
-    from gpuprov.shared.console import Console
     from gpuprov.state import NodeRecord, Store
 
     agent = _agent()
@@ -308,12 +308,12 @@ def test_a_pulled_nodes_inputs_digest_is_the_one_push_computes(tmp_path: Path, m
     controller builds for the same cluster's nodes."""
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
     from gpuprov.ansible.inventory import render
+    from gpuprov.cluster import expectations, files_for, version_lock
     from gpuprov.core.monitoring import monitoring_host
     from gpuprov.providers import ClusterSpec
     from gpuprov.providers import get as get_provider
     from gpuprov.pull.controller import bundle_for, play_vars
-    from gpuprov.shared.cluster import expectations, files_for, version_lock
-    from gpuprov.shared.settings import playbook_vars
+    from gpuprov.settings import playbook_vars
     from gpuprov.slurm import scheduler
     from gpuprov.state import NodeRecord, Store
 

@@ -308,9 +308,9 @@ def _good(node_rows: list[dict]) -> list[tuple[str, dict]]:
 
 
 def test_follow_fails_a_bad_report_no_task_or_missing_probes_each_on_its_node_alone(tmp_path: Path) -> None:
+    from gpuprov.console import Console
     from gpuprov.pull.bundle import Bundle
     from gpuprov.pull.controller import expected_probes, follow
-    from gpuprov.shared.console import Console
     from gpuprov.state import NodeRecord, Store
 
     agent = _agent()

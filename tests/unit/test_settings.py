@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov import settings
 from gpuprov.core import status
 from gpuprov.errors import BadInput
-from gpuprov.shared import settings
 from gpuprov.state import Store
 
 ENV = [env for env, _ in settings.SETTINGS.values()]

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from gpuprov import settings
 from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared import settings
 from gpuprov.state import Store
 from tests.conftest import run_cli
 

@@ -26,7 +26,7 @@ import pytest
 from gpuprov.health import QUICK, evaluate, gather, node_bundle, node_check
 from gpuprov.health.facts import Expect, Facts
 from gpuprov.health.gather import MARK, Section
-from gpuprov.shared.results import serialise
+from gpuprov.results.shapes import serialise
 from tests.fixtures.health_recordings import EDITED, LOCK, REC, sections
 from tests.unit.node_programs import load_health_program
 

@@ -12,11 +12,11 @@ from rich.console import Console as RichConsole
 
 from gpuprov import ssh
 from gpuprov.ansible.progress import PlaybookProgress, unreachable_reason
+from gpuprov.cluster import check_reachable, unreachable_row
 from gpuprov.core.patch import mark_unreachable
 from gpuprov.probes.collect import command_failure
 from gpuprov.providers import ClusterFiles
-from gpuprov.shared.cluster import check_reachable, unreachable_row
-from gpuprov.shared.results import serialise
+from gpuprov.results.shapes import serialise
 from gpuprov.state import NodeRecord
 
 MISMATCH_STDERR = (

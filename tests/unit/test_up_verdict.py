@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpuprov.core import up_verdict
-from gpuprov.shared.results import (
+from gpuprov.results.shapes import (
     Bootstrap,
     HealthCheck,
     HealthResult,

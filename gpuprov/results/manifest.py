@@ -1,4 +1,4 @@
-"""One node's manifest check in `provision`'s JSON (a part of gpuprov.shared.results, on its own
+"""One node's manifest check in `provision`'s JSON (a part of gpuprov.results.shapes, on its own
 so that module stays readable in a sitting)."""
 
 from __future__ import annotations

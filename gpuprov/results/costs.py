@@ -1,5 +1,5 @@
 """The cost shapes of `list` (``ClusterPrice``) and `status` (``ClusterCost``): frozen
-dataclasses, serialised by gpuprov.shared.results like every result (docs/json-output.md)."""
+dataclasses, serialised by gpuprov.results.shapes like every result (docs/json-output.md)."""
 
 from __future__ import annotations
 

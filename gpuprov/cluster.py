@@ -15,13 +15,13 @@ from typing import Any
 
 from gpuprov import paths, ssh, validate
 from gpuprov.clock import utc_text
+from gpuprov.console import Console
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.lock import stack
 from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterFiles, Provider, facts
 from gpuprov.providers import get as get_provider
-from gpuprov.shared.console import Console
-from gpuprov.shared.results import ProbeRow
+from gpuprov.results.shapes import ProbeRow
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 # What a cluster has reached, in order. `status` and `list` show it; `up` run

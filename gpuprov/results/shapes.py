@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpuprov.lock.lock_data import LockData
-from gpuprov.shared.costs import ClusterCost, ClusterPrice, PlanCost
-from gpuprov.shared.json_form import JSON_NAME, OPTIONAL
-from gpuprov.shared.json_form import json_name as json_name
-from gpuprov.shared.json_form import serialise as serialise
-from gpuprov.shared.manifest_result import ManifestCheck
+from gpuprov.results.costs import ClusterCost, ClusterPrice, PlanCost
+from gpuprov.results.json_form import JSON_NAME, OPTIONAL
+from gpuprov.results.json_form import json_name as json_name
+from gpuprov.results.json_form import serialise as serialise
+from gpuprov.results.manifest import ManifestCheck
 
 if TYPE_CHECKING:
     from gpuprov.state import NodeRecord, RunRecord

@@ -1,5 +1,5 @@
 """The JSON form of gpuprov's results: one serialiser for every `-o json`, and the metadata keys
-its dataclasses use (gpuprov.shared.results). Imports nothing heavy: the CLI's `-o json` path
+its dataclasses use (gpuprov.results.shapes). Imports nothing heavy: the CLI's `-o json` path
 loads it."""
 
 from __future__ import annotations
