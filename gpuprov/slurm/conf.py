@@ -50,6 +50,21 @@ class SlurmNode:
 
 
 @dataclass(frozen=True)
+class SlurmPower:
+    """Slurm's power saving for dynamic nodes: the idle time before a node is powered down, the
+    time allowed each way, the programs slurmctld runs (a hostlist argument) and the release
+    its version-dependent lines follow (roles/slurm/filter_plugins/gpuprov_slurm.py power_lines)."""
+
+    suspend_time: int
+    resume_program: str
+    suspend_program: str
+    resume_fail_program: str
+    slurm_version: str
+    suspend_timeout: int = 120
+    resume_timeout: int = 600
+
+
+@dataclass(frozen=True)
 class SlurmCluster:
     cluster_name: str
     controller: str
@@ -59,6 +74,8 @@ class SlurmCluster:
     task_prolog: str = ""
     health_check_program: str = ""
     health_check_interval: int = 300
+    dynamic_nodes: tuple[SlurmNode, ...] = ()
+    power: SlurmPower | None = None
 
     def description(self) -> dict[str, Any]:
         """The mapping the role's filters take."""
@@ -68,6 +85,8 @@ class SlurmCluster:
             "task_prolog": self.task_prolog, "health_check_program": self.health_check_program,
             "health_check_interval": self.health_check_interval,
             "nodes": [vars(n) for n in self.nodes],
+            "dynamic_nodes": [vars(n) for n in self.dynamic_nodes],
+            "power": vars(self.power) if self.power else {},
         }
 
 
@@ -108,6 +127,16 @@ def hosts_entries(cluster: SlurmCluster | Mapping[str, Any]) -> str:
 def tcp_interface(facts: Mapping[str, Any], addr: str = "") -> str:
     """The interface holding a node's Slurm address: Open MPI's TCP traffic is kept there."""
     return _call("tcp_interface", facts, addr)
+
+
+def apt_version(apt_show: str, package: str) -> str:
+    """The Version of ``package`` in `apt-cache show` output ('' where it has none)."""
+    return _call("apt_version", apt_show, package)
+
+
+def slurm_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a Slurm release as `sinfo --version` or a package version gives it."""
+    return _call("slurm_version", text)
 
 
 def real_memory(memtotal_mb: int, gpus: int = 0) -> int:

@@ -14,6 +14,15 @@ A cluster description (a mapping)::
                 "cores_per_socket": 24, "threads_per_core": 2, "memtotal_mb": 1160000,
                 "gpus": 8, "gpu_model": "A100", "nvml": false, "partition": "p4d.24xlarge"}]}
 
+Dynamic nodes (``dynamic_nodes``: entries of the same shape, without ``addr``) are declared
+``State=CLOUD``: Slurm powers them up when jobs need them and down after ``power``'s
+``suspend_time`` idle seconds, through the programs ``power`` names (see ``power_lines``)::
+
+    "dynamic_nodes": [{"name": "train-dy-1", "cpus": 96, ...}],
+    "power": {"suspend_time": 600, "suspend_timeout": 120, "resume_timeout": 600,
+              "resume_program": "/usr/local/sbin/resume", "suspend_program": "/usr/local/sbin/suspend",
+              "resume_fail_program": "/usr/local/sbin/resume-failed", "slurm_version": "22.05.8"}
+
 Every name and value is checked before a line is written: a value that could end a line, start
 a comment or add a parameter (newline, ``#``, ``=``, space, comma where Slurm splits on it) is
 refused with ``SlurmConfError`` naming it, never escaped or dropped.
@@ -197,6 +206,14 @@ def _node(raw: Any) -> dict[str, Any]:
     return node
 
 
+def _dynamic(raw: Any) -> dict[str, Any]:
+    node = _node(raw)
+    if node["addr"]:
+        raise SlurmConfError(f"dynamic node {node['name']}: no addr (Slurm learns it when the node "
+                             "registers: cloud_reg_addrs)")
+    return node
+
+
 def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
     """The description checked and completed (each node's RealMemory, GRES type, partition)."""
     if not isinstance(description, Mapping):
@@ -204,15 +221,16 @@ def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
     raw_name = description.get("cluster_name")
     name = _text(raw_name.lower() if isinstance(raw_name, str) else raw_name, "cluster_name", _CLUSTER_NAME)
     nodes = [_node(n) for n in description.get("nodes") or []]
-    if not nodes:
+    dynamic = [_dynamic(n) for n in description.get("dynamic_nodes") or []]
+    if not nodes and not dynamic:
         raise SlurmConfError("no compute node: a cluster needs at least one node running slurmd")
     seen: set[str] = set()
-    for node in nodes:
+    for node in [*nodes, *dynamic]:
         if node["name"] in seen:
             raise SlurmConfError(f"node {node['name']} is listed twice")
         seen.add(node["name"])
     default = _text(description.get("default_partition") or "all", "default_partition", _PARTITION)
-    if default in {n["partition"] for n in nodes}:
+    if default in {n["partition"] for n in [*nodes, *dynamic]}:
         raise SlurmConfError(f"partition {default!r} is the default partition's name: name the node's another")
     program = description.get("health_check_program") or ""
     prolog = description.get("task_prolog") or ""
@@ -222,6 +240,8 @@ def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
         "controller_addr": _addr(description.get("controller_addr"), "controller_addr"),
         "default_partition": default,
         "nodes": nodes,
+        "dynamic_nodes": dynamic,
+        "power": _power(description.get("power"), dynamic),
         "task_prolog": _text(prolog, "task_prolog", _PATH) if prolog else "",
         "health_check_program": _text(program, "health_check_program", _PATH) if program else "",
         "health_check_interval": _int(description.get("health_check_interval", 300),
@@ -276,22 +296,101 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
         lines += [f"HealthCheckProgram={c['health_check_program']}",
                   f"HealthCheckInterval={c['health_check_interval']}",
                   "HealthCheckNodeState=ANY"]
+    lines += power_lines(c)
     lines.append("")
-    for n in c["nodes"]:
+    for n, state in [*((n, "UNKNOWN") for n in c["nodes"]), *((n, "CLOUD") for n in c["dynamic_nodes"])]:
         gres = ""
         if n["gpus"]:
             gres = f" Gres=gpu:{n['gres_type']}:{n['gpus']}" if n["gres_type"] else f" Gres=gpu:{n['gpus']}"
         addr = f" NodeAddr={n['addr']}" if n["addr"] else ""
         lines.append(f"NodeName={n['name']}{addr} CPUs={n['cpus']} Sockets={n['sockets']} "
                      f"CoresPerSocket={n['cores_per_socket']} ThreadsPerCore={n['threads_per_core']} "
-                     f"RealMemory={n['real_memory']}{gres} State=UNKNOWN")
+                     f"RealMemory={n['real_memory']}{gres} State={state}")
     lines.append("")
     # A job that names no memory gets, per CPU, the smallest share any node of its partition has.
-    for index, (name, members) in enumerate(_partitions(c["nodes"], c["default_partition"])):
+    every = [*c["nodes"], *c["dynamic_nodes"]]
+    for index, (name, members) in enumerate(_partitions(every, c["default_partition"])):
         per_cpu = min(n["real_memory"] // n["cpus"] for n in members) or 1
         lines.append(f"PartitionName={name} Nodes={','.join(n['name'] for n in members)} "
                      f"Default={'YES' if index == 0 else 'NO'} MaxTime=INFINITE State=UP DefMemPerCPU={per_cpu}")
     return _lines("\n".join(lines) + "\n", "slurm.conf")
+
+
+# --- Dynamic nodes: Slurm's power saving ---------------------------------------------------
+# Bounds of the power settings, in seconds: (least, most).
+_POWER_TIMES = {"suspend_time": (60, 7 * 86400), "suspend_timeout": (10, 3600), "resume_timeout": (30, 7200)}
+_POWER_PROGRAMS = ("resume_program", "suspend_program", "resume_fail_program")
+# A Slurm release as `sinfo --version` and Debian's package versions give it: 22.05.8, 24.11.5.
+_SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
+
+
+def slurm_version(text: Any) -> tuple[int, int]:
+    """(major, minor) of a Slurm release: '22.05.8', '24.11.5-4+deb13u1', 'slurm 22.05.8'."""
+    found = _SLURM_VERSION.search(text) if isinstance(text, str) else None
+    if found is None:
+        raise SlurmConfError(f"slurm_version {text!r}: expected a Slurm release such as 22.05.8")
+    return int(found.group(1)), int(found.group(2))
+
+
+def apt_version(text: Any, package: str) -> str:
+    """The Version of ``package``'s stanza in `apt-cache show` output; '' where it has none."""
+    for stanza in (text if isinstance(text, str) else "").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[:1] != " ")
+        if fields.get("Package") == package:
+            return fields.get("Version", "")
+    return ""
+
+
+def _power(raw: Any, dynamic: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not dynamic:
+        if raw:
+            raise SlurmConfError("power settings without a dynamic node: give dynamic_nodes, or no power")
+        return None
+    if not isinstance(raw, Mapping) or not raw:
+        raise SlurmConfError(f"dynamic nodes need power settings (the programs Slurm runs), got {raw!r}")
+    power: dict[str, Any] = {}
+    for key, (low, high) in _POWER_TIMES.items():
+        power[key] = _int(raw.get(key), f"power {key}", low, high)
+    for key in _POWER_PROGRAMS:
+        power[key] = _text(raw.get(key), f"power {key}", _PATH)
+    power["version"] = slurm_version(raw.get("slurm_version"))
+    return power
+
+
+def power_lines(c: Mapping[str, Any]) -> list[str]:
+    """slurm.conf's power saving lines for a cluster with dynamic nodes; none without.
+
+    Static nodes are kept out of it (SuspendExcNodes): only dynamic nodes are ever powered
+    down. Slurm learns a dynamic node's address when it registers (cloud_reg_addrs), so
+    nothing has to know it in advance, and slurmctld talks to every node directly (TreeWidth:
+    a node cannot forward to another whose address it does not know). Idle is the state a
+    node suspends into (idle_on_node_suspend), so a node powered down from a drain comes back
+    clean. By version (seen on Debian 12's 22.05.8, 2026-12-04): before 23.02 `sinfo` hides
+    powered-down cloud nodes unless PrivateData=cloud, and ReconfigFlags=KeepPowerSaveSettings
+    is refused ("Invalid ReconfigFlag"); from 23.02 cloud nodes are shown by default and the
+    flag keeps `scontrol update SuspendExcNodes=...` across a reconfigure."""
+    power = c.get("power")
+    if not power:
+        return []
+    lines = [
+        "# Dynamic nodes (State=CLOUD): powered up by ResumeProgram when jobs need them, powered down",
+        "# by SuspendProgram after SuspendTime idle seconds; static nodes never are (SuspendExcNodes).",
+        f"SuspendTime={power['suspend_time']}",
+        f"SuspendTimeout={power['suspend_timeout']}",
+        f"ResumeTimeout={power['resume_timeout']}",
+        f"ResumeProgram={power['resume_program']}",
+        f"SuspendProgram={power['suspend_program']}",
+        f"ResumeFailProgram={power['resume_fail_program']}",
+        "SlurmctldParameters=idle_on_node_suspend,cloud_reg_addrs",
+        "TreeWidth=65533",
+    ]
+    if c["nodes"]:
+        lines.append(f"SuspendExcNodes={','.join(n['name'] for n in c['nodes'])}")
+    if power["version"] < (23, 2):
+        lines.append("PrivateData=cloud")
+    else:
+        lines.append("ReconfigFlags=KeepPowerSaveSettings")
+    return lines
 
 
 def _device_files(gpus: int) -> str:
@@ -351,7 +450,7 @@ def gres_conf(description: Mapping[str, Any]) -> str:
     plugin), else the device files one by one; nothing for a node without GPUs."""
     c = cluster(description)
     lines = ["# gres.conf written by the slurm role (gpuprov); the same file on every node."]
-    for n in c["nodes"]:
+    for n in [*c["nodes"], *c["dynamic_nodes"]]:
         if not n["gpus"]:
             continue
         if n["nvml"]:
@@ -404,4 +503,5 @@ class FilterModule:
             "slurm_tcp_interface": tcp_interface,
             "slurm_node_from_facts": node_from_facts,
             "slurm_real_memory": real_memory,
+            "slurm_apt_version": apt_version,
         }
