@@ -320,7 +320,7 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
 # Bounds of the power settings, in seconds: (least, most).
 _POWER_TIMES = {"suspend_time": (60, 7 * 86400), "suspend_timeout": (10, 3600), "resume_timeout": (30, 7200)}
 _POWER_PROGRAMS = ("resume_program", "suspend_program", "resume_fail_program")
-# A Slurm release as `sinfo --version` and Debian's package versions give it: 22.05.8, 24.11.5.
+# A Slurm release as `sinfo --version` and Debian's package versions give it: 22.05.8, 24.11.5-4.
 _SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
 
 
