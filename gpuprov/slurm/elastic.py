@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import re
 import secrets
@@ -135,6 +136,36 @@ def _numbers(ranges: str, part: str) -> list[int]:
             raise GpuprovError(f"hostlist part {part!r}: range {item!r}")
         out += range(low, high + 1)
     return out
+
+
+# -- what a dynamic node is given -----------------------------------------------------------------
+SLURMD_DEFAULTS = "/etc/default/slurmd"
+SLURMD_DROP_IN = "/etc/systemd/system/slurmd.service.d/gpuprov-dynamic.conf"
+MUNGE_KEY = "/etc/munge/munge.key"
+
+
+def node_files(controller_addr: str, *, container: bool) -> list[tuple[str, bytes, int]]:
+    """The files that make a node booted from the cluster's image a dynamic node of it, beside
+    the munge key (the service copies that from the cluster's file, 0400 munge): slurmd fetches
+    its configuration from slurmctld (`--conf-server`, enable_configless), and Debian's unit,
+    which skips slurmd where /etc/slurm/slurm.conf is missing, is told not to. On a container
+    slurmd starts in a time namespace whose boot is now: a container reports the host's uptime,
+    and slurmctld waits for a node to boot after its resume request (docs/slurm.md, the
+    recording resume-by-hand.txt). ``controller_addr`` must be an IP address: it ends up in a
+    file of the node's, so nothing else is written there."""
+    try:
+        addr = ipaddress.ip_address(controller_addr)
+    except ValueError:
+        raise GpuprovError(f"controller address {controller_addr[:60]!r}: expected an IP address") from None
+    server = f"[{addr}]" if addr.version == 6 else str(addr)
+    unit = ["# Written by gpuprov's power service: a dynamic node, configured by slurmctld.", "[Unit]",
+            "ConditionPathExists="]
+    if container:
+        unit += ["", "[Service]", "ExecStart=",
+                 'ExecStart=/bin/sh -c "exec unshare --time --boottime=-$$(cut -d. -f1 /proc/uptime) '
+                 '/usr/sbin/slurmd -D -s $SLURMD_OPTIONS"']
+    return [(SLURMD_DEFAULTS, f"SLURMD_OPTIONS=--conf-server {server}\n".encode(), 0o644),
+            (SLURMD_DROP_IN, ("\n".join(unit) + "\n").encode(), 0o644)]
 
 
 # -- the power program's requests --------------------------------------------------------------

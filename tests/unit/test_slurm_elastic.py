@@ -179,3 +179,23 @@ def test_the_program_says_why_in_one_line_when_refused(service, tmp_path: Path) 
     other = subprocess.run([*_program(tmp_path, "gpuprov-power-other", url, KEY), "train-dy-1"],
                            capture_output=True, text=True, timeout=30, check=False)
     assert other.returncode == 2 and "run as one of" in other.stderr
+
+
+# -- what a dynamic node is given -------------------------------------------------------------
+def test_a_dynamic_node_gets_the_controller_and_on_a_container_a_boot_of_its_own() -> None:
+    files = {path: (data.decode(), mode) for path, data, mode in elastic.node_files("172.17.0.2", container=True)}
+    assert files[elastic.SLURMD_DEFAULTS] == ("SLURMD_OPTIONS=--conf-server 172.17.0.2\n", 0o644)
+    unit, mode = files[elastic.SLURMD_DROP_IN]
+    assert mode == 0o644 and "[Unit]\nConditionPathExists=\n" in unit
+    # As the recorded run started it (resume-by-hand.txt: "rebooted 1 secs ago").
+    assert ('ExecStart=/bin/sh -c "exec unshare --time --boottime=-$$(cut -d. -f1 /proc/uptime) '
+            '/usr/sbin/slurmd -D -s $SLURMD_OPTIONS"') in unit
+    machine = dict((p, d.decode()) for p, d, _ in elastic.node_files("fd00::5", container=False))
+    assert machine[elastic.SLURMD_DEFAULTS] == "SLURMD_OPTIONS=--conf-server [fd00::5]\n"
+    assert "unshare" not in machine[elastic.SLURMD_DROP_IN]  # an instance boots for real
+
+
+@pytest.mark.parametrize("addr", ["ctl", "10.0.0.5\nSLURMD_OPTIONS=-Z", "", "10.0.0.5 --foo"])
+def test_only_an_ip_address_reaches_the_nodes_file(addr: str) -> None:
+    with pytest.raises(GpuprovError, match="expected an IP address"):
+        elastic.node_files(addr, container=True)

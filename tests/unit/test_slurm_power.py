@@ -85,7 +85,7 @@ def test_power_saving_on_22_05_as_slurmctld_22_05_8_took_it() -> None:
         "SuspendTime": "600", "SuspendTimeout": "120", "ResumeTimeout": "600",
         "ResumeProgram": "/usr/local/sbin/gpuprov-resume", "SuspendProgram": "/usr/local/sbin/gpuprov-suspend",
         "ResumeFailProgram": "/usr/local/sbin/gpuprov-resume-failed",
-        "SlurmctldParameters": "idle_on_node_suspend,cloud_reg_addrs", "TreeWidth": "65533",
+        "SlurmctldParameters": "enable_configless,idle_on_node_suspend,cloud_reg_addrs", "TreeWidth": "65533",
         "SuspendExcNodes": "train-st-1"}
     # 22.05 hides powered-down cloud nodes from sinfo without PrivateData=cloud, and refuses
     # KeepPowerSaveSettings (both seen on slurmctld 22.05.8: the recordings).

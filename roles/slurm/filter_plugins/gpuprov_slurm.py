@@ -361,8 +361,9 @@ def power_lines(c: Mapping[str, Any]) -> list[str]:
     """slurm.conf's power saving lines for a cluster with dynamic nodes; none without.
 
     Static nodes are kept out of it (SuspendExcNodes): only dynamic nodes are ever powered
-    down. Slurm learns a dynamic node's address when it registers (cloud_reg_addrs), so
-    nothing has to know it in advance, and slurmctld talks to every node directly (TreeWidth:
+    down. A dynamic node needs no file of the cluster but the munge key: its slurmd fetches
+    the configuration from slurmctld (`slurmd --conf-server`, enable_configless), and Slurm
+    learns its address when it registers (cloud_reg_addrs), so nothing has to know it in advance, and slurmctld talks to every node directly (TreeWidth:
     a node cannot forward to another whose address it does not know). Idle is the state a
     node suspends into (idle_on_node_suspend), so a node powered down from a drain comes back
     clean. By version (seen on Debian 12's 22.05.8, 2026-12-04): before 23.02 `sinfo` hides
@@ -381,7 +382,7 @@ def power_lines(c: Mapping[str, Any]) -> list[str]:
         f"ResumeProgram={power['resume_program']}",
         f"SuspendProgram={power['suspend_program']}",
         f"ResumeFailProgram={power['resume_fail_program']}",
-        "SlurmctldParameters=idle_on_node_suspend,cloud_reg_addrs",
+        "SlurmctldParameters=enable_configless,idle_on_node_suspend,cloud_reg_addrs",
         "TreeWidth=65533",
     ]
     if c["nodes"]:
