@@ -24,7 +24,7 @@ from gpuprov import defaults, paths, ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import BootArchive, ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
 from gpuprov.providers.docker import images
-from gpuprov.providers.docker.engine import IMAGE_LABEL, LABEL, NODE_LABEL, docker
+from gpuprov.providers.docker.engine import DYNAMIC_LABEL, IMAGE_LABEL, LABEL, NODE_LABEL, docker
 from gpuprov.providers.docker.images import delete
 from gpuprov.providers.docker.node_image import build_hint
 from gpuprov.providers.docker.nodes import remove
@@ -236,6 +236,8 @@ class DockerProvider(Provider):
         nodes = []
         for c in info:
             labels = c["Config"]["Labels"] or {}
+            if labels.get(DYNAMIC_LABEL):
+                continue  # a dynamic Slurm node: Slurm powers it up and down (docker/power.py)
             port = 0
             bindings = (c["NetworkSettings"]["Ports"] or {}).get("22/tcp") or []
             for b in bindings:

@@ -9,6 +9,9 @@ from gpuprov.errors import BadInput, GpuprovError
 
 LABEL = "gpuprov.cluster"
 NODE_LABEL = "gpuprov.node"
+# A dynamic Slurm node's container (gpuprov.providers.docker.power): Slurm's, never one of the
+# nodes gpuprov records and bootstraps; `down` removes it with the cluster's.
+DYNAMIC_LABEL = "gpuprov.dynamic"
 # Baked images (gpuprov image bake): this repository, tagged LOCKHASH-TIME, labelled with the
 # lock. GPUPROV_BAKED_REPO names another (each test session of gpuprov's suite takes its own).
 BAKED_REPO = "gpuprov/baked"
