@@ -138,3 +138,15 @@ def test_refused_with_what_is_wrong(change: dict, words: str) -> None:
     with pytest.raises(BadInput, match=r"^slurm: ") as caught:
         conf.slurm_conf(dataclasses.replace(elastic(), **change))
     assert words in str(caught.value)
+
+
+def test_a_dynamic_node_like_a_host_of_the_play_has_its_resources_and_no_address() -> None:
+    rules = conf.rules()
+    host = {"__slurm_node": {**vars(p4d("train-st-1")), "addr": "10.0.0.5"}}
+    entries = rules.dynamic_entries([{"name": "train-dy-1", "like": "st1"}, vars(dynamic("train-dy-2"))],
+                                    {"st1": host, "st2": {}})
+    assert entries[0] == {**host["__slurm_node"], "name": "train-dy-1", "addr": ""}
+    assert entries[1]["name"] == "train-dy-2"
+    for like in ("st2", "nowhere", 5):
+        with pytest.raises(rules.SlurmConfError, match="is no compute host of the play"):
+            rules.dynamic_entries([{"name": "train-dy-1", "like": like}], {"st1": host, "st2": {}})

@@ -206,6 +206,25 @@ def _node(raw: Any) -> dict[str, Any]:
     return node
 
 
+def dynamic_entries(entries: Any, hostvars: Any) -> list[dict[str, Any]]:
+    """slurm_dynamic_nodes as the description takes them: an entry ``{name, like: HOST}`` has
+    the resources of the play's compute host HOST (its own description: facts and GPUs, as the
+    nodes booted from its image will have), under its own name and without an address."""
+    out = []
+    for entry in entries or []:
+        if not isinstance(entry, Mapping):
+            raise SlurmConfError(f"a dynamic node: expected a mapping, got {entry!r}")
+        if "like" not in entry:
+            out.append(dict(entry))
+            continue
+        like = entry["like"]
+        base = (hostvars[like] if isinstance(like, str) and like in hostvars else {}).get("__slurm_node")
+        if not isinstance(base, Mapping):
+            raise SlurmConfError(f"dynamic node {entry.get('name')!r}: like {like!r} is no compute host of the play")
+        out.append({**base, "name": entry.get("name"), "addr": ""})
+    return out
+
+
 def _dynamic(raw: Any) -> dict[str, Any]:
     node = _node(raw)
     if node["addr"]:
@@ -505,4 +524,5 @@ class FilterModule:
             "slurm_node_from_facts": node_from_facts,
             "slurm_real_memory": real_memory,
             "slurm_apt_version": apt_version,
+            "slurm_dynamic_entries": dynamic_entries,
         }
