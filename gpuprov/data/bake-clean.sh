@@ -7,7 +7,9 @@
 # Removed: every SSH host key (each node gets its own at boot), cloud-init's instance state
 # and logs (so the image boots as a new instance), the machine id (systemd makes a new one at
 # first boot), every authorized_keys file (gpuprov writes the cluster's key at launch) and any
-# registry credential, the apt proxy a cluster's settings put there, logs, apt's package lists
+# registry credential, the cluster's munge key and power key and Slurm's state (a node of a
+# Slurm cluster: the image must carry no cluster's secret, and a node from it joins its own
+# cluster), the apt proxy a cluster's settings put there, logs, apt's package lists
 # and downloaded packages, shell histories, Ansible's remote temp directories, /tmp and
 # /var/tmp. Printed: one line per step, then "clean: done".
 set -eu
@@ -45,6 +47,10 @@ for home in /root /home/*; do
   rm -rf "$home/.ansible"
 done
 rm -f /etc/apt/apt.conf.d/01gpuprov-proxy
+
+step "munge and Slurm keys and state"
+rm -f /etc/munge/munge.key /etc/slurm/gpuprov-power.key
+rm -rf /var/lib/slurm/slurmctld/* /var/lib/slurm/slurmd/* /run/slurm/conf
 
 step "logs"
 find /var/log -type f \( -name '*.gz' -o -name '*.[0-9]' -o -name '*.old' \) -delete

@@ -21,6 +21,8 @@ PLANTED = {
     "/var/log/journal/abc/system.journal": "j", "/var/lib/apt/lists/deb_InRelease": "l",
     "/var/cache/apt/archives/x.deb": "d", "/var/lib/cloud/instances/i-1/user-data.txt": "u",
     "/tmp/leftover": "t", "/var/tmp/leftover": "t",
+    "/etc/munge/munge.key": "munge", "/etc/slurm/gpuprov-power.key": "power",
+    "/var/lib/slurm/slurmctld/job_state": "s", "/var/lib/slurm/slurmd/conf-cache/slurm.conf": "c",
     "/etc/apt/apt.conf.d/99keep": "keep", "/usr/local/bin/keep": "keep",
 }
 GONE = [p for p in PLANTED if p not in ("/etc/machine-id", "/var/log/syslog", "/etc/apt/apt.conf.d/99keep",
