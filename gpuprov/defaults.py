@@ -72,3 +72,8 @@ MAX_DISK_GB = 16384
 # `up|types --max-price` (US dollars per instance-hour): the dearest type gpuprov knows costs
 # about $114/h on demand (p6-b200.48xlarge); past this a budget is a typo, not a budget.
 MAX_PRICE_USD = 1000.0
+
+# Dynamic Slurm nodes (`--idle-minutes`): a node's idle minutes before it is powered down
+# (ParallelCluster's ScaledownIdletime default), at most a week.
+DEFAULT_IDLE_MINUTES = 10
+MAX_IDLE_MINUTES = 7 * 24 * 60

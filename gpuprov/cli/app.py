@@ -93,7 +93,8 @@ def up(**given: Any) -> int:
             stack=StackChoice(cuda=cuda, driver=f.driver, source=f.source, kernel_module=f.kernel_module,
                               mirror_url=f.mirror_url, mirror_key_fingerprint=f.mirror_key_fingerprint),
             scheduler=Scheduler(kind=f.scheduler, controller=f.slurm_controller,
-                                controller_only=f.slurm_controller_only),
+                                controller_only=f.slurm_controller_only, max_count=f.max_count,
+                                idle_minutes=f.idle_minutes),
         )
         return core("up").UpRequest(spec, bootstrap=not f.no_bootstrap, rollback=f.rollback, health=f.health,
                                    tags=f.tags, mode=f.bootstrap_mode, dry_run=f.dry_run,
@@ -196,9 +197,15 @@ def status(name: str, output: str) -> int:
 @click.option("--slurm-controller", metavar="NODE",
               help="With --scheduler slurm: the controller (default: the first node).")
 @click.option("--slurm-controller-only", is_flag=True, help="With --scheduler slurm: the controller runs no jobs.")
+@click.option("--max-count", type=click.IntRange(min=1, max=defaults.MAX_NODES), metavar="M",
+              help="A Slurm cluster of up to M nodes: its nodes static, the rest dynamic (docs/slurm.md).")
+@click.option("--idle-minutes", type=click.IntRange(min=1, max=defaults.MAX_IDLE_MINUTES), metavar="MIN",
+              help="With --max-count: a dynamic node's idle minutes before it is powered down "
+              f"(default {defaults.DEFAULT_IDLE_MINUTES}).")
 @output_option
 def provision(name: str, check: bool, tags: str | None, full: bool, via: str, scheduler: str | None,
-              slurm_controller: str | None, slurm_controller_only: bool, output: str) -> int:
+              slurm_controller: str | None, slurm_controller_only: bool, max_count: int | None,
+              idle_minutes: int | None, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node whose manifest does not hold; safe
     to re-run."""
     if scheduler is None and (slurm_controller or slurm_controller_only):
@@ -209,7 +216,8 @@ def provision(name: str, check: bool, tags: str | None, full: bool, via: str, sc
     chosen = None if scheduler is None else Scheduler(kind=scheduler, controller=slurm_controller,
                                                       controller_only=slurm_controller_only)
     data = core("provision").provision(name, console=_console(), check=check, tags=tags,
-                                       scheduler_choice=chosen, full=full, via=via)
+                                       scheduler_choice=chosen, full=full, via=via,
+                                       max_count=max_count, idle_minutes=idle_minutes)
     if output == "json":
         cli_output.emit_json(data)
     else:
@@ -299,6 +307,15 @@ def inventory(name: str, output: str) -> int:
     else:
         click.echo(text, nl=False)
     return 0
+
+
+@cli.command(name="power-service")
+@click.argument("name")
+def power_service(name: str) -> int:
+    """Serve a cluster's dynamic Slurm nodes (local nodes): power them up and down as its
+    controller asks, until stopped. `up`/`provision --max-count` start it detached and `down`
+    stops it; run it yourself only under a service manager of your own (docs/slurm.md)."""
+    return int(core("power-service").serve(name))
 
 
 cli.add_command(types)

@@ -231,6 +231,12 @@ UP_OPTIONS = [
         "(default: the first node)."),
     click.option("--slurm-controller-only", is_flag=True, help="With --scheduler slurm: the controller "
         "runs no jobs."),
+    click.option("--max-count", type=click.IntRange(min=1, max=defaults.MAX_NODES), metavar="M",
+        help="With --scheduler slurm: up to M nodes, --count of them static and the rest dynamic (powered up "
+        "by Slurm when jobs need them, down when idle; docs/slurm.md)."),
+    click.option("--idle-minutes", type=click.IntRange(min=1, max=defaults.MAX_IDLE_MINUTES), metavar="MIN",
+        help="With --max-count: a dynamic node's idle minutes before it is powered down (default "
+        f"{defaults.DEFAULT_IDLE_MINUTES})."),
     click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing."),
     click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
 ]
@@ -275,6 +281,8 @@ class UpFlags:
     scheduler: str
     slurm_controller: str | None
     slurm_controller_only: bool
+    max_count: int | None
+    idle_minutes: int | None
     dry_run: bool
     yes: bool
     output: str

@@ -151,6 +151,15 @@ def slurm_lines(data: StatusResult) -> None:
     """Each node's Slurm state and reason (clusters with `--scheduler slurm`)."""
     if data.slurm is None:
         return
+    dynamic = data.slurm.dynamic
+    if dynamic is not None:
+        service = dynamic.service
+        click.echo(f"dynamic nodes: up to {dynamic.dynamic} (max-count {dynamic.max_count}), powered down after "
+                   f"{dynamic.idle_minutes} idle min, image {dynamic.image or 'not baked yet'}; power service "
+                   + (f"running on {service.url}" if service.running else "NOT RUNNING (`gpuprov provision "
+                      f"{data.cluster}` starts it)"))
+        for line in service.last:
+            click.echo(f"  power: {line}")
     if data.slurm.error:
         click.echo(f"slurm (controller {data.slurm.controller}): unknown: {data.slurm.error}")
         return

@@ -25,7 +25,7 @@ from typing import Final, Literal
 Command = Literal[
     "up", "down", "list", "status", "inventory", "settings", "provision", "verify", "verify --local",
     "exec", "ssh", "ssh-config", "image bake", "image list", "image delete", "monitor", "patch",
-    "patch --onto-image",
+    "patch --onto-image", "power-service",
 ]
 
 COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
@@ -47,6 +47,7 @@ COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
     "monitor": "gpuprov.core.monitoring",
     "patch": "gpuprov.core.patch",
     "patch --onto-image": "gpuprov.core.onto_image",
+    "power-service": "gpuprov.core.power_service",
 })
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from gpuprov import providers
 from gpuprov.cluster import cluster_lock, files_for, kept_alive, validate_name
 from gpuprov.console import Console, reporter
+from gpuprov.core import elastic
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.probes.run import control_dir
 from gpuprov.providers import Orphans, Provider
@@ -38,6 +39,9 @@ def down(
         raise GpuprovError("aborted; nothing was removed")
     with cluster_lock(name):
         files = files_for(name)
+        # The power service first: no dynamic node may be started while the nodes go.
+        if elastic.stop_service(files, name):
+            console.say(f"{name}: stopped its power service")
         removed = provider.terminate(name, nodes, files, reporter(console))
         store.delete_cluster(name)
         # The cluster's multiplexed SSH connections (its own directory, as ansible.cfg names

@@ -20,11 +20,14 @@ from gpuprov.cluster import (
     version_lock,
 )
 from gpuprov.console import Console
+from gpuprov.core import elastic
 from gpuprov.core.monitoring import monitoring_host
+from gpuprov.errors import BadInput
 from gpuprov.health import node_bundle
 from gpuprov.manifest import record as manifest_record
 from gpuprov.manifest import steps as manifests
 from gpuprov.providers import ClusterFiles, Provider
+from gpuprov.providers import get as get_provider
 from gpuprov.results.shapes import UNREACHED, HostStats, ProvisionResult, serialise
 from gpuprov.settings import play_secrets, playbook_vars
 from gpuprov.slurm import scheduler
@@ -34,18 +37,24 @@ from gpuprov.state import ClusterRecord, NodeRecord, Store
 def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None,
     scheduler_choice: scheduler.Scheduler | None = None, full: bool = False, via: str = "push",
+    max_count: int | None = None, idle_minutes: int | None = None,
 ) -> ProvisionResult:
     """site.yml on every node that answers and whose manifest does not hold (``full``: on every
     node, as `up` runs it). ``scheduler_choice``: give the cluster this scheduler first
     (recorded before the run; with ``check`` nothing is recorded, and the run plans the cluster
     as its record is). ``via``: push (Ansible from here) or pull (the nodes run it themselves:
-    gpuprov.core.via_pull)."""
+    gpuprov.core.via_pull). ``max_count``/``idle_minutes``: give a Slurm cluster dynamic nodes
+    (gpuprov.core.elastic), kept as recorded where not given."""
     tag_list = parse_tags(tags)
     store = store or Store()
     cluster = load(store, name)
+    scheduler_choice = elastic.merged(scheduler.of(cluster), scheduler_choice, max_count, idle_minutes)
     if scheduler_choice is not None:
         scheduler_choice.checked()
         scheduler.controller_of(cluster, scheduler_choice)  # a controller that is no node: refused now
+        dynamic = elastic.check(scheduler_choice, len(cluster.nodes), get_provider(cluster.provider))
+        if dynamic is not None and via == "pull":
+            raise BadInput("--max-count: dynamic nodes are set up by push (`--via push`)")
     with cluster_lock(name):
         cluster = load(store, name)
         provider, files, nodes = refresh(store, cluster)
@@ -62,6 +71,26 @@ def provision(
             cluster = scheduler.record(store, load(store, name), scheduler_choice)
         return run_site(store, cluster, provider, files, nodes, console=console, check=check,
                         tags=tag_list, slurm_checked=True, use_manifest=not full)
+
+
+def _elastic_before(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord], console: Console,
+                    check: bool, tags: list[str] | None, slurm_checked: bool) -> None:
+    """Before a run that configures Slurm: a node whose slurm.conf serves another cluster
+    refused (unless the caller did); on a cluster with dynamic nodes, its power service running
+    (the controller's power configuration names its URL). A check starts nothing."""
+    if not slurm_checked and scheduler.would_configure(cluster, nodes, tags=tags):
+        scheduler.refuse_foreign(cluster, files, nodes)
+    if not check and scheduler.of(cluster).max_count is not None and scheduler.would_configure(cluster, nodes,
+                                                                                             tags=tags):
+        elastic.ensure_service(cluster, files, console)
+
+
+def _elastic_after(store: Store, cluster: ClusterRecord, provider: Provider, files: ClusterFiles,
+                   console: Console, *, done: bool, extravars: dict[str, Any]) -> None:
+    """After a run that configured Slurm on such a cluster (``done``: it succeeded, for real):
+    the image its dynamic nodes boot from, baked for its lock where there is none."""
+    if done and extravars.get("gpuprov_slurm_dynamic_nodes"):
+        elastic.ensure_image(store, load(store, cluster.name), provider, files, console)
 
 
 def run_site(
@@ -83,16 +112,15 @@ def run_site(
     unreachable node reported once and left out. A full run that succeeds marks the cluster
     bootstrapped; one that fails records the failed step. ``check``: Ansible's --check --diff
     (nothing changes, nothing is marked). `provision`, `up`, `patch --onto-image` and a pull
-    bootstrap's push fallback all converge through here. A run that configures Slurm first
-    refuses a node whose slurm.conf serves another cluster (unless ``slurm_checked``: the
-    caller did, before it recorded the choice).
+    bootstrap's push fallback all converge through here. A run that configures Slurm refuses a
+    node whose slurm.conf serves another cluster (unless ``slurm_checked``: the caller did) and
+    keeps dynamic nodes' power service and image (gpuprov.core.elastic).
 
     Manifests (gpuprov.manifest): after a run of every play that succeeds (not ``check``), each
     node it ran on records what the plays manage there; with ``use_manifest`` (`provision`
     without --full or --tags) a node whose manifest holds, for the same inputs, gets no Ansible
     run. A run of some plays (``tags``) reads and writes none, as before manifests."""
-    if not slurm_checked and scheduler.would_configure(cluster, nodes, tags=tags):
-        scheduler.refuse_foreign(cluster, files, nodes)
+    _elastic_before(cluster, files, nodes, console, check, tags, slurm_checked)
     lock = version_lock(store, cluster)
     context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
                      monitoring_host(cluster.spec))
@@ -141,6 +169,7 @@ def run_site(
             console.say(f"  next: gpuprov verify {cluster.name} (the nodes changed since their probes ran)")
     elif not check and not ok:
         store.set_failed_step(cluster.name, "bootstrap")
+    _elastic_after(store, cluster, provider, files, console, done=not check and ok, extravars=extravars)
     console.say(f"  artifacts: {artifacts.artifact_dir if artifacts is not None else run_dir}")
     return outcome
 

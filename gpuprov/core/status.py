@@ -11,6 +11,7 @@ from gpuprov import settings as cluster_settings
 from gpuprov.ansible.inventory import render, to_json
 from gpuprov.cluster import cluster_lock, expectations, load, refresh
 from gpuprov.console import Console
+from gpuprov.core import elastic
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.errors import GpuprovError
 from gpuprov.lock import stack
@@ -20,16 +21,20 @@ from gpuprov.results.shapes import (
     ClusterCost,
     ClusterPrice,
     ClusterRow,
+    DynamicNodes,
     KeptNode,
     NodeImage,
+    PowerService,
     Replacement,
     RunRow,
     SettingsResult,
+    SlurmStatus,
     StatusResult,
     node_rows,
     settings_of,
 )
 from gpuprov.slurm import scheduler
+from gpuprov.slurm.elastic import DEFAULT_IDLE_MINUTES
 from gpuprov.state import Store
 
 
@@ -108,10 +113,24 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         replaced=[Replacement.of(r) for r in cluster.spec.get("replaced") or []],
         kept=[KeptNode(name=k["name"], id=k["id"], address=k["address"], why=k["why"], when=k["when"])
               for k in cluster.spec.get("kept") or []],
-        slurm=scheduler.slurm_status(cluster, files, nodes),
+        slurm=_with_dynamic(cluster, files, scheduler.slurm_status(cluster, files, nodes)),
         cost=_cost(cluster.provider, nodes),
         driver_eol=stack.eol_warning(cluster.lock),
     )
+
+
+def _with_dynamic(cluster: Any, files: Any, slurm: SlurmStatus | None) -> SlurmStatus | None:
+    """The Slurm status with the cluster's dynamic nodes and power service (`--max-count`)."""
+    chosen = scheduler.of(cluster)
+    if slurm is None or chosen.max_count is None:
+        return slurm
+    service = elastic.service_state(files, cluster.name)
+    dynamic = DynamicNodes(
+        max_count=chosen.max_count, dynamic=max(0, chosen.max_count - len(cluster.nodes)),
+        idle_minutes=chosen.idle_minutes or DEFAULT_IDLE_MINUTES, image=elastic.image_of(cluster),
+        service=PowerService(url=service.get("url"), running=bool(service.get("running")),
+                             last=elastic.log_tail(files)))
+    return dataclasses.replace(slurm, dynamic=dynamic)
 
 
 def _cost(provider_name: str, nodes: list[Any]) -> ClusterCost:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gpuprov.ansible.runner import parse_tags
 from gpuprov.cluster import cluster_lock, validate_name
 from gpuprov.console import Console
-from gpuprov.core import counts, health_gate, min_count, up_verdict
+from gpuprov.core import counts, elastic, health_gate, min_count, up_verdict
 from gpuprov.core.plan_words import plan_cost, show_plan
 from gpuprov.core.up_steps import Run, check_health, launch, prepare, record, up_result, wait_ready
 from gpuprov.errors import BadInput, GpuprovError
@@ -109,7 +109,9 @@ def checked(spec: ClusterSpec) -> tuple[Provider, ClusterSpec]:
     provider = get_provider(spec.provider)
     counts.check_request(spec, provider)
     spec.scheduler.checked()
-    return provider, provider.check_spec(spec)
+    spec = provider.check_spec(spec)
+    elastic.check(spec.scheduler, spec.count or 0, provider)
+    return provider, spec
 
 
 # -- under the cluster lock ------------------------------------------------------------------

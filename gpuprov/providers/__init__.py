@@ -146,6 +146,9 @@ class Provider(ABC):
     partial_launch: bool = False
     # True where a baked image can be copied to other regions (`image bake --copy-to`).
     copies_images: bool = False
+    # True where gpuprov can power dynamic Slurm nodes up and down (`--max-count`): a power
+    # service of the provider's starts them from the cluster's baked image.
+    powers_nodes: bool = False
     # True where listing baked images is an API call (aws): `up --image` then lists none.
     images_cost_a_call: bool = False
     # True where the nodes run on this machine and their cluster addresses answer here (local
@@ -277,6 +280,24 @@ class Provider(ABC):
         (then it is cleaned itself, captured and terminated). Returns the
         gpuprov.images.BakedImage."""
         raise NotSupported(f"baking images is not supported by the {self.name} provider")
+
+    # -- dynamic Slurm nodes (powers_nodes) ---------------------------------------------------
+    def power_address(self) -> str:
+        """Where the cluster's power service listens so that its controller reaches it."""
+        raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
+
+    def power_up(self, cluster: str, node: str, image: str, controller: NodeRecord, munge_key: Path) -> None:
+        """Start dynamic node ``node`` of ``cluster`` from ``image``, given the munge key and
+        the controller's address (its slurmd fetches its configuration there)."""
+        raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
+
+    def power_down(self, nodes: list[str]) -> list[str]:
+        """Remove dynamic nodes ``nodes``; the names of those that would not go."""
+        raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
+
+    def power_why(self, node: str) -> str:
+        """What dynamic node ``node`` last said of its slurmd (why it did not register); ""."""
+        return ""
 
     def image_locks(self, image_ids: set[str], region: str | None = None) -> dict[str, str]:
         """The lock hash each of ``image_ids`` was baked for, where the provider must ask (aws:

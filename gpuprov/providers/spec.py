@@ -178,9 +178,7 @@ class ClusterSpec:
                    options=kind(**{k: v for k, v in flat.items() if k in names}), stack=choice,
                    settings=opts.get("settings"), min_count=opts.get("min_count"), retries=opts.get("retries"),
                    keep_failed=bool(opts.get("keep_failed")),
-                   scheduler=Scheduler(kind=opts.get("scheduler") or Scheduler().kind,
-                                       controller=opts.get("slurm_controller"),
-                                       controller_only=bool(opts.get("slurm_controller_only"))))
+                   scheduler=Scheduler.from_options(opts))
         return replace(spec, **changes)
 
 

@@ -120,10 +120,31 @@ class SlurmNode:
 
 
 @dataclass(frozen=True)
+class PowerService:
+    """A cluster's power service (dynamic nodes), as its address file and process say."""
+
+    url: str | None
+    running: bool
+    last: list[str]  # the last lines of its log, oldest first
+
+
+@dataclass(frozen=True)
+class DynamicNodes:
+    """A cluster's dynamic nodes (`--max-count`): how many, their idle time, their image."""
+
+    max_count: int
+    dynamic: int
+    idle_minutes: int
+    image: str | None  # the image they boot from; None until one is baked
+    service: PowerService
+
+
+@dataclass(frozen=True)
 class SlurmStatus:
     controller: str
     nodes: dict[str, SlurmNode]  # by Slurm's node name (the node's short hostname)
     error: str | None = None  # the controller did not answer: why, in one line
+    dynamic: DynamicNodes | None = None  # None for a cluster without --max-count
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprov import defaults
 from gpuprov.errors import BadInput, GpuprovError
 
 # What a dynamic node's name says: the cluster's name, "-dy-", its number.
 DYNAMIC_TAG = "dy"
 ACTIONS = ("resume", "suspend", "fail")
-DEFAULT_IDLE_MINUTES = 10  # ParallelCluster's ScaledownIdletime default
-MAX_IDLE_MINUTES = 7 * 24 * 60
+DEFAULT_IDLE_MINUTES, MAX_IDLE_MINUTES = defaults.DEFAULT_IDLE_MINUTES, defaults.MAX_IDLE_MINUTES
 # A request older (or newer: clocks apart) than this is refused: one cannot be replayed later.
 MAX_AGE_S = 120
 KEY_BYTES = 32
@@ -144,13 +144,20 @@ SLURMD_DROP_IN = "/etc/systemd/system/slurmd.service.d/gpuprov-dynamic.conf"
 MUNGE_KEY = "/etc/munge/munge.key"
 
 
+# The node's own quick health (the slurm role installs gpuprov's zipapp and what the node is held
+# to), run before slurmd: a node that fails it never registers, so it is never given a job.
+NODE_CHECK = ("/usr/bin/python3", "-I", "-S", "/usr/local/lib/gpuprov/node-health.pyz", "--expect",
+              "/etc/slurm/gpuprov-health-expect.json")
+
+
 def node_files(controller_addr: str, *, container: bool) -> list[tuple[str, bytes, int]]:
     """The files that make a node booted from the cluster's image a dynamic node of it, beside
     the munge key (the service copies that from the cluster's file, 0400 munge): slurmd fetches
-    its configuration from slurmctld (`--conf-server`, enable_configless), and Debian's unit,
-    which skips slurmd where /etc/slurm/slurm.conf is missing, is told not to. On a container
-    slurmd starts in a time namespace whose boot is now: a container reports the host's uptime,
-    and slurmctld waits for a node to boot after its resume request (docs/slurm.md, the
+    its configuration from slurmctld (`--conf-server`, enable_configless), Debian's unit, which
+    skips slurmd where /etc/slurm/slurm.conf is missing, is told not to, and slurmd starts only
+    once the node passes its own quick health (NODE_CHECK). On a container slurmd reports a
+    boot when it starts (`slurmd -b`, Slurm's own flag): a container reports the host's
+    uptime, and slurmctld waits for a node to boot after its resume request (docs/slurm.md, the
     recording resume-by-hand.txt). ``controller_addr`` must be an IP address: it ends up in a
     file of the node's, so nothing else is written there."""
     try:
@@ -159,12 +166,9 @@ def node_files(controller_addr: str, *, container: bool) -> list[tuple[str, byte
         raise GpuprovError(f"controller address {controller_addr[:60]!r}: expected an IP address") from None
     server = f"[{addr}]" if addr.version == 6 else str(addr)
     unit = ["# Written by gpuprov's power service: a dynamic node, configured by slurmctld.", "[Unit]",
-            "ConditionPathExists="]
-    if container:
-        unit += ["", "[Service]", "ExecStart=",
-                 'ExecStart=/bin/sh -c "exec unshare --time --boottime=-$$(cut -d. -f1 /proc/uptime) '
-                 '/usr/sbin/slurmd -D -s $SLURMD_OPTIONS"']
-    return [(SLURMD_DEFAULTS, f"SLURMD_OPTIONS=--conf-server {server}\n".encode(), 0o644),
+            "ConditionPathExists=", "", "[Service]", f"ExecStartPre={' '.join(NODE_CHECK)}"]
+    options = f"--conf-server {server}" + (" -b" if container else "")
+    return [(SLURMD_DEFAULTS, f"SLURMD_OPTIONS={options}\n".encode(), 0o644),
             (SLURMD_DROP_IN, ("\n".join(unit) + "\n").encode(), 0o644)]
 
 

@@ -10,6 +10,7 @@ so they are in no extravars file, run artifact, log or state row.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -17,31 +18,37 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpuprov import defaults, ssh
+from gpuprov import ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.results.shapes import SlurmNode, SlurmStatus
-from gpuprov.slurm import munge
-from gpuprov.slurm.scheduler_choice import Scheduler
+from gpuprov.slurm import elastic, munge
+from gpuprov.slurm.scheduler_choice import NODE_NAME, Scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 MUNGE_KEY = "munge.key"
+# The cluster's power key (HMAC of the power program's requests) and where its power service
+# says it listens (gpuprov.core.power_service writes it once listening): beside the munge key.
+POWER_KEY = "power.key"
+POWER_SERVICE = "power-service.json"
+# slurm.conf's timeouts for dynamic nodes (docs/slurm.md, "Elastic clusters"): a local node
+# from the baked image registers within seconds; an unanswered resume is failed after this.
+RESUME_TIMEOUT_S = 180
+SUSPEND_TIMEOUT_S = 60
 
 
 def of(cluster: ClusterRecord) -> Scheduler:
     """The scheduler a cluster's record says it has (none for a record from before)."""
-    options = cluster.spec.get("options") or {}
-    return Scheduler(kind=options.get("scheduler") or defaults.DEFAULT_SCHEDULER,
-                     controller=options.get("slurm_controller"),
-                     controller_only=bool(options.get("slurm_controller_only")))
+    return Scheduler.from_options(cluster.spec.get("options") or {})
 
 
 def record(store: Store, cluster: ClusterRecord, chosen: Scheduler) -> ClusterRecord:
     """``chosen`` written into the cluster's record (after checking its controller is a node)."""
     controller_of(cluster, chosen)
     options = {k: v for k, v in (cluster.spec.get("options") or {}).items()
-               if k not in ("scheduler", "slurm_controller", "slurm_controller_only")}
+               if k not in ("scheduler", "slurm_controller", "slurm_controller_only", "slurm_max_count",
+                            "slurm_idle_minutes")}
     store.set_spec(cluster.name, {**cluster.spec, "options": {**options, **chosen.checked().as_options()}})
     found = store.get_cluster(cluster.name)
     assert found is not None
@@ -75,7 +82,50 @@ def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecor
         return {"gpuprov_scheduler": "none"}
     key = munge.ensure_key(files.dir / MUNGE_KEY)
     return {"gpuprov_scheduler": "slurm", "gpuprov_slurm_controller": controller_of(cluster, chosen),
-            "gpuprov_slurm_controller_only": chosen.controller_only, "gpuprov_slurm_munge_key": str(key)}
+            "gpuprov_slurm_controller_only": chosen.controller_only, "gpuprov_slurm_munge_key": str(key),
+            **dynamic_vars(cluster, files, chosen)}
+
+
+def template_node(cluster: ClusterRecord, chosen: Scheduler | None = None) -> str:
+    """The compute node dynamic nodes are made like (their resources in slurm.conf, their image
+    baked from it): a compute node that is not the controller where there is one."""
+    chosen = chosen or of(cluster)
+    controller = controller_of(cluster, chosen)
+    others = [n.name for n in cluster.nodes if n.name != controller]
+    if others:
+        return others[0]
+    if chosen.controller_only:
+        raise BadInput(f"cluster '{cluster.name}' has no compute node to make dynamic nodes like")
+    return controller
+
+
+def power_url(files: ClusterFiles) -> str | None:
+    """The URL the cluster's power service listens on, as it last said (None: never started)."""
+    try:
+        raw = json.loads((files.dir / POWER_SERVICE).read_text())
+    except (OSError, ValueError):
+        return None
+    url = raw.get("url") if isinstance(raw, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def dynamic_vars(cluster: ClusterRecord, files: ClusterFiles, chosen: Scheduler) -> dict[str, Any]:
+    """The slurm play's dynamic nodes, power settings and power service for a cluster with
+    ``--max-count`` (none without): each dynamic node like the template node, powered down
+    after the idle time, its programs gpuprov's, asking the service the cluster's file names."""
+    if chosen.max_count is None:
+        return {}
+    count = chosen.max_count - len(cluster.nodes)
+    url = power_url(files)
+    if count <= 0 or url is None:
+        return {}
+    like = template_node(cluster, chosen)
+    idle = chosen.idle_minutes or elastic.DEFAULT_IDLE_MINUTES
+    return {"gpuprov_slurm_dynamic_nodes": [{"name": n, "like": like}
+                                            for n in elastic.dynamic_names(cluster.name, count)],
+            "gpuprov_slurm_power": {"suspend_time": idle * 60, "suspend_timeout": SUSPEND_TIMEOUT_S,
+                                    "resume_timeout": RESUME_TIMEOUT_S},
+            "gpuprov_slurm_power_service": {"url": url, "key_src": str(munge.ensure_key(files.dir / POWER_KEY))}}
 
 
 # What `status` asks the controller: each node's state and reason, one line each (a fixed
@@ -83,31 +133,72 @@ def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecor
 SINFO = ("sinfo", "--noheader", "--Node", "--format=%N|%T|%E")
 
 
-def slurm_status(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> SlurmStatus | None:
-    """Each node's Slurm state and reason, asked of the controller over its pinned SSH
-    connection (None where the cluster runs no Slurm; ``error`` where the controller did not
-    answer)."""
+def _controller_command(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
+                        argv: tuple[str, ...]) -> tuple[str, list[str] | str]:
+    """(controller, the ssh command running ``argv`` on it over its pinned connection), or
+    (controller, why there is none)."""
     chosen = of(cluster)
-    if chosen.kind != "slurm":
-        return None
     try:
         controller = controller_of(cluster, chosen)
     except BadInput as exc:
-        return SlurmStatus(controller=chosen.controller or "", nodes={}, error=str(exc))
+        return chosen.controller or "", str(exc)
     node = next((n for n in nodes if n.name == controller), None)
     if node is None:
-        return SlurmStatus(controller=controller, nodes={}, error=f"{controller} is not among the nodes")
-    cmd = ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
-           "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}", shlex.join(SINFO)]
+        return controller, f"{controller} is not among the nodes"
+    options = ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key))
+    return controller, ["ssh", "-p", str(node.ssh_port), *options, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+                        "--", f"{node.user}@{node.address}", shlex.join(argv)]
+
+
+def _on_controller(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
+                   argv: tuple[str, ...]) -> tuple[str, str | None, str]:
+    """Run ``argv`` on the controller: (controller, its stdout or None, why not)."""
+    controller, cmd = _controller_command(cluster, files, nodes, argv)
+    if isinstance(cmd, str):
+        return controller, None, cmd
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
                               timeout=40)
     except subprocess.TimeoutExpired:
-        return SlurmStatus(controller=controller, nodes={}, error=f"no answer from {controller} within 40s")
+        return controller, None, f"no answer from {controller} within 40s"
     if proc.returncode != 0:
-        return SlurmStatus(controller=controller, nodes={},
-                           error=f"sinfo on {controller}: " + ssh.ssh_error_line(proc.stderr, proc.returncode))
-    return SlurmStatus(controller=controller, nodes=parse_sinfo(proc.stdout))
+        program = argv[2] if argv[0] == "sudo" else argv[0]
+        return controller, None, f"{program} on {controller}: " + ssh.ssh_error_line(proc.stderr, proc.returncode)
+    return controller, proc.stdout, ""
+
+
+def slurm_status(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> SlurmStatus | None:
+    """Each node's Slurm state and reason, asked of the controller over its pinned SSH
+    connection (None where the cluster runs no Slurm; ``error`` where the controller did not
+    answer)."""
+    if of(cluster).kind != "slurm":
+        return None
+    controller, out, why = _on_controller(cluster, files, nodes, SINFO)
+    if out is None:
+        return SlurmStatus(controller=controller, nodes={}, error=why)
+    return SlurmStatus(controller=controller, nodes=parse_sinfo(out))
+
+
+# A reason as slurmctld keeps it: one line of these characters (what gpuprov writes; a node's or
+# an error's words are made to fit, never passed as they are).
+_REASON_CHARS = re.compile(r"[^A-Za-z0-9 _.,:;()/+=@'-]")
+MAX_REASON = 200
+
+
+def reason_text(text: str) -> str:
+    return _REASON_CHARS.sub("?", printable(" ".join(text.split())))[:MAX_REASON]
+
+
+def mark_down(cluster: ClusterRecord, files: ClusterFiles, names: list[str], reason: str) -> str:
+    """Set Slurm nodes ``names`` (names gpuprov checked) DOWN with ``reason`` on the
+    controller (`scontrol update`, as root, over its pinned SSH): Slurm requeues their jobs.
+    "" once done, else why not (one line)."""
+    hostlist = ",".join(names)
+    if not names or not all(NODE_NAME.fullmatch(n) for n in names):
+        return f"not node names: {hostlist[:80]!r}"
+    argv = ("sudo", "-n", "scontrol", "update", f"NodeName={hostlist}", "State=DOWN",
+            f"Reason=gpuprov: {reason_text(reason)}")
+    return _on_controller(cluster, files, list(cluster.nodes), argv)[2]
 
 
 def parse_sinfo(text: str) -> dict[str, SlurmNode]:

@@ -1,6 +1,7 @@
 """What a command asks of a cluster's scheduler (`--scheduler`, `--slurm-controller`,
-`--slurm-controller-only`), typed and checked: a leaf, so the command line builds it
-(gpuprov.slurm.scheduler keeps it with the cluster and serves it to the slurm play)."""
+`--slurm-controller-only`, `--max-count`, `--idle-minutes`), typed and checked: a leaf, so the
+command line builds it (gpuprov.slurm.scheduler keeps it with the cluster and serves it to the
+slurm play; gpuprov.slurm.elastic checks the dynamic nodes against the cluster)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class Scheduler:
     kind: str = defaults.DEFAULT_SCHEDULER
     controller: str | None = None  # a node name; None: the cluster's first node
     controller_only: bool = False  # the controller runs no slurmd
+    max_count: int | None = None  # static and dynamic nodes together; None: no dynamic nodes
+    idle_minutes: int | None = None  # a dynamic node's idle time before it is powered down
 
     def checked(self) -> Scheduler:
         """BadInput (one line) for a choice that cannot be: an unknown scheduler, a controller
@@ -28,13 +31,28 @@ class Scheduler:
             raise BadInput(f"--scheduler {self.kind}: one of {', '.join(defaults.SCHEDULERS)}")
         if self.kind != "slurm" and (self.controller or self.controller_only):
             raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
+        if self.kind != "slurm" and (self.max_count is not None or self.idle_minutes is not None):
+            raise BadInput(f"--max-count and --idle-minutes: dynamic nodes are Slurm's (--scheduler slurm); "
+                           f"this cluster's scheduler is {self.kind}")
+        if self.max_count is None and self.idle_minutes is not None:
+            raise BadInput("--idle-minutes goes with --max-count (the dynamic nodes it powers down)")
         if self.controller is not None and not NODE_NAME.fullmatch(self.controller):
             raise BadInput(f"--slurm-controller {self.controller!r}: not a node name")
         return self
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> Scheduler:
+        """The choice a cluster's record keeps (as_options), read back."""
+        return cls(kind=options.get("scheduler") or defaults.DEFAULT_SCHEDULER,
+                   controller=options.get("slurm_controller"),
+                   controller_only=bool(options.get("slurm_controller_only")),
+                   max_count=options.get("slurm_max_count"), idle_minutes=options.get("slurm_idle_minutes"))
 
     def as_options(self) -> dict[str, Any]:
         """How a cluster's record keeps it (its spec's options)."""
         if self.kind == defaults.DEFAULT_SCHEDULER:
             return {}
         return {"scheduler": self.kind, **({"slurm_controller": self.controller} if self.controller else {}),
-                **({"slurm_controller_only": True} if self.controller_only else {})}
+                **({"slurm_controller_only": True} if self.controller_only else {}),
+                **({"slurm_max_count": self.max_count} if self.max_count is not None else {}),
+                **({"slurm_idle_minutes": self.idle_minutes} if self.idle_minutes is not None else {})}

@@ -1,9 +1,9 @@
 """The local power service (gpuprov/providers/docker/power.py) end to end short of Slurm: the
 power program slurmctld runs (roles/slurm/files/gpuprov-slurm-power) sends a resume over real
 HTTP, the service checks it and boots the dynamic node's container, with what it is given to
-join (the munge key, 0400 munge; the controller's address for `slurmd --conf-server`; the unit's
-drop-in); the provider never takes it for one of its nodes; a suspend removes it. What slurmd
-does with those files on slurmctld 22.05.8 is the recording resume-by-hand.txt
+join (the munge key, 0400 munge; the controller's address for `slurmd --conf-server`; the
+unit's drop-in; slurmctld masked); the provider never takes it for one of its nodes; a suspend
+removes it. With Slurm: tests/e2e/test_elastic_e2e.py. What slurmd does with those files on slurmctld 22.05.8 is the recording resume-by-hand.txt
 (tests/fixtures/recordings/slurm-22.05-debian12).
 
 FIXTURE: the image is the plain node image with a `munge` user added (the cluster's baked image
@@ -26,6 +26,7 @@ from gpuprov.providers.docker import PROVIDER, bridge_gateway, power
 from gpuprov.providers.docker.engine import docker
 from gpuprov.providers.docker.options import DEFAULT_IMAGE
 from gpuprov.slurm import elastic
+from gpuprov.slurm.power_http import PowerService
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +84,7 @@ def test_a_resume_boots_the_dynamic_node_with_what_it_joins_by_and_a_suspend_rem
         else:
             power.remove(list(names))
 
-    with power.PowerService(bridge_gateway(), CLUSTER, 2, key, act) as service:
+    with PowerService(bridge_gateway(), CLUSTER, 2, key, act) as service:
         try:
             sent = _program(tmp_path, "resume", service.url, key, "pwr-dy-[1-2]")
             assert sent.returncode == 0, sent.stderr
@@ -91,8 +92,10 @@ def test_a_resume_boots_the_dynamic_node_with_what_it_joins_by_and_a_suspend_rem
             assert _wait(lambda: docker("ps", "-q", "--filter", f"name=^{cname}$", check=False).stdout.strip()), \
                 service.failed
             assert _in(cname, "hostname") == "pwr-dy-2"
-            assert _in(cname, "cat", elastic.SLURMD_DEFAULTS) == "SLURMD_OPTIONS=--conf-server 172.17.0.2"
+            assert _in(cname, "cat", elastic.SLURMD_DEFAULTS) == "SLURMD_OPTIONS=--conf-server 172.17.0.2 -b"
             assert "ConditionPathExists=\n" in _in(cname, "cat", elastic.SLURMD_DROP_IN) + "\n"
+            # slurmctld is masked: a node baked from the controller never runs it.
+            assert _in(cname, "readlink", "/etc/systemd/system/slurmctld.service") == "/dev/null"
             assert _in(cname, "stat", "-c", "%a %U %s", elastic.MUNGE_KEY) == "400 munge 1024"
             # No way in but Slurm's: no SSH port published, no key of the cluster given.
             assert not docker("port", cname, check=False).stdout.strip()

@@ -227,7 +227,11 @@ def _built() -> dict[str, Any]:
             replaced=replaced, kept=[KeptNode(name="c-node-2", id="i-2", address="10.0.0.2", why="bootstrap failed: x",
                                               when="2025")],
             slurm=results.SlurmStatus(controller="n1", nodes={"n1": results.SlurmNode(state="idle", reason=""),
-                                                               "n2": results.SlurmNode(state="drained", reason="x")}),
+                                                               "n2": results.SlurmNode(state="drained", reason="x")},
+                                      dynamic=results.DynamicNodes(
+                                          max_count=4, dynamic=2, idle_minutes=10, image="gpuprov/baked:abc-1",
+                                          service=results.PowerService(url="http://172.17.0.1:40000/power",
+                                                                       running=True, last=["resume c-dy-1: taken"]))),
             cost=costs.ClusterCost(nodes=[costs.NodeCost(
                 node="n1", launched="2025-01-01T00:00:00+00:00", kind="on-demand", usd_per_hour=21.96,
                 usd_so_far=43.92, source="on-demand in us-east-1, bundled table as of 2026-08-26", why=None)],

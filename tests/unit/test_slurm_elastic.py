@@ -182,17 +182,18 @@ def test_the_program_says_why_in_one_line_when_refused(service, tmp_path: Path) 
 
 
 # -- what a dynamic node is given -------------------------------------------------------------
-def test_a_dynamic_node_gets_the_controller_and_on_a_container_a_boot_of_its_own() -> None:
+def test_a_dynamic_node_gets_the_controller_its_health_first_and_on_a_container_a_boot_of_its_own() -> None:
     files = {path: (data.decode(), mode) for path, data, mode in elastic.node_files("172.17.0.2", container=True)}
-    assert files[elastic.SLURMD_DEFAULTS] == ("SLURMD_OPTIONS=--conf-server 172.17.0.2\n", 0o644)
+    # -b: slurmd reports a boot when it starts (Slurm's flag), where a container has the host's uptime.
+    assert files[elastic.SLURMD_DEFAULTS] == ("SLURMD_OPTIONS=--conf-server 172.17.0.2 -b\n", 0o644)
     unit, mode = files[elastic.SLURMD_DROP_IN]
     assert mode == 0o644 and "[Unit]\nConditionPathExists=\n" in unit
-    # As the recorded run started it (resume-by-hand.txt: "rebooted 1 secs ago").
-    assert ('ExecStart=/bin/sh -c "exec unshare --time --boottime=-$$(cut -d. -f1 /proc/uptime) '
-            '/usr/sbin/slurmd -D -s $SLURMD_OPTIONS"') in unit
+    assert ("[Service]\nExecStartPre=/usr/bin/python3 -I -S /usr/local/lib/gpuprov/node-health.pyz --expect "
+            "/etc/slurm/gpuprov-health-expect.json\n") in unit
+    assert "ExecStart=" not in unit.replace("ExecStartPre=", "")  # Debian's own slurmd command line
     machine = dict((p, d.decode()) for p, d, _ in elastic.node_files("fd00::5", container=False))
-    assert machine[elastic.SLURMD_DEFAULTS] == "SLURMD_OPTIONS=--conf-server [fd00::5]\n"
-    assert "unshare" not in machine[elastic.SLURMD_DROP_IN]  # an instance boots for real
+    assert machine[elastic.SLURMD_DEFAULTS] == "SLURMD_OPTIONS=--conf-server [fd00::5]\n"  # an instance boots for real
+    assert "ExecStartPre=/usr/bin/python3 -I -S" in machine[elastic.SLURMD_DROP_IN]
 
 
 @pytest.mark.parametrize("addr", ["ctl", "10.0.0.5\nSLURMD_OPTIONS=-Z", "", "10.0.0.5 --foo"])

@@ -40,7 +40,8 @@ def test_commands_that_read_no_hosts_file_do_not_load_ansibles_inventory(args: l
     (["--help"], []),
     (["up", "--help"], []),
     (["patch", "--help"], []),
-    (["list"], ["gpuprov.core.monitoring", "gpuprov.core.status"]),  # status imports monitoring
+    # status imports monitoring, and elastic (a cluster's dynamic nodes)
+    (["list"], ["gpuprov.core.elastic", "gpuprov.core.monitoring", "gpuprov.core.status"]),
 ])
 def test_a_commands_module_loads_when_it_runs(args: list[str], loaded: list[str], tmp_path: Path) -> None:
     """The command registry (gpuprov/cli/registry.py): help and click's parsing load no module of

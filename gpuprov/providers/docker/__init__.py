@@ -11,37 +11,25 @@ state file, says what exists.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
-import tarfile
-import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from gpuprov import defaults, paths, ssh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import BootArchive, ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
-from gpuprov.providers.docker import images
+from gpuprov.providers.docker import images, power
 from gpuprov.providers.docker.engine import DYNAMIC_LABEL, IMAGE_LABEL, LABEL, NODE_LABEL, docker
 from gpuprov.providers.docker.images import delete
 from gpuprov.providers.docker.node_image import build_hint
-from gpuprov.providers.docker.nodes import remove
+from gpuprov.providers.docker.nodes import SYSTEMD_FLAGS, _tar, _user_ids, remove
 from gpuprov.providers.docker.options import DEFAULT_IMAGE, NODE_IMAGES, SUITES, DockerOptions, unimaged
 from gpuprov.state import NodeRecord
 
 NODE_USER = "gpuprov"
-
-# The flags that run systemd in a container on a cgroup v1/v2 host without
-# --privileged (CAP_SYS_RESOURCE is not in every bounding set).
-SYSTEMD_FLAGS = [
-    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
-    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "--tmpfs", "/run", "--tmpfs", "/run/lock", "--stop-signal", "SIGRTMIN+3",
-]
-
 
 # Local nodes are for trying things: a handful on one machine (each full-stack node holds
 # about 3 GB and a systemd tree); more is a mistake to stop before any is made.
@@ -53,6 +41,7 @@ class DockerProvider(Provider):
     display_name = "Docker"
     nodes_on_this_host = True  # (not billable: the default)
     pull_at_boot = True  # pull mode: the agent and its configuration copied in before start
+    powers_nodes = True  # dynamic Slurm nodes: the host-side power service (docker/power.py)
 
     def __init__(self) -> None:
         self.image = os.environ.get("GPUPROV_NODE_IMAGE", DEFAULT_IMAGE)
@@ -295,6 +284,20 @@ class DockerProvider(Provider):
     def terminate_nodes(self, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -> list[str]:
         return remove(nodes, report)
 
+    # -- dynamic Slurm nodes (gpuprov/providers/docker/power.py) ----------------------------
+    def power_address(self) -> str:
+        return bridge_gateway()
+
+    def power_up(self, cluster: str, node: str, image: str, controller: NodeRecord, munge_key: Path) -> None:
+        power.remove([node])  # a container left by a resume that failed goes first
+        power.boot(cluster, node, image, power.address_of(str(controller.extra.get("container") or "")), munge_key)
+
+    def power_down(self, nodes: list[str]) -> list[str]:
+        return power.remove(nodes)
+
+    def power_why(self, node: str) -> str:
+        return power.why_not_registered(node)
+
     # -- baked images (gpuprov/providers/docker/images.py) -----------------------------------
     def baked_images(self, region: str | None = None) -> list[Any]:
         self.check_engine()
@@ -334,18 +337,6 @@ def _index(name: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def _user_ids(container: str, user: str) -> tuple[int, int]:
-    raw = docker("cp", f"{container}:/etc/passwd", "-").stdout
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        member = tar.extractfile("passwd")
-        assert member is not None
-        for line in member.read().decode().splitlines():
-            fields = line.split(":")
-            if fields[0] == user:
-                return int(fields[2]), int(fields[3])
-    raise GpuprovError(f"node image has no '{user}' user; rebuild it: {build_hint()}")
-
-
 def _apt_proxy_file(proxy: str) -> list[tuple[str, bytes, int, int, int]]:
     """Point the node's apt at the package cache the cluster's settings name (apt_proxy).
 
@@ -358,17 +349,6 @@ def _apt_proxy_file(proxy: str) -> list[tuple[str, bytes, int, int, int]]:
     gateway = proxy.split("//", 1)[-1].split(":", 1)[0]
     text = f'Acquire::http::Proxy "{proxy}";\nAcquire::http::Proxy::{gateway} "DIRECT";\n'
     return [("etc/apt/apt.conf.d/01gpuprov-proxy", text.encode(), 0o644, 0, 0)]
-
-
-def _tar(files: list[tuple[str, bytes, int, int, int]]) -> bytes:
-    buf = io.BytesIO()
-    now = time.time()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path, data, mode, uid, gid in files:
-            info = tarfile.TarInfo(path)
-            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, gid, now
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 PROVIDER = DockerProvider()

@@ -1,0 +1,195 @@
+"""Elastic Slurm from the commands' side (`up`/`provision --max-count M --idle-minutes I`): the
+request checked against the cluster, the cluster's power service kept running, and the image
+its dynamic nodes boot from kept baked for the cluster's lock (docs/slurm.md, "Elastic
+clusters").
+
+Order of a run that gives a cluster dynamic nodes: the choice is checked (one line, exit 2,
+nothing made) and recorded; the power key is made and the power service started (its URL goes
+into the controller's power configuration); the slurm play declares the dynamic nodes; then,
+the play done, the image is baked from the template node (gpuprov.slurm.scheduler
+.template_node) unless one baked from this cluster for its lock exists. The service reads
+which image from the cluster's record at each resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuprov.console import Console
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.node_text import printable
+from gpuprov.providers import ClusterFiles, Provider
+from gpuprov.slurm import elastic, scheduler
+from gpuprov.slurm.scheduler_choice import Scheduler
+from gpuprov.state import ClusterRecord, Store
+
+# Where the service writes what it does (one line each), beside its address file.
+LOG = "power.log"
+START_WAIT_S = 20.0
+STOP_WAIT_S = 10.0
+# The record's key for the image dynamic nodes boot from.
+IMAGE_OPTION = "slurm_dynamic_image"
+
+
+def check(chosen: Scheduler, static_count: int, provider: Provider) -> elastic.Elastic | None:
+    """The dynamic nodes ``chosen`` asks for, checked against the cluster's static nodes and
+    its provider (BadInput, one line, where they cannot be); None where it asks for none."""
+    if chosen.max_count is None:
+        return None
+    return elastic.Elastic(count=static_count, max_count=chosen.max_count,
+                           idle_minutes=elastic.DEFAULT_IDLE_MINUTES if chosen.idle_minutes is None
+                           else chosen.idle_minutes).checked(chosen.kind, provider.powers_nodes, provider.name)
+
+
+def merged(recorded: Scheduler, given: Scheduler | None, max_count: int | None,
+           idle_minutes: int | None) -> Scheduler | None:
+    """The choice a `provision` makes: ``given`` (its --scheduler flags) or the recorded one,
+    with --max-count/--idle-minutes where given (kept as recorded where not); None where the
+    command changes nothing."""
+    if given is None and max_count is None and idle_minutes is None:
+        return None
+    base = given or recorded
+    if max_count is None and idle_minutes is None:
+        if base.kind == "slurm" and recorded.kind == "slurm":
+            return Scheduler(base.kind, base.controller, base.controller_only, recorded.max_count,
+                             recorded.idle_minutes)
+        return base
+    return Scheduler(base.kind, base.controller, base.controller_only,
+                     max_count if max_count is not None else recorded.max_count,
+                     idle_minutes if idle_minutes is not None else recorded.idle_minutes)
+
+
+# -- the power service --------------------------------------------------------------------------
+def service_state(files: ClusterFiles, name: str) -> dict[str, Any]:
+    """What the service's address file says, with whether its process still runs: {url, pid,
+    running}; {} where it was never started."""
+    try:
+        raw = json.loads((files.dir / scheduler.POWER_SERVICE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    pid = raw.get("pid")
+    return {"url": raw.get("url"), "pid": pid, "running": isinstance(pid, int) and _is_service(pid, name)}
+
+
+def _is_service(pid: int, name: str) -> bool:
+    """Whether process ``pid`` is this cluster's power service (not a pid reused since)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"power-service" in argv and name.encode() in argv
+
+
+def ensure_service(cluster: ClusterRecord, files: ClusterFiles, console: Console) -> str:
+    """The URL of the cluster's running power service, started (detached, so it serves when
+    this command has ended) where it does not run."""
+    state = service_state(files, cluster.name)
+    if state.get("running") and isinstance(state.get("url"), str):
+        return str(state["url"])
+    log = files.dir / LOG
+    console.say(f"{cluster.name}: starting its power service (dynamic nodes; log {log})")
+    with open(log, "ab") as out:
+        os.chmod(log, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "power-service", cluster.name],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + START_WAIT_S
+    while time.monotonic() < deadline:
+        state = service_state(files, cluster.name)
+        if state.get("pid") == proc.pid and state.get("running"):
+            console.say(f"{cluster.name}: power service listening on {state['url']} (pid {proc.pid})")
+            return str(state["url"])
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+    tail = _last_line(log)
+    raise GpuprovError(f"{cluster.name}: its power service did not start: {tail or 'no output'}")
+
+
+def _last_line(log: Path) -> str:
+    tail = _tail(log, 1)
+    return tail[0] if tail else ""
+
+
+def _tail(log: Path, count: int) -> list[str]:
+    """The last ``count`` lines of the log, each made printable and cut to 300 characters
+    (read from its last 64 KiB: a log never read whole)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, log.stat().st_size - 65536))
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [printable(line)[:300] for line in lines[-count:]]
+
+
+def log_tail(files: ClusterFiles, count: int = 5) -> list[str]:
+    """The power service's last ``count`` log lines (`status`)."""
+    return _tail(files.dir / LOG, count)
+
+
+def stop_service(files: ClusterFiles, name: str) -> bool:
+    """Stop the cluster's power service where it runs (SIGTERM, then SIGKILL); whether one ran."""
+    state = service_state(files, name)
+    if not state.get("running"):
+        return False
+    pid = int(state["pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline and _is_service(pid, name):
+        time.sleep(0.1)
+    if _is_service(pid, name):
+        os.kill(pid, signal.SIGKILL)
+    return True
+
+
+# -- the image dynamic nodes boot from ----------------------------------------------------------
+def image_of(cluster: ClusterRecord) -> str | None:
+    ref = (cluster.spec.get("options") or {}).get(IMAGE_OPTION)
+    return ref if isinstance(ref, str) else None
+
+
+def ensure_image(store: Store, cluster: ClusterRecord, provider: Provider, files: ClusterFiles,
+                 console: Console) -> str:
+    """The image the cluster's dynamic nodes boot from, for its current lock: the one recorded,
+    else the newest baked from this cluster for the lock, else one baked now from the template
+    node (saying so); recorded in the cluster's options."""
+    lock_hash = (cluster.lock or {}).get("hash")
+    if not lock_hash:
+        raise GpuprovError(f"cluster '{cluster.name}' has no version lock to bake its dynamic nodes' image for")
+    ours = [i for i in provider.baked_images(cluster.spec.get("region"))
+            if i.lock_hash == lock_hash and str(i.source).startswith(f"{cluster.name}/")]
+    recorded = image_of(cluster)
+    chosen = next((i for i in ours if i.ref == recorded), None) or (ours[-1] if ours else None)
+    if chosen is None:
+        template = scheduler.template_node(cluster)
+        node = next(n for n in cluster.nodes if n.name == template)
+        console.say(f"{cluster.name}: no image baked from this cluster for lock {lock_hash}: baking one from "
+                    f"{template} for its dynamic nodes")
+        chosen = provider.bake(cluster, node, files, console.say)
+    if chosen.ref != recorded:
+        found = store.get_cluster(cluster.name)
+        assert found is not None
+        store.set_spec(cluster.name, {**found.spec, "options": {**(found.spec.get("options") or {}),
+                                                                 IMAGE_OPTION: chosen.ref}})
+        console.say(f"{cluster.name}: dynamic nodes boot from {chosen.ref}")
+    return str(chosen.ref)
+
+
+def require_elastic(cluster: ClusterRecord) -> Scheduler:
+    chosen = scheduler.of(cluster)
+    if chosen.kind != "slurm" or chosen.max_count is None:
+        raise BadInput(f"cluster '{cluster.name}' has no dynamic nodes (`gpuprov provision {cluster.name} "
+                       "--max-count M` gives it some)")
+    return chosen

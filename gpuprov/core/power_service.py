@@ -1,0 +1,132 @@
+"""`gpuprov power-service NAME`: the host-side power service of a cluster of local nodes with
+dynamic Slurm nodes, in the foreground until SIGTERM (`up`/`provision --max-count` start it
+detached and `down` stops it: gpuprov.core.elastic; an operator may run it under a service
+manager instead).
+
+It listens on the Docker bridge's gateway, where the controller's power program reaches it,
+on the port it last used (so the controller's configuration stays right across a restart),
+and writes its address and pid to the cluster's power-service.json once listening. Each
+request checked (gpuprov.slurm.elastic.verify) is acted on with what the cluster's record says
+at that moment: ``resume`` boots each node from the recorded image (baked from this cluster for
+its current lock; another lock's image is refused, so a dynamic node never runs an old stack)
+and hands it the munge key and the controller's address; ``suspend`` and ``fail`` remove the
+node. Each step is one line of the cluster's power.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from typing import Any
+
+from gpuprov.clock import utc_text
+from gpuprov.cluster import files_for, load
+from gpuprov.core import elastic as elastic_core
+from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.node_text import printable
+from gpuprov.providers import ClusterFiles
+from gpuprov.providers import get as get_provider
+from gpuprov.slurm import munge, power_http, scheduler
+from gpuprov.state import Store
+
+
+def _say(line: str) -> None:
+    print(f"{utc_text()} {printable(line)}", flush=True)
+
+
+def _previous_port(files: ClusterFiles) -> int:
+    url = scheduler.power_url(files) or ""
+    tail = url.rsplit(":", 1)[-1].split("/", 1)[0]
+    return int(tail) if tail.isdigit() else 0
+
+
+def serve(name: str, stop: threading.Event | None = None) -> int:
+    """Serve cluster ``name``'s power requests until SIGTERM/SIGINT (or ``stop``)."""
+    store = Store()
+    cluster = load(store, name)
+    chosen = elastic_core.require_elastic(cluster)
+    provider = get_provider(cluster.provider)
+    if not provider.powers_nodes:
+        raise BadInput(f"cluster '{name}' is on {provider.name}, whose hosts gpuprov cannot power")
+    files = files_for(name)
+    key = munge.ensure_key(files.dir / scheduler.POWER_KEY).read_bytes()
+    count = (chosen.max_count or 0) - len(cluster.nodes)
+    stop = stop or threading.Event()
+
+    def act(action: str, names: tuple[str, ...]) -> None:
+        if action == "fail":  # slurmctld's ResumeTimeout passed: DOWN, with what the node said
+            for node_name in names:
+                said = provider.power_why(node_name)
+                _down(load(Store(), name), files, (node_name,),
+                      "did not register within ResumeTimeout" + (f": {said}" if said else ""))
+            return
+        if action != "resume":
+            stuck = provider.power_down(list(names))
+            if stuck:
+                raise GpuprovError(f"{', '.join(stuck)} would not go")
+            return
+        now = load(Store(), name)  # the record as it is now: its image, lock and controller
+        try:
+            image = _image_for(now, provider)
+            controller = scheduler.controller_of(now)
+            node = next(n for n in now.nodes if n.name == controller)
+            for node_name in names:
+                provider.power_up(name, node_name, image, node, files.dir / scheduler.MUNGE_KEY)
+                _say(f"resume {node_name}: started from {image}")
+        except GpuprovError as exc:
+            _down(now, files, names, f"resume failed: {exc}")
+            raise
+
+    port = _previous_port(files)
+    address = provider.power_address()
+    try:
+        service = power_http.PowerService(address, name, count, key, act, port=port, log=_say)
+    except OSError:  # that port is taken now: another one (the next provision tells the controller)
+        service = power_http.PowerService(address, name, count, key, act, log=_say)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with service:
+        _write_state(files, {"url": service.url, "pid": os.getpid(), "dynamic": count})
+        _say(f"power service of {name}: listening on {service.url} for {count} dynamic node(s)")
+        while not stop.wait(1.0):
+            pass
+    _say(f"power service of {name}: stopped")
+    return 0
+
+
+def _down(cluster: Any, files: ClusterFiles, names: tuple[str, ...], reason: str) -> None:
+    """A resume that failed: the nodes removed and set DOWN in Slurm with why (Slurm requeues
+    their jobs onto nodes that come up), said in the log either way."""
+    try:
+        provider = get_provider(cluster.provider)
+        provider.power_down(list(names))
+    except GpuprovError as exc:
+        _say(f"after a failed resume, removing {', '.join(names)}: {exc}")
+    why = scheduler.mark_down(cluster, files, list(names), reason)
+    _say(f"{', '.join(names)}: " + (f"set DOWN ({scheduler.reason_text(reason)})" if not why
+                                    else f"could not be set DOWN: {why}"))
+
+
+def _image_for(cluster: Any, provider: Any) -> str:
+    ref = elastic_core.image_of(cluster)
+    lock_hash = (cluster.lock or {}).get("hash")
+    if not ref:
+        raise GpuprovError(f"no image recorded for {cluster.name}'s dynamic nodes yet "
+                           f"(`gpuprov provision {cluster.name}` bakes one)")
+    found = next((i for i in provider.baked_images(None) if i.ref == ref), None)
+    if found is None:
+        raise GpuprovError(f"{ref}, the dynamic nodes' image, is gone (`gpuprov provision {cluster.name}` bakes one)")
+    if found.lock_hash != lock_hash:
+        raise GpuprovError(f"{ref} was baked for lock {found.lock_hash}, the cluster's is {lock_hash} "
+                           f"(`gpuprov provision {cluster.name}` bakes one for it)")
+    return str(ref)
+
+
+def _write_state(files: ClusterFiles, state: dict[str, Any]) -> None:
+    path = files.dir / scheduler.POWER_SERVICE
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state) + "\n")
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)

@@ -1,0 +1,186 @@
+"""Elastic Slurm on local nodes, end to end through the real CLI (docs/slurm.md, "Elastic
+clusters"): `up --scheduler slurm --count 1 --max-count 3 --idle-minutes 1` makes one static node
+(the controller, from the plain node image; the rdma and slurm plays only) and declares two
+dynamic ones, starts the cluster's power service on this machine and bakes the image the dynamic
+nodes boot from out of the static node (this cluster had none for its lock). Then a job on two
+nodes the static one is kept out of resumes both dynamic nodes through slurmctld's power program,
+the service and Docker, runs on them, and after the idle time they are powered down and gone; a
+resume that fails (the image removed: a fault made here) leaves the node DOWN with the reason in
+Slurm, and the job pending until a node can come up; `down` stops the service and leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.e2e.nodes import cleanup_labels, container
+
+pytestmark = pytest.mark.e2e
+
+# Slurm's names of the dynamic nodes of cluster NAME (gpuprov.slurm.elastic.dynamic_name).
+DYNAMIC = ("dy-1", "dy-2")
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=False, timeout=120).stdout
+
+
+def _service_pid(env: dict[str, str], name: str) -> int | None:
+    try:
+        pid = json.loads((Path(env["GPUPROV_HOME"]) / "clusters" / name / "power-service.json").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if b"power-service" in argv and name.encode() in argv else None
+
+
+@pytest.fixture(scope="module")
+def cluster(env: dict[str, str]):
+    name = f"ela-{secrets.token_hex(3)}"
+    try:
+        proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--scheduler", "slurm",
+                       "--max-count", "3", "--idle-minutes", "1", "--tags", "rdma,slurm", "--health", "off",
+                       "--no-verify", "-o", "json", env=env, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        nodes = [n["name"] for n in json.loads(proc.stdout)["nodes"]]
+        yield name, nodes[0], proc.stderr
+    finally:
+        pid = _service_pid(env, name)
+        run_cli("down", name, "--yes", env=env)
+        cleanup_labels(name)
+        assert pid is None or _service_pid(env, name) is None
+        assert not (pid and Path(f"/proc/{pid}").exists() and b"power-service" in Path(
+            f"/proc/{pid}/cmdline").read_bytes()), "down left the power service running"
+
+
+def _on(node: str, script: str, user: str = "root", timeout: int = 240) -> str:
+    proc = subprocess.run(["docker", "exec", "-u", user, container(node), "bash", "-c", script],
+                          capture_output=True, text=True, check=False, timeout=timeout)
+    assert proc.returncode == 0, f"{node}: {script}: {proc.stdout} {proc.stderr}"
+    return proc.stdout
+
+
+def _states(controller: str, name: str) -> dict[str, tuple[str, str]]:
+    out = _on(controller, f"sinfo --noheader --Node --nodes={name}-dy-[1-2] --format='%N|%t|%E'")
+    rows = {}
+    for line in out.splitlines():
+        node, state, reason = line.strip().split("|", 2)
+        rows[node] = (state, "" if reason == "none" else reason)
+    return rows
+
+
+def _when(rows, holds):
+    """``rows`` where ``holds(rows)``, else None."""
+    return rows if holds(rows) else None
+
+
+def _wait(what, timeout: float, every: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(every)
+
+
+def test_bad_elastic_input_is_one_line_exit_2_and_creates_nothing(env: dict[str, str], tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("10.0.0.1\n10.0.0.2\n")
+    name = f"bad-{secrets.token_hex(3)}"
+    for args, needle in (
+        (["--count", "2", "--scheduler", "slurm", "--max-count", "1"], "is smaller than --count 2"),
+        (["--count", "1", "--scheduler", "slurm", "--max-count", "3", "--idle-minutes", "0"], "--idle-minutes"),
+        (["--count", "1", "--max-count", "3"], "dynamic nodes are Slurm's"),
+        (["--provider", "static", "--hosts", str(hosts), "--scheduler", "slurm", "--max-count", "3"],
+         "--max-count with --provider static"),
+    ):
+        proc = run_cli("up", "--name", name, *(["--provider", "docker"] if "--provider" not in args else []), *args,
+                       "--yes", env=env, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
+        assert needle in proc.stderr, (args, proc.stderr)
+        assert not _docker("ps", "-aq", "--filter", f"label=gpuprov.cluster={name}").strip()
+        assert name not in run_cli("list", env=env).stdout
+
+
+def test_up_declares_the_dynamic_nodes_powered_down_and_serves_them(cluster, env) -> None:
+    name, controller, said = cluster
+    assert "no image baked from this cluster for lock" in said and f"baking one from {controller}" in said, said
+    assert _service_pid(env, name), said
+    rows = _states(controller, name)
+    assert rows == {f"{name}-{d}": ("idle~", "") for d in DYNAMIC}, rows
+    assert not _docker("ps", "-aq", "--filter", f"name=^gpuprov-{name}-dy-").strip()
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    dynamic = status["slurm"]["dynamic"]
+    assert (dynamic["max_count"], dynamic["dynamic"], dynamic["idle_minutes"]) == (3, 2, 1), dynamic
+    assert dynamic["service"]["running"] is True and dynamic["service"]["url"].endswith("/power"), dynamic
+    assert dynamic["image"] and dynamic["image"].startswith(env["GPUPROV_BAKED_REPO"] + ":"), dynamic
+    assert status["slurm"]["nodes"][f"{name}-dy-1"]["state"] == "idle~", status["slurm"]
+    # The power key: 0600 here, 0400 SlurmUser on the controller, the same bytes.
+    key = Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert _on(controller, "stat -c '%a %U' /etc/slurm/gpuprov-power.key").strip() == "400 slurm"
+    text = run_cli("status", name, env=env, check=True).stdout
+    assert "dynamic nodes: up to 2 (max-count 3), powered down after 1 idle min" in text, text
+
+
+def test_a_job_resumes_two_dynamic_nodes_and_they_power_down_when_idle(cluster, env) -> None:
+    name, controller, _ = cluster
+    started = time.monotonic()
+    job = _on(controller, f"cd /tmp && sbatch --parsable --wait -N2 --exclude={controller} -o /tmp/ela-%j.out "
+                          "--wrap 'srun hostname -s'", user="gpuprov", timeout=400).strip()
+    took = time.monotonic() - started
+    assert took < 120, took
+    # The batch step ran on the allocation's first node: a dynamic node, whose container has it.
+    first = f"{name}-dy-1"
+    out = subprocess.run(["docker", "exec", f"gpuprov-{first}", "cat", f"/tmp/ela-{job}.out"],
+                         capture_output=True, text=True, check=False, timeout=60).stdout
+    assert sorted(out.split()) == sorted(f"{name}-{d}" for d in DYNAMIC), out
+    # Booted from the cluster's image, no SSH port, slurmctld masked, the munge key 0400 munge.
+    image = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["slurm"]["dynamic"]["image"]
+    assert _docker("inspect", "-f", "{{.Config.Image}}", f"gpuprov-{first}").strip() == image
+    assert not _docker("port", f"gpuprov-{first}").strip()
+    assert _docker("exec", f"gpuprov-{first}", "readlink", "/etc/systemd/system/slurmctld.service").strip() == \
+        "/dev/null"
+    # Idle for a minute, then powered down: the containers go, Slurm shows them powered down.
+    gone = _wait(lambda: not _docker("ps", "-aq", "--filter", f"name=^gpuprov-{name}-dy-").strip(), 300, 5)
+    assert gone, _docker("ps", "-a", "--filter", f"name=^gpuprov-{name}-dy-")
+    rows = _wait(lambda: _when(_states(controller, name), lambda r: all(s == "idle~" for s, _ in r.values())), 180, 5)
+    assert rows, _states(controller, name)
+    log = (Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.log").read_text()
+    assert f"resume {name}-dy-[1-2]: taken" in log and f"suspend {name}-dy-" in log, log
+
+
+def test_a_resume_that_fails_leaves_the_node_down_with_its_reason(cluster, env) -> None:
+    name, controller, _ = cluster
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    image = status["slurm"]["dynamic"]["image"]
+    keep = f"{image}-kept"
+    _docker("tag", image, keep)
+    _docker("image", "rm", image)
+    try:
+        job = _on(controller, f"cd /tmp && sbatch --parsable -N1 --exclude={controller} --wrap 'hostname -s'",
+                  user="gpuprov").strip()
+        down = _wait(lambda: _when(_states(controller, name), lambda r: any(s.startswith("down") for s, _ in r.values())),
+                     120)
+        assert down, _states(controller, name)
+        node, (state, reason) = next((n, r) for n, r in down.items() if r[0].startswith("down"))
+        assert reason.startswith("gpuprov: resume failed:") and "is gone" in reason, down
+        text = run_cli("status", name, env=env, check=True).stdout
+        assert f"{node} {state} (gpuprov: resume failed:" in text, text
+        # The job is not lost: pending (or requeued), never failed.
+        assert _on(controller, f"squeue --noheader --jobs={job} --format=%T").strip() in ("PENDING", "CONFIGURING",
+                                                                                             "RUNNING"), job
+        _on(controller, f"scancel {job}")
+    finally:
+        _docker("tag", keep, image)
+        _docker("image", "rm", keep)

@@ -1,0 +1,117 @@
+"""Dynamic nodes from the commands' side (gpuprov.core.elastic and gpuprov.slurm.scheduler):
+what `--max-count`/`--idle-minutes` make of a cluster's recorded choice, the checks against its
+provider, the slurm play's variables, the power service's address file and log, and the Reason a
+failed resume writes into Slurm (one line of plain characters whatever the error said)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuprov.core import elastic
+from gpuprov.errors import BadInput
+from gpuprov.providers import ClusterFiles
+from gpuprov.providers import get as get_provider
+from gpuprov.slurm import scheduler
+from gpuprov.slurm.scheduler_choice import Scheduler
+from gpuprov.state import ClusterRecord, NodeRecord
+
+
+def _cluster(options: dict, names=("c-node-1", "c-node-2")) -> ClusterRecord:
+    nodes = tuple(NodeRecord(name=n, id=n, address="127.0.0.1", ssh_port=2200 + i, user="gpuprov", state="running",
+                             instance_type="docker-node") for i, n in enumerate(names))
+    return ClusterRecord(name="c", provider="docker", spec={"options": options}, nodes=nodes, lock={"hash": "abc"},
+                         state="verified", created="2026", failed_step=None)
+
+
+def test_the_choice_round_trips_through_the_record() -> None:
+    chosen = Scheduler(kind="slurm", controller="c-node-2", max_count=5, idle_minutes=3)
+    assert Scheduler.from_options(chosen.as_options()) == chosen
+    assert Scheduler(kind="slurm").as_options() == {"scheduler": "slurm"}
+
+
+@pytest.mark.parametrize(("given", "max_count", "idle", "want"), [
+    (None, None, None, None),  # nothing asked: nothing changes
+    (None, 6, None, Scheduler(kind="slurm", max_count=6, idle_minutes=2)),
+    (None, None, 5, Scheduler(kind="slurm", max_count=4, idle_minutes=5)),
+    # --scheduler slurm again keeps the dynamic nodes recorded
+    (Scheduler(kind="slurm", controller="c-node-2"), None, None,
+     Scheduler(kind="slurm", controller="c-node-2", max_count=4, idle_minutes=2)),
+    (Scheduler(kind="none"), None, None, Scheduler(kind="none")),
+])
+def test_provision_keeps_what_it_is_not_given(given, max_count, idle, want) -> None:
+    recorded = Scheduler(kind="slurm", max_count=4, idle_minutes=2)
+    assert elastic.merged(recorded, given, max_count, idle) == want
+
+
+@pytest.mark.parametrize(("chosen", "count", "provider", "words"), [
+    (Scheduler(kind="slurm", max_count=1), 2, "docker", "--max-count 1 is smaller than --count 2"),
+    (Scheduler(kind="slurm", max_count=3, idle_minutes=0), 1, "docker", "--idle-minutes 0"),
+    (Scheduler(kind="slurm", max_count=3), 1, "static", "--max-count with --provider static"),
+    (Scheduler(kind="slurm", max_count=3), 1, "aws", "--max-count with --provider aws"),
+])
+def test_dynamic_nodes_that_cannot_be_are_one_line(chosen, count, provider, words) -> None:
+    with pytest.raises(BadInput, match=words) as info:
+        elastic.check(chosen, count, get_provider(provider))
+    assert "\n" not in str(info.value)
+
+
+def test_without_slurm_there_are_no_dynamic_nodes_to_ask_for() -> None:
+    with pytest.raises(BadInput, match="dynamic nodes are Slurm's"):
+        Scheduler(kind="none", max_count=3).checked()
+    with pytest.raises(BadInput, match="--idle-minutes goes with --max-count"):
+        Scheduler(kind="slurm", idle_minutes=3).checked()
+    assert elastic.check(Scheduler(kind="slurm"), 2, get_provider("docker")) is None
+
+
+def test_the_play_gets_the_dynamic_nodes_like_a_compute_node_and_the_service(tmp_path: Path) -> None:
+    files = ClusterFiles(tmp_path)
+    cluster = _cluster(Scheduler(kind="slurm", max_count=4, idle_minutes=2).as_options())
+    # No service has said where it listens yet: no dynamic nodes in this run's play.
+    assert scheduler.dynamic_vars(cluster, files, scheduler.of(cluster)) == {}
+    (tmp_path / scheduler.POWER_SERVICE).write_text(json.dumps({"url": "http://172.17.0.1:41234/power", "pid": 1}))
+    got = scheduler.dynamic_vars(cluster, files, scheduler.of(cluster))
+    assert got["gpuprov_slurm_dynamic_nodes"] == [{"name": "c-dy-1", "like": "c-node-2"},
+                                                  {"name": "c-dy-2", "like": "c-node-2"}]
+    assert got["gpuprov_slurm_power"] == {"suspend_time": 120, "suspend_timeout": scheduler.SUSPEND_TIMEOUT_S,
+                                          "resume_timeout": scheduler.RESUME_TIMEOUT_S}
+    assert got["gpuprov_slurm_power_service"] == {"url": "http://172.17.0.1:41234/power",
+                                                  "key_src": str(tmp_path / scheduler.POWER_KEY)}
+    assert (tmp_path / scheduler.POWER_KEY).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_one_node_cluster_makes_them_like_its_controller_unless_it_runs_no_jobs() -> None:
+    alone = _cluster(Scheduler(kind="slurm", max_count=3).as_options(), names=("c-node-1",))
+    assert scheduler.template_node(alone) == "c-node-1"
+    only = _cluster(Scheduler(kind="slurm", max_count=3, controller_only=True).as_options(), names=("c-node-1",))
+    with pytest.raises(BadInput, match="no compute node to make dynamic nodes like"):
+        scheduler.template_node(only)
+
+
+def test_the_service_state_is_its_process_not_a_stale_file(tmp_path: Path) -> None:
+    files = ClusterFiles(tmp_path)
+    assert elastic.service_state(files, "c") == {}
+    (tmp_path / scheduler.POWER_SERVICE).write_text(json.dumps({"url": "http://x:1/power", "pid": os.getpid()}))
+    # This process is no power service of cluster c: a pid reused is not taken for it.
+    assert elastic.service_state(files, "c") == {"url": "http://x:1/power", "pid": os.getpid(), "running": False}
+    assert elastic.stop_service(files, "c") is False
+
+
+def test_the_log_tail_is_its_last_lines_made_printable(tmp_path: Path) -> None:
+    log = tmp_path / elastic.LOG
+    log.write_bytes(b"".join(f"line {i}\n".encode() for i in range(50_000)) + b"bad \x1b[2J end\n")
+    tail = elastic.log_tail(ClusterFiles(tmp_path), 3)
+    assert tail == ["line 49998", "line 49999", "bad ?[2J end"]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("resume failed: image x:y is gone", "resume failed: image x:y is gone"),
+    ("line one\nline two\r\n\tthree", "line one line two three"),
+    ('quote" and $(rm -rf /) `x` ;|&<>', "quote? and ?(rm -rf /) ?x? ;????"),
+    ("x" * 500, "x" * scheduler.MAX_REASON),
+])
+def test_a_reason_is_one_line_of_plain_characters(text: str, want: str) -> None:
+    assert scheduler.reason_text(text) == want
