@@ -100,6 +100,7 @@ bench: $(STAMP) host-setup mirror registry settings
 	$(ENV) python benchmarks/run.py
 	$(ENV) python benchmarks/bootstrap_scale.py
 	$(ENV) python benchmarks/slurm.py
+	$(ENV) python benchmarks/elastic.py
 	$(ENV) python benchmarks/pull_s3.py
 	$(ENV) python benchmarks/patch_pull.py
 

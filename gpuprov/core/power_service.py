@@ -54,6 +54,7 @@ def serve(name: str, stop: threading.Event | None = None) -> int:
     key = munge.ensure_key(files.dir / scheduler.POWER_KEY).read_bytes()
     count = (chosen.max_count or 0) - len(cluster.nodes)
     stop = stop or threading.Event()
+    every = reconcile_every()
 
     def act(action: str, names: tuple[str, ...]) -> None:
         if action == "fail":  # slurmctld's ResumeTimeout passed: DOWN, with what the node said
@@ -90,10 +91,59 @@ def serve(name: str, stop: threading.Event | None = None) -> int:
     with service:
         _write_state(files, {"url": service.url, "pid": os.getpid(), "dynamic": count})
         _say(f"power service of {name}: listening on {service.url} for {count} dynamic node(s)")
-        while not stop.wait(1.0):
-            pass
+        suspects: set[str] = set()
+        while not stop.wait(every):
+            suspects = _reconcile(name, files, provider, suspects)
     _say(f"power service of {name}: stopped")
     return 0
+
+
+# How often the service compares the dynamic nodes it runs with what Slurm says of them
+# (GPUPROV_POWER_CHECK_S, 5 to 3600, where the environment of `up`/`provision` sets it).
+RECONCILE_S = 60.0
+
+
+def reconcile_every() -> float:
+    raw = os.environ.get("GPUPROV_POWER_CHECK_S", "")
+    try:
+        value = float(raw) if raw else RECONCILE_S
+    except ValueError:
+        raise BadInput(f"GPUPROV_POWER_CHECK_S={raw[:20]!r}: seconds, from 5 to 3600") from None
+    if not 5 <= value <= 3600:
+        raise BadInput(f"GPUPROV_POWER_CHECK_S={raw[:20]!r}: seconds, from 5 to 3600")
+    return value
+
+
+def orphans(running: list[str], states: dict[str, str], suspects: set[str]) -> tuple[list[str], set[str]]:
+    """Of the dynamic nodes running, those Slurm says are powered down (``~`` and neither
+    powering up ``#`` nor down ``%``) or does not list at all: (the orphans, seen so at this
+    check and the one before; the suspects, seen so now). A node resumes as POWERING_UP before
+    its program runs and powers down only after its container is gone, so two checks in a row
+    (RECONCILE_S apart) that find it so are no race."""
+    now = {n for n in running if n not in states or ("~" in states[n] and not {"#", "%"} & set(states[n]))}
+    return sorted(now & suspects), now
+
+
+def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]) -> set[str]:
+    """Remove the dynamic nodes that run with no Slurm node behind them (orphans), saying so."""
+    try:
+        cluster = load(Store(), name)
+        running = provider.power_nodes(name)
+        if not running:
+            return set()
+        status = scheduler.slurm_status(cluster, files, list(cluster.nodes))
+        if status is None or status.error:
+            return suspects  # Slurm did not answer: nothing is judged on no answer
+        found, now = orphans(running, {n: r.state for n, r in status.nodes.items()}, suspects)
+        for node in found:
+            stuck = provider.power_down([node])
+            _say(f"orphan {node}: running while Slurm has it " + (status.nodes[node].state if node in status.nodes
+                                                                  else "unlisted")
+                 + ("; removed" if not stuck else "; would not go"))
+        return now - set(found)
+    except (GpuprovError, BadInput) as exc:
+        _say(f"checking for orphans: {exc}")
+        return suspects
 
 
 def _down(cluster: Any, files: ClusterFiles, names: tuple[str, ...], reason: str) -> None:

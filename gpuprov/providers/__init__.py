@@ -295,6 +295,10 @@ class Provider(ABC):
         """Remove dynamic nodes ``nodes``; the names of those that would not go."""
         raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
 
+    def power_nodes(self, cluster: str) -> list[str]:
+        """The names of ``cluster``'s dynamic nodes that exist now (powered up or booting)."""
+        raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
+
     def power_why(self, node: str) -> str:
         """What dynamic node ``node`` last said of its slurmd (why it did not register); ""."""
         return ""

@@ -33,9 +33,11 @@ MUNGE_KEY = "munge.key"
 POWER_KEY = "power.key"
 POWER_SERVICE = "power-service.json"
 # slurm.conf's timeouts for dynamic nodes (docs/slurm.md, "Elastic clusters"): a local node
-# from the baked image registers within seconds; an unanswered resume is failed after this.
+# from the baked image registers within seconds (5 s measured), so a resume unanswered after
+# three minutes has failed; removing a container takes a second, so a suspend gets Slurm's
+# default.
 RESUME_TIMEOUT_S = 180
-SUSPEND_TIMEOUT_S = 60
+SUSPEND_TIMEOUT_S = 30
 
 
 def of(cluster: ClusterRecord) -> Scheduler:

@@ -6,7 +6,8 @@ nodes boot from out of the static node (this cluster had none for its lock). The
 nodes the static one is kept out of resumes both dynamic nodes through slurmctld's power program,
 the service and Docker, runs on them, and after the idle time they are powered down and gone; a
 resume that fails (the image removed: a fault made here) leaves the node DOWN with the reason in
-Slurm, and the job pending until a node can come up; `down` stops the service and leaves nothing.
+Slurm, and the job pending until a node can come up; a dynamic node's container running while Slurm has the
+node powered down (an orphan) is removed; `down` stops the service and leaves nothing.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def _service_pid(env: dict[str, str], name: str) -> int | None:
 def cluster(env: dict[str, str]):
     name = f"ela-{secrets.token_hex(3)}"
     try:
+        # The service started by `up` checks for orphans every 5 s here (60 by default).
         proc = run_cli("up", "--provider", "docker", "--count", "1", "--name", name, "--scheduler", "slurm",
                        "--max-count", "3", "--idle-minutes", "1", "--tags", "rdma,slurm", "--health", "off",
-                       "--no-verify", "-o", "json", env=env, timeout=900)
+                       "--no-verify", "-o", "json", env={**env, "GPUPROV_POWER_CHECK_S": "5"}, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         nodes = [n["name"] for n in json.loads(proc.stdout)["nodes"]]
         yield name, nodes[0], proc.stderr
@@ -158,6 +160,23 @@ def test_a_job_resumes_two_dynamic_nodes_and_they_power_down_when_idle(cluster, 
     assert rows, _states(controller, name)
     log = (Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.log").read_text()
     assert f"resume {name}-dy-[1-2]: taken" in log and f"suspend {name}-dy-" in log, log
+
+
+def test_a_dynamic_node_running_with_no_slurm_node_behind_it_is_removed(cluster, env) -> None:
+    """FIXTURE: a container of the plain node image labelled as the cluster's dynamic node 2
+    stands for one left running (its suspend lost, the service down at the time) while Slurm has
+    the node powered down: the service removes it at its second check and says so."""
+    name, controller, _ = cluster
+    assert _states(controller, name)[f"{name}-dy-2"][0] == "idle~"
+    cname = f"gpuprov-{name}-dy-2"
+    _docker("run", "-d", "--name", cname, "--label", f"gpuprov.cluster={name}", "--label",
+            f"gpuprov.node={name}-dy-2", "--label", "gpuprov.dynamic=1", "gpuprov/node:bookworm", "sleep", "600")
+    try:
+        assert _wait(lambda: not _docker("ps", "-aq", "--filter", f"name=^{cname}$").strip(), 60), "orphan kept"
+        log = (Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.log").read_text()
+        assert f"orphan {name}-dy-2: running while Slurm has it idle~; removed" in log, log
+    finally:
+        _docker("rm", "-f", cname)
 
 
 def test_a_resume_that_fails_leaves_the_node_down_with_its_reason(cluster, env) -> None:

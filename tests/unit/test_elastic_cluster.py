@@ -115,3 +115,36 @@ def test_the_log_tail_is_its_last_lines_made_printable(tmp_path: Path) -> None:
 ])
 def test_a_reason_is_one_line_of_plain_characters(text: str, want: str) -> None:
     assert scheduler.reason_text(text) == want
+
+
+# sinfo's %T words for dynamic nodes, as slurmctld 22.05.8 showed them in the recorded run
+# (tests/fixtures/recordings/slurm-22.05-debian12/elastic-local.txt) and the e2e test.
+@pytest.mark.parametrize(("running", "states", "suspects", "want"), [
+    # powered down in Slurm and running here, at two checks in a row: an orphan
+    (["c-dy-1"], {"c-dy-1": "idle~"}, {"c-dy-1"}, (["c-dy-1"], {"c-dy-1"})),
+    # ... at the first check only: a suspect, not removed yet
+    (["c-dy-1"], {"c-dy-1": "idle~"}, set(), ([], {"c-dy-1"})),
+    # powering up (the resume that made it), powering down (its suspend), up and busy: none
+    (["c-dy-1", "c-dy-2", "c-dy-3"], {"c-dy-1": "mixed#", "c-dy-2": "idle%", "c-dy-3": "mixed"},
+     {"c-dy-1", "c-dy-2", "c-dy-3"}, ([], set())),
+    # a node Slurm does not list at all (slurm.conf lost it): an orphan too
+    (["c-dy-9"], {"c-dy-1": "idle~"}, {"c-dy-9"}, (["c-dy-9"], {"c-dy-9"})),
+    # DOWN and powered down (a resume that failed, its container left): an orphan
+    (["c-dy-2"], {"c-dy-2": "down~"}, {"c-dy-2"}, (["c-dy-2"], {"c-dy-2"})),
+])
+def test_an_orphan_is_a_running_node_slurm_has_powered_down_twice_in_a_row(running, states, suspects, want) -> None:
+    from gpuprov.core.power_service import orphans
+
+    assert orphans(running, states, suspects) == want
+
+
+@pytest.mark.parametrize(("raw", "ok"), [("", 60.0), ("5", 5.0), ("3600", 3600.0), ("4", None), ("x", None)])
+def test_the_check_interval_is_bounded(monkeypatch: pytest.MonkeyPatch, raw: str, ok: float | None) -> None:
+    from gpuprov.core.power_service import reconcile_every
+
+    monkeypatch.setenv("GPUPROV_POWER_CHECK_S", raw)
+    if ok is None:
+        with pytest.raises(BadInput, match="GPUPROV_POWER_CHECK_S"):
+            reconcile_every()
+    else:
+        assert reconcile_every() == ok

@@ -295,6 +295,9 @@ class DockerProvider(Provider):
     def power_down(self, nodes: list[str]) -> list[str]:
         return power.remove(nodes)
 
+    def power_nodes(self, cluster: str) -> list[str]:
+        return power.running(cluster)
+
     def power_why(self, node: str) -> str:
         return power.why_not_registered(node)
 

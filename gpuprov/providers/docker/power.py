@@ -78,11 +78,22 @@ def remove(nodes: list[str]) -> list[str]:
     return stuck
 
 
+def running(cluster: str) -> list[str]:
+    """The dynamic nodes of ``cluster`` that have a container now, by name."""
+    out = docker("ps", "-a", "--filter", f"label={LABEL}={cluster}", "--filter", f"label={DYNAMIC_LABEL}=1",
+                 "--format", "{{.Label \"" + NODE_LABEL + "\"}}").stdout.decode()
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
 def why_not_registered(node: str) -> str:
-    """What the node's slurmd unit last said (its health check's verdict, or slurmd's), for
-    the Reason of a node that did not register; "" where the container says nothing."""
+    """What the node's slurmd unit said of why it did not start, for the Reason of a node that
+    did not register: the first check its quick health failed (its line ``FAIL CHECK: ...``),
+    else the last line saying a failure, else the last line; "" where it says nothing."""
     proc = docker("exec", container_of(node), "journalctl", "--unit", "slurmd", "--lines", "20", "--no-pager",
                   "--output", "cat", check=False, timeout=30)
     lines = [ln.strip() for ln in proc.stdout.decode(errors="replace").splitlines() if ln.strip()]
-    failed = [ln for ln in lines if "FAIL" in ln or "fail" in ln]
+    checks = [ln for ln in lines if ln.startswith("FAIL ")]
+    if checks:
+        return checks[0][:300]
+    failed = [ln for ln in lines if "fail" in ln.lower()]
     return (failed or lines or [""])[-1][:300]
