@@ -57,10 +57,11 @@ def _powered_down(controller: str, name: str, timeout: float) -> None:
 
 
 def one_run(name: str, controller: str) -> dict[str, float]:
+    """One job from powered-down dynamic nodes (``controller``: the static node's container)."""
     _powered_down(controller, name, 400)
     _on(controller, f"cat > /tmp/bench-job.sh <<'EOS'\n{JOB}EOS\nchmod 755 /tmp/bench-job.sh", user="gpuprov")
     start = time.time()
-    _on(controller, f"cd /tmp && sbatch --wait -N2 --exclude={controller} -o /tmp/bench-%j.out /tmp/bench-job.sh",
+    _on(controller, f"cd /tmp && sbatch --wait -N2 --exclude={name}-node-1 -o /tmp/bench-%j.out /tmp/bench-job.sh",
         user="gpuprov")
     done = time.time()
     started = float(subprocess.run(["docker", "exec", f"gpuprov-{name}-dy-1", "cat", "/tmp/bench-started"],
