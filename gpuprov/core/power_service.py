@@ -31,9 +31,36 @@ from gpuprov.providers import get as get_provider
 from gpuprov.slurm import munge, power_http, scheduler
 from gpuprov.state import Store
 
+# The log (power.log, the service's output where gpuprov started it) is kept to this size: past
+# it, it becomes power.log.1 (the one before is dropped) and a new one is begun.
+LOG_MAX_BYTES = 1 << 20
+_log: dict[str, Any] = {}
+
 
 def _say(line: str) -> None:
     print(f"{utc_text()} {printable(line)}", flush=True)
+    path = _log.get("path")
+    if path is not None:
+        rotate(path, LOG_MAX_BYTES)
+
+
+def rotate(log: Any, limit: int) -> bool:
+    """Past ``limit`` bytes, move the log to LOG.1 and go on in a new one, where the service's
+    output (fds 1 and 2) is that log file; a service run in a terminal writes no file. Whether
+    it rotated."""
+    try:
+        if os.fstat(1).st_ino != os.stat(log).st_ino or os.stat(log).st_size <= limit:
+            return False
+    except OSError:
+        return False
+    os.replace(log, f"{log}.1")
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _previous_port(files: ClusterFiles) -> int:
@@ -51,6 +78,7 @@ def serve(name: str, stop: threading.Event | None = None) -> int:
     if not provider.powers_nodes:
         raise BadInput(f"cluster '{name}' is on {provider.name}, whose hosts gpuprov cannot power")
     files = files_for(name)
+    _log["path"] = files.dir / elastic_core.LOG
     key = munge.ensure_key(files.dir / scheduler.POWER_KEY).read_bytes()
     count = (chosen.max_count or 0) - len(cluster.nodes)
     stop = stop or threading.Event()

@@ -148,3 +148,23 @@ def test_the_check_interval_is_bounded(monkeypatch: pytest.MonkeyPatch, raw: str
             reconcile_every()
     else:
         assert reconcile_every() == ok
+
+
+def test_the_service_log_is_kept_to_its_size_where_it_is_the_services_output(tmp_path: Path) -> None:
+    """A real process whose output is the log (as `up` starts the service): past the limit the
+    log becomes power.log.1 and the next line goes to a new power.log, 0600; a process writing
+    elsewhere (a terminal, here a pipe) never moves the file."""
+    import subprocess
+    import sys
+
+    log = tmp_path / elastic.LOG
+    child = ("import sys; from gpuprov.core.power_service import rotate; "
+             "print('x' * 300, flush=True); print(rotate(sys.argv[1], 100), file=sys.stderr, flush=True); "
+             "print('after', flush=True)")
+    with open(log, "ab") as out:
+        subprocess.run([sys.executable, "-c", child, str(log)], stdout=out, stderr=subprocess.STDOUT, check=True)
+    assert (tmp_path / f"{elastic.LOG}.1").read_text() == "x" * 300 + "\n"
+    assert log.read_text() == "True\nafter\n" and log.stat().st_mode & 0o777 == 0o600
+    log.write_text("y" * 300)  # past the limit, but not this process's output
+    piped = subprocess.run([sys.executable, "-c", child, str(log)], capture_output=True, text=True, check=True)
+    assert piped.stderr == "False\n" and log.read_text() == "y" * 300
