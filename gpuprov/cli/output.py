@@ -97,6 +97,11 @@ def cluster_list(rows: list[ClusterRow]) -> None:
 
 
 def status(name: str, data: StatusResult) -> None:
+    protected = data.slurm.dynamic.protection if data.slurm and data.slurm.dynamic else None
+    if protected and protected.partitions:  # first: nothing runs until someone acts
+        click.echo(f"PROTECTED MODE since {protected.since}: partition(s) {', '.join(protected.partitions)} "
+                   f"INACTIVE after {protected.failures} failed resume(s) in a row (the last: {protected.last}); "
+                   f"jobs stay queued; `gpuprov provision {name}` ends it")
     table(
         f"{name} ({data.provider}): {data.state}" + (f" ({data.failed_step} failed)" if data.failed_step else ""),
         NODE_COLUMNS,
@@ -158,6 +163,9 @@ def slurm_lines(data: StatusResult) -> None:
                    f"{dynamic.idle_minutes} idle min, image {dynamic.image or 'not baked yet'}; power service "
                    + (f"running on {service.url}" if service.running else "NOT RUNNING (`gpuprov provision "
                       f"{data.cluster}` starts it)"))
+        counted = dynamic.protection
+        if counted and not counted.partitions:
+            click.echo(f"  failed resumes in a row: {counted.failures} (the last: {counted.last})")
         for line in service.last:
             click.echo(f"  power: {line}")
     if data.slurm.error:

@@ -154,6 +154,84 @@ def stop_service(files: ClusterFiles, name: str) -> bool:
     return True
 
 
+# -- protected mode -----------------------------------------------------------------------------
+# After this many failed resumes in a row (a node that would not start, or did not register
+# within ResumeTimeout) with no dynamic node coming up between them, the service sets the
+# partitions of the failing nodes INACTIVE: jobs stay queued instead of each one resuming
+# another node that fails the same way (ParallelCluster's "protected mode"; its
+# protected_failure_count is 10). GPUPROV_POWER_PROTECT_AFTER (1 to 100) in the environment of
+# `up`/`provision` sets it for the service they start. `gpuprov provision NAME` ends it.
+PROTECT_AFTER = 3
+PROTECTION = "power-protection.json"
+
+
+def protect_after() -> int:
+    raw = os.environ.get("GPUPROV_POWER_PROTECT_AFTER", "")
+    if not raw:
+        return PROTECT_AFTER
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise BadInput(f"GPUPROV_POWER_PROTECT_AFTER={raw[:20]!r}: a count of failed resumes, from 1 to 100")
+    return int(raw)
+
+
+def protection(files: ClusterFiles) -> dict[str, Any]:
+    """The failed resumes in a row and, once protected, the partitions set INACTIVE and why
+    ({} where no resume failed since the last node came up, or since `provision` ended it)."""
+    try:
+        record = json.loads((files.dir / PROTECTION).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {
+        "failures": int(record.get("failures") or 0),
+        "last": printable(str(record.get("last") or ""))[:300],
+        "partitions": [p for p in record.get("partitions") or [] if isinstance(p, str)
+                       and scheduler.PARTITION_NAME.fullmatch(p)],
+        "since": printable(str(record.get("since") or ""))[:40],
+    }
+
+
+def write_protection(files: ClusterFiles, record: dict[str, Any]) -> None:
+    path = files.dir / PROTECTION
+    if not record:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+
+
+def end_protection(cluster: ClusterRecord, files: ClusterFiles, console: Console) -> None:
+    """`provision` on an elastic cluster: the partitions protected mode set INACTIVE back UP,
+    the dynamic nodes a failed resume set DOWN back in service (powered down, ready to resume),
+    the count of failures begun again. Said on the console; what Slurm refused is said too."""
+    record = protection(files)
+    if not record:
+        return
+    down = [name for name, row in _dynamic_rows(cluster, files).items()
+            if row.state.startswith("down") and row.reason.startswith("gpuprov: ")]
+    why = scheduler.reset_down(cluster, files, down) if down else ""
+    if record["partitions"]:
+        why = why or scheduler.set_partitions(cluster, files, record["partitions"], "UP")
+    if why:
+        console.say(f"{cluster.name}: protected mode not ended: {why}")
+        return
+    write_protection(files, {})
+    console.say(f"{cluster.name}: protected mode ended" + (
+        f": partition(s) {', '.join(record['partitions'])} UP" if record["partitions"] else "")
+        + (f", {', '.join(down)} back in service" if down else ""))
+
+
+def _dynamic_rows(cluster: ClusterRecord, files: ClusterFiles) -> dict[str, Any]:
+    status = scheduler.slurm_status(cluster, files, list(cluster.nodes))
+    if status is None or status.error:
+        return {}
+    tag = f"{cluster.name}-{elastic.DYNAMIC_TAG}-"
+    return {n: r for n, r in status.nodes.items() if n.startswith(tag)}
+
+
 # -- the image dynamic nodes boot from ----------------------------------------------------------
 def image_of(cluster: ClusterRecord) -> str | None:
     ref = (cluster.spec.get("options") or {}).get(IMAGE_OPTION)

@@ -83,13 +83,14 @@ def serve(name: str, stop: threading.Event | None = None) -> int:
     count = (chosen.max_count or 0) - len(cluster.nodes)
     stop = stop or threading.Event()
     every = reconcile_every()
+    limit = elastic_core.protect_after()
 
     def act(action: str, names: tuple[str, ...]) -> None:
         if action == "fail":  # slurmctld's ResumeTimeout passed: DOWN, with what the node said
             for node_name in names:
                 said = provider.power_why(node_name)
                 _down(load(Store(), name), files, (node_name,),
-                      "did not register within ResumeTimeout" + (f": {said}" if said else ""))
+                      "did not register within ResumeTimeout" + (f": {said}" if said else ""), limit)
             return
         if action != "resume":
             stuck = provider.power_down(list(names))
@@ -105,7 +106,7 @@ def serve(name: str, stop: threading.Event | None = None) -> int:
                 provider.power_up(name, node_name, image, node, files.dir / scheduler.MUNGE_KEY)
                 _say(f"resume {node_name}: started from {image}")
         except GpuprovError as exc:
-            _down(now, files, names, f"resume failed: {exc}")
+            _down(now, files, names, f"resume failed: {exc}", limit)
             raise
 
     port = _previous_port(files)
@@ -162,6 +163,7 @@ def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]
         status = scheduler.slurm_status(cluster, files, list(cluster.nodes))
         if status is None or status.error:
             return suspects  # Slurm did not answer: nothing is judged on no answer
+        _count_again(files, [n for n in running if n in status.nodes and serving(status.nodes[n].state)])
         found, now = orphans(running, {n: r.state for n, r in status.nodes.items()}, suspects)
         for node in found:
             stuck = provider.power_down([node])
@@ -174,9 +176,34 @@ def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]
         return suspects
 
 
-def _down(cluster: Any, files: ClusterFiles, names: tuple[str, ...], reason: str) -> None:
+def serving(state: str) -> bool:
+    """Whether a Slurm node state (sinfo's %T) is a node up and serving: registered, responding,
+    not powered down or powering, not DOWN, drained or failed."""
+    base = state.rstrip("*~#%!$@^-+").lower()
+    return not any(c in state for c in "*~#%") and base in ("idle", "allocated", "mixed", "completing")
+
+
+def _count_again(files: ClusterFiles, up: list[str]) -> None:
+    """A dynamic node serving: the failed resumes before it are no longer "in a row"."""
+    record = elastic_core.protection(files)
+    if up and record and not record["partitions"]:
+        elastic_core.write_protection(files, {})
+        _say(f"{up[0]} is up: the count of failed resumes ({record['failures']}) begins again")
+
+
+def failed(record: dict[str, Any], nodes: int, reason: str, limit: int) -> tuple[dict[str, Any], bool]:
+    """The protection record after ``nodes`` more failed resumes: (the record, whether it now
+    reaches ``limit`` for the first time: the partitions are to be set INACTIVE)."""
+    count = int(record.get("failures") or 0) + nodes
+    new = {"failures": count, "last": reason, "partitions": list(record.get("partitions") or []),
+           "since": record.get("since") or ""}
+    return new, count >= limit and not new["partitions"]
+
+
+def _down(cluster: Any, files: ClusterFiles, names: tuple[str, ...], reason: str, limit: int) -> None:
     """A resume that failed: the nodes removed and set DOWN in Slurm with why (Slurm requeues
-    their jobs onto nodes that come up), said in the log either way."""
+    their jobs onto nodes that come up), said in the log either way; counted, and at ``limit``
+    failures in a row their partitions set INACTIVE (protected mode: jobs wait, queued)."""
     try:
         provider = get_provider(cluster.provider)
         provider.power_down(list(names))
@@ -185,6 +212,19 @@ def _down(cluster: Any, files: ClusterFiles, names: tuple[str, ...], reason: str
     why = scheduler.mark_down(cluster, files, list(names), reason)
     _say(f"{', '.join(names)}: " + (f"set DOWN ({scheduler.reason_text(reason)})" if not why
                                     else f"could not be set DOWN: {why}"))
+    record, protect = failed(elastic_core.protection(files), len(names), scheduler.reason_text(reason), limit)
+    if protect:
+        partitions, why = scheduler.partitions_of(cluster, files, list(names))
+        why = why or scheduler.set_partitions(cluster, files, partitions, "INACTIVE")
+        if why:
+            _say(f"protected mode: {record['failures']} failed resume(s) in a row, but the partitions were "
+                 f"not set INACTIVE: {why}")
+        else:
+            record |= {"partitions": partitions, "since": utc_text()}
+            _say(f"protected mode: {record['failures']} failed resume(s) in a row (the last: {record['last']}): "
+                 f"partition(s) {', '.join(partitions)} INACTIVE, jobs stay queued; "
+                 f"`gpuprov provision {cluster.name}` ends it")
+    elastic_core.write_protection(files, record)
 
 
 def _image_for(cluster: Any, provider: Any) -> str:

@@ -88,9 +88,12 @@ def _elastic_before(cluster: ClusterRecord, files: ClusterFiles, nodes: list[Nod
 def _elastic_after(store: Store, cluster: ClusterRecord, provider: Provider, files: ClusterFiles,
                    console: Console, *, done: bool, extravars: dict[str, Any]) -> None:
     """After a run that configured Slurm on such a cluster (``done``: it succeeded, for real):
-    the image its dynamic nodes boot from, baked for its lock where there is none."""
+    the image its dynamic nodes boot from, baked for its lock where there is none; protected
+    mode ended (the partitions UP, the nodes failed resumes set DOWN back in service)."""
     if done and extravars.get("gpuprov_slurm_dynamic_nodes"):
-        elastic.ensure_image(store, load(store, cluster.name), provider, files, console)
+        now = load(store, cluster.name)
+        elastic.ensure_image(store, now, provider, files, console)
+        elastic.end_protection(now, files, console)
 
 
 def run_site(

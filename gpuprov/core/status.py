@@ -25,6 +25,7 @@ from gpuprov.results.shapes import (
     KeptNode,
     NodeImage,
     PowerService,
+    Protection,
     Replacement,
     RunRow,
     SettingsResult,
@@ -129,7 +130,8 @@ def _with_dynamic(cluster: Any, files: Any, slurm: SlurmStatus | None) -> SlurmS
         max_count=chosen.max_count, dynamic=max(0, chosen.max_count - len(cluster.nodes)),
         idle_minutes=chosen.idle_minutes or DEFAULT_IDLE_MINUTES, image=elastic.image_of(cluster),
         service=PowerService(url=service.get("url"), running=bool(service.get("running")),
-                             last=elastic.log_tail(files)))
+                             last=elastic.log_tail(files)),
+        protection=Protection(**protected) if (protected := elastic.protection(files)) else None)
     return dataclasses.replace(slurm, dynamic=dynamic)
 
 

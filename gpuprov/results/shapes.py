@@ -129,6 +129,17 @@ class PowerService:
 
 
 @dataclass(frozen=True)
+class Protection:
+    """Failed resumes in a row (gpuprov.core.elastic, "protected mode"): how many, the last
+    one's reason, and once they reached the limit the partitions set INACTIVE and when."""
+
+    failures: int
+    last: str
+    partitions: list[str]  # [] until protected mode began
+    since: str  # UTC, "" until protected mode began
+
+
+@dataclass(frozen=True)
 class DynamicNodes:
     """A cluster's dynamic nodes (`--max-count`): how many, their idle time, their image."""
 
@@ -137,6 +148,7 @@ class DynamicNodes:
     idle_minutes: int
     image: str | None  # the image they boot from; None until one is baked
     service: PowerService
+    protection: Protection | None = None  # None: no failed resume since the last node came up
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,51 @@ def mark_down(cluster: ClusterRecord, files: ClusterFiles, names: list[str], rea
     return _on_controller(cluster, files, list(cluster.nodes), argv)[2]
 
 
+# A partition's name as gpuprov's slurm play writes it (roles/slurm: the instance type's, or
+# "gpu"): what a partition name read back from the controller must be to become an argument.
+PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def partitions_of(cluster: ClusterRecord, files: ClusterFiles, names: list[str]) -> tuple[list[str], str]:
+    """The partitions Slurm nodes ``names`` belong to, as the controller says: (names, why not)."""
+    hostlist = ",".join(names)
+    if not names or not all(NODE_NAME.fullmatch(n) for n in names):
+        return [], f"not node names: {hostlist[:80]!r}"
+    _, out, why = _on_controller(cluster, files, list(cluster.nodes),
+                                 ("sinfo", "--noheader", "--Node", f"--nodes={hostlist}", "--format=%R"))
+    if out is None:
+        return [], why
+    found = sorted({w for w in printable(out, lines=True).split() if PARTITION_NAME.fullmatch(w)})
+    return found, "" if found else f"no partition of {hostlist[:80]} on the controller"
+
+
+def set_partitions(cluster: ClusterRecord, files: ClusterFiles, partitions: list[str], state: str) -> str:
+    """Set ``partitions`` (names gpuprov checked) to ``state`` (UP or INACTIVE: an INACTIVE
+    partition takes jobs and schedules none, ParallelCluster's "protected mode"): "" once done."""
+    if state not in ("UP", "INACTIVE"):
+        raise ValueError(state)
+    if not partitions or not all(PARTITION_NAME.fullmatch(p) for p in partitions):
+        return f"not partition names: {','.join(partitions)[:80]!r}"
+    for name in partitions:
+        why = _on_controller(cluster, files, list(cluster.nodes), ("sudo", "-n", "scontrol", "update",
+                                                                   f"PartitionName={name}", f"State={state}"))[2]
+        if why:
+            return why
+    return ""
+
+
+def reset_down(cluster: ClusterRecord, files: ClusterFiles, names: list[str]) -> str:
+    """Return DOWN dynamic nodes ``names`` to service powered down (`scontrol update
+    State=POWER_DOWN_FORCE`: through the suspend program, idle~ once SuspendTimeout has passed,
+    ready to be resumed for a job; `State=RESUME` would power each one up with no job for it,
+    seen on 22.05): "" once done."""
+    hostlist = ",".join(names)
+    if not names or not all(NODE_NAME.fullmatch(n) for n in names):
+        return f"not node names: {hostlist[:80]!r}"
+    return _on_controller(cluster, files, list(cluster.nodes),
+                          ("sudo", "-n", "scontrol", "update", f"NodeName={hostlist}", "State=POWER_DOWN_FORCE"))[2]
+
+
 def parse_sinfo(text: str) -> dict[str, SlurmNode]:
     """``sinfo --Node --format=%N|%T|%E`` as {node: state and reason} (a node in several
     partitions is listed once per partition; "none" is Slurm's word for no reason)."""

@@ -168,3 +168,66 @@ def test_the_service_log_is_kept_to_its_size_where_it_is_the_services_output(tmp
     log.write_text("y" * 300)  # past the limit, but not this process's output
     piped = subprocess.run([sys.executable, "-c", child, str(log)], capture_output=True, text=True, check=True)
     assert piped.stderr == "False\n" and log.read_text() == "y" * 300
+
+
+# -- protected mode (gpuprov.core.elastic, "protected mode") ---------------------------------
+@pytest.mark.parametrize(("raw", "ok"), [("", elastic.PROTECT_AFTER), ("1", 1), ("100", 100), ("0", None),
+                                         ("101", None), ("3.5", None), ("-1", None), ("two", None)])
+def test_the_count_of_failures_before_protected_mode_is_bounded(monkeypatch, raw: str, ok: int | None) -> None:
+    monkeypatch.setenv("GPUPROV_POWER_PROTECT_AFTER", raw)
+    if ok is None:
+        with pytest.raises(BadInput, match="GPUPROV_POWER_PROTECT_AFTER"):
+            elastic.protect_after()
+    else:
+        assert elastic.protect_after() == ok
+
+
+def test_failed_resumes_in_a_row_reach_protected_mode_once() -> None:
+    from gpuprov.core.power_service import failed
+
+    record, protect = failed({}, 1, "resume failed: image gone", 3)
+    assert (record["failures"], record["last"], record["partitions"], protect) == (1, "resume failed: image gone", [],
+                                                                                  False)
+    record, protect = failed(record, 2, "did not register within ResumeTimeout", 3)  # a hostlist of two
+    assert (record["failures"], protect) == (3, True)
+    # Once protected (the partitions recorded), more failures count but set nothing again.
+    record, protect = failed({**record, "partitions": ["gpu"], "since": "2026-12-06T21:40:00Z"}, 1, "again", 3)
+    assert (record["failures"], record["partitions"], record["since"], protect) == (4, ["gpu"],
+                                                                                   "2026-12-06T21:40:00Z", False)
+
+
+@pytest.mark.parametrize(("state", "up"), [("idle", True), ("allocated", True), ("mixed", True),
+                                           ("completing", True), ("idle~", False), ("idle#", False),
+                                           ("idle%", False), ("idle*", False), ("down~", False),
+                                           ("drained", False), ("draining", False), ("down", False),
+                                           ("allocated#", False), ("fail", False)])
+def test_only_a_node_up_and_serving_begins_the_count_again(state: str, up: bool) -> None:
+    from gpuprov.core.power_service import serving
+
+    assert serving(state) is up
+
+
+def test_the_protection_record_is_read_as_data_only(tmp_path: Path) -> None:
+    files = ClusterFiles(tmp_path)
+    assert elastic.protection(files) == {}
+    elastic.write_protection(files, {"failures": 2, "last": "resume\x1b[31m failed", "since": "",
+                                     "partitions": ["gpu", "p4d.24xlarge", "bad name", "-x", 7]})
+    assert (tmp_path / elastic.PROTECTION).stat().st_mode & 0o777 == 0o600
+    got = elastic.protection(files)
+    assert got["failures"] == 2 and "\x1b" not in got["last"]
+    assert got["partitions"] == ["gpu", "p4d.24xlarge"]  # never a word that could be an argument
+    (tmp_path / elastic.PROTECTION).write_text("[1, 2]")
+    assert elastic.protection(files) == {}
+    elastic.write_protection(files, {})
+    assert not (tmp_path / elastic.PROTECTION).exists()
+
+
+def test_partitions_are_set_only_by_checked_names(tmp_path: Path) -> None:
+    cluster = _cluster({})
+    files = ClusterFiles(tmp_path)
+    assert scheduler.set_partitions(cluster, files, ["gpu", "a b"], "INACTIVE").startswith("not partition names")
+    assert scheduler.set_partitions(cluster, files, [], "UP").startswith("not partition names")
+    with pytest.raises(ValueError):
+        scheduler.set_partitions(cluster, files, ["gpu"], "DRAIN")
+    assert scheduler.partitions_of(cluster, files, ["c-dy-1", "x;y"])[1].startswith("not node names")
+    assert scheduler.reset_down(cluster, files, ["c-dy-1 State=UP"]).startswith("not node names")

@@ -231,7 +231,10 @@ def _built() -> dict[str, Any]:
                                       dynamic=results.DynamicNodes(
                                           max_count=4, dynamic=2, idle_minutes=10, image="gpuprov/baked:abc-1",
                                           service=results.PowerService(url="http://172.17.0.1:40000/power",
-                                                                       running=True, last=["resume c-dy-1: taken"]))),
+                                                                       running=True, last=["resume c-dy-1: taken"]),
+                                          protection=results.Protection(
+                                              failures=3, last="gpuprov: resume failed: image gone",
+                                              partitions=["gpu"], since="2026-12-06T21:40:00Z"))),
             cost=costs.ClusterCost(nodes=[costs.NodeCost(
                 node="n1", launched="2025-01-01T00:00:00+00:00", kind="on-demand", usd_per_hour=21.96,
                 usd_so_far=43.92, source="on-demand in us-east-1, bundled table as of 2026-08-26", why=None)],
