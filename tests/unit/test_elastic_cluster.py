@@ -231,3 +231,23 @@ def test_partitions_are_set_only_by_checked_names(tmp_path: Path) -> None:
         scheduler.set_partitions(cluster, files, ["gpu"], "DRAIN")
     assert scheduler.partitions_of(cluster, files, ["c-dy-1", "x;y"])[1].startswith("not node names")
     assert scheduler.reset_down(cluster, files, ["c-dy-1 State=UP"]).startswith("not node names")
+
+
+def test_the_recorded_protected_mode_reads_as_gpuprov_expects() -> None:
+    """slurmctld 22.05.8's own words in protected mode and after it (the recording
+    protected-mode.txt): the failed node DOWN with the service's reason, not serving; the
+    node the requeued job ran on serving (the count of failures would begin again)."""
+    text = (Path(__file__).parents[1] / "fixtures" / "recordings" / "slurm-22.05-debian12" /
+            "protected-mode.txt").read_text()
+    from gpuprov.core.power_service import serving
+
+    blocks = [b.split("\n$ ", 1)[0] for b in text.split("$ sinfo -N -o '%N|%T|%E'\n")[1:]]
+    first, _, last = (scheduler.parse_sinfo(b) for b in blocks)
+    assert first["ela-e02e43-dy-1"].state == "down#"
+    assert first["ela-e02e43-dy-1"].reason.startswith("gpuprov: resume failed: ")
+    assert not any(serving(r.state) for n, r in first.items() if "-dy-" in n)
+    assert [n for n, r in last.items() if "-dy-" in n and serving(r.state)] == ["ela-7d2cb2-dy-2"]
+    # `sinfo`'s AVAIL of every partition while protected: inact (Slurm's word for INACTIVE)
+    table = text.split("$ sinfo\n", 1)[1].split("\n$ ", 1)[0].splitlines()[1:]
+    assert table and {row.split()[1] for row in table} == {"inact"}, table
+    assert "(PartitionInactive)" in text
