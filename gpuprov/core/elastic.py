@@ -212,7 +212,7 @@ def end_protection(cluster: ClusterRecord, files: ClusterFiles, console: Console
         return
     down = [name for name, row in _dynamic_rows(cluster, files).items()
             if row.state.startswith("down") and row.reason.startswith("gpuprov: ")]
-    why = scheduler.reset_down(cluster, files, down) if down else ""
+    why = scheduler.power_down_force(cluster, files, down) if down else ""
     if record["partitions"]:
         why = why or scheduler.set_partitions(cluster, files, record["partitions"], "UP")
     if why:

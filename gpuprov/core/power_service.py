@@ -28,7 +28,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers import get as get_provider
-from gpuprov.slurm import munge, power_http, scheduler
+from gpuprov.slurm import drain, munge, power_http, scheduler
 from gpuprov.state import Store
 
 # The log (power.log, the service's output where gpuprov started it) is kept to this size: past
@@ -164,6 +164,7 @@ def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]
         if status is None or status.error:
             return suspects  # Slurm did not answer: nothing is judged on no answer
         _count_again(files, [n for n in running if n in status.nodes and serving(status.nodes[n].state)])
+        _power_down_unhealthy(cluster, files, running, status.nodes)
         found, now = orphans(running, {n: r.state for n, r in status.nodes.items()}, suspects)
         for node in found:
             stuck = provider.power_down([node])
@@ -174,6 +175,22 @@ def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]
     except (GpuprovError, BadInput) as exc:
         _say(f"checking for orphans: {exc}")
         return suspects
+
+
+def unhealthy(running: list[str], nodes: dict[str, Any]) -> list[str]:
+    """The dynamic nodes running that their own health program drained (Reason ``gpuprov
+    health: ...``) and that run no job any more (sinfo's ``drained``, not ``draining``)."""
+    return [n for n in running if n in nodes and nodes[n].state == "drained"
+            and nodes[n].reason.startswith(drain.HEALTH)]
+
+
+def _power_down_unhealthy(cluster: Any, files: ClusterFiles, running: list[str], nodes: dict[str, Any]) -> None:
+    """A dynamic node drained by its own health is powered down (a fresh one boots from the
+    image for the next job), never left drained holding a slot: said in the log."""
+    for node in unhealthy(running, nodes):
+        why = scheduler.power_down_force(cluster, files, [node])
+        _say(f"unhealthy {node}: drained by its own health ({nodes[node].reason}); "
+             + ("powered down" if not why else f"not powered down: {why}"))
 
 
 def serving(state: str) -> bool:

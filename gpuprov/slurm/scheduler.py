@@ -236,11 +236,12 @@ def set_partitions(cluster: ClusterRecord, files: ClusterFiles, partitions: list
     return ""
 
 
-def reset_down(cluster: ClusterRecord, files: ClusterFiles, names: list[str]) -> str:
-    """Return DOWN dynamic nodes ``names`` to service powered down (`scontrol update
-    State=POWER_DOWN_FORCE`: through the suspend program, idle~ once SuspendTimeout has passed,
-    ready to be resumed for a job; `State=RESUME` would power each one up with no job for it,
-    seen on 22.05): "" once done."""
+def power_down_force(cluster: ClusterRecord, files: ClusterFiles, names: list[str]) -> str:
+    """Power dynamic nodes ``names`` down now and return them to service powered down (`scontrol
+    update State=POWER_DOWN_FORCE`: their jobs requeued, the suspend program run, idle~ once
+    SuspendTimeout has passed, ready to be resumed for a job): a node DOWN from a failed resume
+    (`State=RESUME` would power it up with no job for it, seen on 22.05) or drained by its own
+    health. "" once done."""
     hostlist = ",".join(names)
     if not names or not all(NODE_NAME.fullmatch(n) for n in names):
         return f"not node names: {hostlist[:80]!r}"

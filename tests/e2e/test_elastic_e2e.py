@@ -239,3 +239,22 @@ def test_a_resume_that_fails_leaves_the_node_down_with_its_reason_and_the_job_ru
     assert ran_on.startswith(f"{name}-dy-"), ran_on
     assert json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)[
         "slurm"]["dynamic"]["protection"] is None
+
+
+def test_a_dynamic_node_drained_by_its_own_health_is_powered_down(cluster, env) -> None:
+    """FIXTURE: `scontrol update State=DRAIN Reason="gpuprov health: ..."` on the dynamic node the
+    last job ran on stands for the slurm role's health program, which drains with that command
+    and Reason (proven on static nodes: tests/e2e/test_slurm_e2e.py). The service powers the
+    node down at its next check, before its idle time would: its container goes and Slurm has
+    it powered down and in service again (idle~, the drain gone), said in power.log."""
+    name, controller, _ = cluster
+    up = [n for n, (state, _) in _states(controller, name).items() if state == "idle"]
+    assert up, _states(controller, name)
+    node = up[0]
+    _on(controller, f"scontrol update NodeName={node} State=DRAIN Reason='gpuprov health: FIXTURE FAIL gpu_count'")
+    back = _wait(lambda: _when(_states(controller, name), lambda r: r[node][0] == "idle~"), 120, 3)
+    assert back, _states(controller, name)
+    assert not _docker("ps", "-aq", "--filter", f"name=^gpuprov-{node}$").strip()
+    log = (Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.log").read_text()
+    assert f"unhealthy {node}: drained by its own health (gpuprov health: FIXTURE FAIL gpu_count); powered down" \
+        in log, log

@@ -230,7 +230,7 @@ def test_partitions_are_set_only_by_checked_names(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         scheduler.set_partitions(cluster, files, ["gpu"], "DRAIN")
     assert scheduler.partitions_of(cluster, files, ["c-dy-1", "x;y"])[1].startswith("not node names")
-    assert scheduler.reset_down(cluster, files, ["c-dy-1 State=UP"]).startswith("not node names")
+    assert scheduler.power_down_force(cluster, files, ["c-dy-1 State=UP"]).startswith("not node names")
 
 
 def test_the_recorded_protected_mode_reads_as_gpuprov_expects() -> None:
@@ -251,3 +251,18 @@ def test_the_recorded_protected_mode_reads_as_gpuprov_expects() -> None:
     table = text.split("$ sinfo\n", 1)[1].split("\n$ ", 1)[0].splitlines()[1:]
     assert table and {row.split()[1] for row in table} == {"inact"}, table
     assert "(PartitionInactive)" in text
+
+
+def test_a_dynamic_node_its_health_drained_is_powered_down_once_its_jobs_end() -> None:
+    from gpuprov.core.power_service import unhealthy
+    from gpuprov.results.shapes import SlurmNode
+
+    nodes = {
+        "c-dy-1": SlurmNode(state="drained", reason="gpuprov health: FAIL gpu_count: 7 of 8 GPUs"),
+        "c-dy-2": SlurmNode(state="draining", reason="gpuprov health: FAIL xid: 79"),  # a job still runs
+        "c-dy-3": SlurmNode(state="drained", reason="maintenance by hand"),  # someone else's drain
+        "c-dy-4": SlurmNode(state="drained", reason="gpuprov patch: driver 580"),  # a roll's
+        "c-dy-5": SlurmNode(state="drained~", reason="gpuprov health: FAIL"),  # already powered down
+    }
+    assert unhealthy(["c-dy-1", "c-dy-2", "c-dy-3", "c-dy-4", "c-dy-5", "c-dy-6"], nodes) == ["c-dy-1"]
+    assert unhealthy([], nodes) == []
