@@ -164,7 +164,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_cluster_faults.py": 428,  # fresh clone; AMD EPYC 402
     "tests/roles/test_repo_trust.py": 296,  # AMD EPYC (2026-12-01)
     "tests/e2e/test_baked_cluster.py": 290,  # placed, not measured (see above)
-    "tests/e2e/test_elastic_e2e.py": 280,  # here 283 alone (2026-12-06), most of it Slurm's waits
+    "tests/e2e/test_elastic_e2e.py": 230,  # here 224 alone (2026-12-06), most of it Slurm's waits
     "tests/roles/test_lock_vs_host.py": 243,  # AMD EPYC
     "tests/aws/test_ec2_headline.py": 217,  # AMD EPYC
     "tests/unit/test_lint.py": 120,  # ruff, yamllint, ansible-lint: once before every unit, now beside them
