@@ -169,6 +169,26 @@ def test_each_kind_of_drift_is_named(tree: Path) -> None:
     ])
 
 
+@pytest.mark.parametrize(("recorded_state", "now", "drift"), [
+    # A node without a GPU starts the enabled nvidia-persistenced at boot and it fails there: the
+    # run's end may record it on its way down, the next read finds it failed (stop 71's CI failure).
+    ("deactivating", "failed", []),
+    ("failed", "inactive", []),
+    ("active", "activating", []),
+    ("reloading", "active", []),
+    ("deactivating", "active", ["nvidia-persistenced: active (was deactivating)"]),
+    ("active", "failed", ["nvidia-persistenced: failed (was active)"]),
+])
+def test_a_service_compares_by_its_settled_state(tree: Path, recorded_state: str, now: str,
+                                                 drift: list[str]) -> None:
+    (tree / "fixture-units.json").write_text(json.dumps({"nvidia-persistenced": ["enabled", recorded_state]}))
+    snap(tree)
+    (tree / "fixture-units.json").write_text(json.dumps({"nvidia-persistenced": ["enabled", now]}))
+    answer = node(tree, "check", ME)
+    assert answer["drift"] == drift
+    assert answer["state"] == ("drifted" if drift else "held")
+
+
 def test_a_removed_file_and_a_moved_package(tree: Path) -> None:
     snap(tree)
     (tree / "etc/docker/daemon.json").unlink()
