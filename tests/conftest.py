@@ -150,45 +150,33 @@ def unbootstrapped_cluster(env, prefix: str, count: int = 2) -> Iterator[tuple[s
 # @pytest.mark.xdist_group (each molecule scenario is a unit of its own: tests/molecule). The
 # units start longest first (then in collection order), so that the long ones run beside each
 # other and the short ones fill in at the end: the workers end together. Only the order of
-# the figures matters. Seconds on the 2-core test machine: "CI", make test's --durations on the
-# last CI run; "here", the unit run alone while two or three other suites ran on the machine
-# (2026-11-27). A run of make test prints every unit's figure at its end (below): copy them
-# here. A unit not named gets its directory's figure, so a new end-to-end file or molecule
-# scenario starts early.
+# the figures matters. Seconds of one worker on the 2-core Intel Xeon kind, two workers: the mean of
+# the two last fresh-clone runs (2026-12-06: ci6 and stop 71's CI, make test's "seconds per unit"
+# lines, which print every unit of 30 s and more: copy them here). A unit not named gets its
+# directory's figure, so a new end-to-end file or molecule scenario starts early.
+SCRATCH_UNIT = "tests/e2e/test_docker_cluster.py"  # the node from scratch (tests/e2e/scratch_image.py)
+GROWN_UNIT = "tests/e2e/test_baked_cluster.py"  # the cluster grown from its image
+# The from-scratch unit publishes its image this share of the way through (setup 547 of 613 s).
+SCRATCH_IMAGE_SHARE = 0.9
 UNIT_SECONDS = {
-    # The node from scratch first; the unit grown from its image (tests/e2e/scratch_image.py) waits
-    # for that image, so it comes once the other worker has had about as long as the node takes
-    # to be baked (AMD EPYC, 2026-12-01: the units above it, about 1300 s).
-    "tests/e2e/test_docker_cluster.py": 1830,  # CI 2313 (2026-11-28) less its real driver move (opt-in since: 480)
-    "tests/e2e/test_patch_e2e.py": 1104,  # CI (2026-11-28); alone 726; AMD EPYC 625 (2026-12-01)
-    "tests/e2e/test_cluster_faults.py": 428,  # fresh clone; AMD EPYC 402
-    "tests/roles/test_repo_trust.py": 296,  # AMD EPYC (2026-12-01)
-    "tests/e2e/test_baked_cluster.py": 290,  # placed, not measured (see above)
-    "tests/e2e/test_elastic_e2e.py": 230,  # here 224 alone (2026-12-06), most of it Slurm's waits
-    "tests/roles/test_lock_vs_host.py": 243,  # AMD EPYC
-    "tests/aws/test_ec2_headline.py": 217,  # AMD EPYC
-    "tests/unit/test_lint.py": 120,  # ruff, yamllint, ansible-lint: once before every unit, now beside them
-    "molecule:nvidia_driver:default": 170,  # here 163 (the mirror FIXTURE since 2026-11-28; 582 with the real DKMS build)
-    "tests/e2e/test_pull_e2e.py": 300,  # fresh clone 215 (2026-11-28) and provision --via pull (about 80)
-    "tests/e2e/test_unreachable.py": 261,  # here
-    "molecule:slurm:default": 200,  # here 165 to 264
-    # The OS matrix (2026-11-28): a fresh clone of e7c9b12 with these figures gave slurm 241, rdma 98,
-    # gpu_preflight 80 and test_cuda13_e2e.py 438, the two workers ending 0.1 min apart (kept as run).
-    "molecule:slurm:default:debian13": 200,
-    "molecule:rdma:default:debian13": 110,
-    "molecule:gpu_preflight:default:debian13": 90,
-    "molecule:nvidia_fabricmanager:default": 228,  # CI
-    "molecule:cuda:default": 209,  # CI
-    "molecule:cuda:archives": 240,  # here 315 beside two helpers' e2e runs (load 11 on 2 cores)
-    "tests/e2e/test_slurm_e2e.py": 260,  # here 203 (7 tests, two nodes, rdma and slurm plays)
-    "tests/e2e/test_monitor_e2e.py": 170,  # here
-    "tests/e2e/test_static_onprem.py": 134,  # here 105 (72 in a fresh clone before its Slurm test)
-    "tests/e2e/test_recorded_node.py": 123,  # here
-    "molecule:dcgm:default": 110,  # here (CI 185 while its converge ran the driver play too)
-    "tests/e2e/test_health_e2e.py": 71,  # here
-    "tests/e2e/test_pull_aws_e2e.py": 100,  # fresh clone 61 (2026-11-28) and provision --via pull (about 40)
-    "tests/e2e/test_debian13_e2e.py": 5,  # its node opt-in since 2026-11-28 (make test-debian13: CI 847)
-    "tests/e2e/test_cuda13_e2e.py": 320,  # here 310 alone (2026-11-28): up on 11.8, patch --cuda 13, verify
+    SCRATCH_UNIT: 600,
+    "tests/e2e/test_patch_e2e.py": 285,
+    GROWN_UNIT: 285,  # placed by place_grown_unit, not by this figure
+    "tests/e2e/test_elastic_e2e.py": 230,  # most of it Slurm's waits
+    "tests/e2e/test_cluster_faults.py": 190,
+    "tests/e2e/test_slurm_e2e.py": 182,
+    "tests/aws/test_ec2_headline.py": 140,
+    "tests/roles/test_repo_trust.py": 127,
+    "tests/e2e/test_pull_aws_e2e.py": 92,
+    "molecule:cuda:archives": 92,
+    "tests/aws/test_replace_failed.py": 78,
+    "molecule:monitoring:default": 64,
+    "tests/unit/test_lint.py": 63,  # ruff, yamllint, ansible-lint, mypy
+    "molecule:dcgm:default": 58,
+    "tests/e2e/test_health_e2e.py": 45,
+    "molecule:rdma:default": 39,
+    "tests/aws/test_limits.py": 36,
+    "tests/aws/test_up.py": 34,
 }
 DEFAULT_SECONDS = {"tests/e2e/": 200, "molecule:": 120, "tests/roles/": 60, "tests/aws/": 40}
 
@@ -239,6 +227,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _set_nodeid(item, f"{item.nodeid}@{unit}")
         first.setdefault(unit, index)
     items.sort(key=lambda item: (-unit_seconds(schedule_unit(item)), first[schedule_unit(item)]))
+    workers = (getattr(config, "workerinput", None) or {}).get("workercount") or \
+        getattr(config.option, "numprocesses", None) or 1
+    items[:] = place_grown_unit(items, int(workers) if str(workers).isdigit() else 1)
+
+
+def place_grown_unit(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """``items`` (in schedule order) with the grown unit's tests moved to where the workers other
+    than the from-scratch one will have had about as long as its image takes: started earlier it
+    would hold a worker waiting (tests/e2e/scratch_image.py), later it ends the run alone. Units
+    that skip whole (extended, opt-in) count for nothing. Without the from-scratch unit in the
+    run, or with one worker, the order stays."""
+    units = [schedule_unit(item) for item in items]
+    if workers < 2 or SCRATCH_UNIT not in units or GROWN_UNIT not in units:
+        return items
+    grown = [item for item, unit in zip(items, units, strict=True) if unit == GROWN_UNIT]
+    rest = [item for item, unit in zip(items, units, strict=True) if unit != GROWN_UNIT]
+    runs = {schedule_unit(item) for item in rest if item.get_closest_marker("skip") is None}
+    wanted = (workers - 1) * SCRATCH_IMAGE_SHARE * unit_seconds(SCRATCH_UNIT)
+    done, seen = 0.0, set()
+    for at, item in enumerate(rest):
+        unit = schedule_unit(item)
+        if unit in seen or unit == SCRATCH_UNIT:
+            continue
+        if done >= wanted:
+            return [*rest[:at], *grown, *rest[at:]]
+        seen.add(unit)
+        done += unit_seconds(unit) if unit in runs else 0.0
+    return [*rest, *grown]
 
 
 # What each unit took (setup, call and teardown of its tests), printed at the end of the run:
@@ -246,6 +262,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # worker's sum, so that a run shows whether its workers ended together.
 UNIT_TOOK: dict[str, float] = {}
 WORKER_TOOK: dict[str, float] = {}
+UNIT_SPAN: dict[str, tuple[float, float, str]] = {}  # unit: (first start, last stop, worker), epoch s
 UNIT_OF: dict[str, str] = {}
 
 
@@ -261,13 +278,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     worker = getattr(getattr(report, "node", None), "gateway", None)
     key = getattr(worker, "id", "this process")
     WORKER_TOOK[key] = WORKER_TOOK.get(key, 0.0) + report.duration
+    start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+    if start is not None and stop is not None:
+        was = UNIT_SPAN.get(group)
+        UNIT_SPAN[group] = (min(start, was[0]), max(stop, was[1]), key) if was else (start, stop, key)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    from tests.suite_budget import cpu_times
+
     session.config.stash[_STARTED] = time.monotonic()
+    session.config.stash[_CPU] = cpu_times()
 
 
 _STARTED = pytest.StashKey[float]()
+_CPU = pytest.StashKey[dict | None]()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -279,10 +304,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{unit} {took:.0f}")
     for worker, took in sorted(WORKER_TOOK.items()):
         terminalreporter.write_line(f"# {worker}: {took / 60:.1f} min of tests")
-    from tests.suite_budget import report, speed_probe
+    from tests.suite_budget import cpu_share, cpu_times, report, speed_probe, timeline
 
     started = terminalreporter.config.stash.get(_STARTED, None)
     tests_s = time.monotonic() - started if started is not None else None
+    busy = cpu_share(terminalreporter.config.stash.get(_CPU, None), cpu_times())
     for line in report(UNIT_TOOK, tests_s, os.environ.get("GPUPROV_SUITE_STARTED"),
                        strategy=SUITE_STRATEGY, speed_s=speed_probe()):
+        terminalreporter.write_line(line)
+    for line in ([busy] if busy else []) + timeline(UNIT_SPAN):
         terminalreporter.write_line(line)

@@ -39,6 +39,46 @@ def speed_probe(n: int = SPEED_LOOP) -> float:
     return time.perf_counter() - started
 
 
+def cpu_times(stat: Path = Path("/proc/stat")) -> dict[str, int] | None:
+    """The machine's CPU time so far, in clock ticks of all its cores together: user (nice
+    included), system (irq and softirq included), idle and iowait; None where /proc/stat is not."""
+    try:
+        fields = stat.read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "cpu" or len(fields) < 8:
+        return None
+    user, nice, system, idle, iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return {"user": user + nice, "system": system + irq + softirq, "idle": idle, "iowait": iowait}
+
+
+def cpu_share(before: dict[str, int] | None, after: dict[str, int] | None) -> str | None:
+    """How the machine's cores spent the time between two ``cpu_times``, in per cent: a run whose
+    cores stood idle has room for another worker; one busy throughout, only for less work."""
+    if not before or not after:
+        return None
+    spent = {k: after[k] - before[k] for k in before}
+    total = sum(spent.values())
+    if total <= 0:
+        return None
+    pct = {k: 100 * v / total for k, v in spent.items()}
+    return (f"  the machine's cores over the tests: user {pct['user']:.0f} %, system {pct['system']:.0f} %, "
+            f"idle {pct['idle']:.0f} %, waiting for I/O {pct['iowait']:.0f} %")
+
+
+def timeline(spans: dict[str, tuple[float, float, str]], at_least_s: float = 30) -> list[str]:
+    """Each unit of ``at_least_s`` and more: its worker and when it ran, in seconds from the first
+    test's start, in the order they started (what ran beside what; where a worker waited)."""
+    if not spans:
+        return []
+    zero = min(start for start, _, _ in spans.values())
+    lines = ["  when each unit ran (s from the first test; worker):"]
+    for unit, (start, stop, worker) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        if stop - start >= at_least_s:
+            lines.append(f"    {start - zero:6.0f} .. {stop - zero:6.0f}  {worker:>4}  {unit}")
+    return lines
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The first CPU's model name, as lscpu prints it ('unknown' where the file does not say)."""
     try:

@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import run_cli
+from tests.conftest import GROWN_UNIT, SCRATCH_UNIT, run_cli
 from tests.e2e.nodes import cleanup_labels
 
-SCRATCH_UNIT = "tests/e2e/test_docker_cluster.py"
-GROWN_UNIT = "tests/e2e/test_baked_cluster.py"
+__all__ = ["GROWN_UNIT", "SCRATCH_UNIT"]
 RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or secrets.token_hex(8)
 # How long the grown unit waits for the image: the from-scratch node and its bake took 1546 s on
 # the slow machine kind on its slowest day (docs/performance-history.md, 2026-11-29 (3)), 1999 s

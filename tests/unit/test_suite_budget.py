@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.suite_budget import budget_minutes, cpu_model, report, speed_probe
+from tests.suite_budget import budget_minutes, cpu_model, cpu_share, cpu_times, report, speed_probe, timeline
 
 UNITS = {f"tests/e2e/test_{i}.py": float(i * 10) for i in range(1, 13)}
 
@@ -65,3 +65,23 @@ def test_the_machines_speed_and_the_e2e_strategy_are_named_when_given() -> None:
 def test_the_speed_probe_measures_its_loop() -> None:
     short, long = speed_probe(10_000), speed_probe(1_000_000)
     assert 0 < short < long
+
+
+def test_the_cores_share_of_the_run_comes_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 10 50 800 20 5 15 0 0 0\ncpu0 1 2 3 4 5 6 7\n")
+    before = cpu_times(stat)
+    assert before == {"user": 110, "system": 70, "idle": 800, "iowait": 20}
+    stat.write_text("cpu  500 10 150 1000 20 5 15 0 0 0\n")
+    assert cpu_share(before, cpu_times(stat)) == (
+        "  the machine's cores over the tests: user 57 %, system 14 %, idle 29 %, waiting for I/O 0 %")
+    assert cpu_times(tmp_path / "missing") is None and cpu_share(None, before) is None
+    assert cpu_times(Path("/proc/stat")) is not None
+
+
+def test_the_timeline_names_each_long_unit_with_its_worker_in_start_order() -> None:
+    spans = {"a.py": (1000.0, 1400.0, "gw0"), "b.py": (1010.0, 1100.0, "gw1"), "c.py": (1100.0, 1110.0, "gw1")}
+    assert timeline(spans) == ["  when each unit ran (s from the first test; worker):",
+                               "         0 ..    400   gw0  a.py",
+                               "        10 ..    100   gw1  b.py"]
+    assert timeline({}) == []
