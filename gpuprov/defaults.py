@@ -63,6 +63,10 @@ MAX_RETRIES = 10
 MAX_NODE_GPUS = 64
 # One GPU's memory in GiB (`types --min-gpu-mem`): B200's is 180.
 MAX_GPU_MEM_GIB = 1024
+# `--gpu-sharing shard:N`: Slurm shards per GPU (gres/shard). Slurm sets no bound; gpuprov's is 64,
+# nine times MIG's 7 instances: past it each job's share of the GPU's time is too thin to be worth
+# a slot (docs/gpu-sharing.md). shard:1 is the whole GPU, so the least is 2.
+MAX_GPU_SHARDS = 64
 # `patch --grace`: seconds a drained node's jobs get to end (default 1800): at most a week.
 MAX_GRACE_S = 7 * 24 * 3600
 # aws root volume (`up --disk-gb`, GiB): EBS gp3 takes at most 16384; the least is the free

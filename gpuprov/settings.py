@@ -163,8 +163,9 @@ def complete_lock(lock: LockData) -> LockData:
     the same request resolved against today's stack data, and what the lock has always wins
     (the plays map it to the roles' variables: roles/gpuprov_lock/vars/main.yml). A lock that has every
     field is used as it is (not resolved again: one resolution per command). A lock stored
-    before locks had an OS is Debian 12's (its hash leaves ``os`` out when it is debian12)."""
-    if LOCK_FIELDS <= lock.keys() | {"os"}:
+    before locks had an OS is Debian 12's (its hash leaves ``os`` out when it is debian12); one stored
+    before GPU sharing asks none (``gpu_sharing`` empty or absent: the plays read it with a default)."""
+    if LOCK_FIELDS <= lock.keys() | {"os", "gpu_sharing"}:
         return {"os": os_lines.DEFAULT_OS, **lock}
     try:
         fresh = stack.resolve_types(stack.kinds_of(lock), cuda=lock.get("cuda", stack.DEFAULT_CUDA), os=lock.get("os"),

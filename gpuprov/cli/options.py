@@ -18,6 +18,7 @@ from gpuprov import defaults, validate
 from gpuprov.errors import BadInput
 from gpuprov.providers import DEFAULT_PROVIDER
 from gpuprov.providers import names as provider_names
+from gpuprov.sharing import choice as sharing_choice
 
 
 class DriverType(click.types.StringParamType):
@@ -48,6 +49,24 @@ class PriceType(click.types.FloatParamType):
 
 
 PRICE = PriceType()
+
+
+class GpuSharingType(click.types.StringParamType):
+    """`--gpu-sharing`: mig:LAYOUT, mps, shard:N or none, its form checked when the flag is read
+    (gpuprov.sharing.choice: one line, exit 2); the layout is checked against the GPU model by the
+    lock's resolver, before anything is created."""
+
+    name = "sharing"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return sharing_choice.parse(super().convert(value, param, ctx)).spelled() or "none"
+
+
+GPU_SHARING = GpuSharingType()
+GPU_SHARING_HELP = (f"How one GPU serves many jobs: mig:LAYOUT (a MIG layout of the GPU model, e.g. "
+                    f"mig:all-1g.10gb, mig:all-balanced), mps, shard:N (Slurm shards per GPU, 2-"
+                    f"{defaults.MAX_GPU_SHARDS}) or none. Recorded in the lock; the role that applies it on "
+                    "the nodes is still to come (docs/gpu-sharing.md).")
 
 # The parameter types whose value is not text as the user typed it; every other one (click's
 # STRING, Path, Choice, DriverType, a type added later) is, and an empty one is never meant.
@@ -222,6 +241,7 @@ UP_OPTIONS = [
         help="Kernel module flavour (default: from the GPUs: proprietary for V100, else open)."),
     click.option("--cuda", metavar="X.Y", help=f"CUDA line (default {defaults.DEFAULT_CUDA}, the one gpuprov "
                  "installs; `gpuprov stack --cuda 12.9|13.0` shows the others' locks)."),
+    click.option("--gpu-sharing", type=GPU_SHARING, metavar="MODE", help=GPU_SHARING_HELP + " Default: none."),
     click.option("--mirror-url", metavar="URL", help="Internal mirror with NVIDIA's layout (--source mirror)."),
     click.option("--mirror-key-fingerprint", metavar="FPR", help="The mirror's signing key fingerprint."),
     click.option("--scheduler", type=click.Choice(defaults.SCHEDULERS), default=defaults.DEFAULT_SCHEDULER,
@@ -245,7 +265,7 @@ UP_OPTIONS = [
 @dataclass(frozen=True)
 class UpFlags:
     """`gpuprov up`'s flags as click gives them (UP_OPTIONS, the name and the output), typed, in one
-    record: the command reads them from here, not from 37 parameters."""
+    record: the command reads them from here, not from 38 parameters."""
 
     name: str | None
     instance_type: str | None
@@ -276,6 +296,7 @@ class UpFlags:
     driver: str | None
     kernel_module: str | None
     cuda: str | None
+    gpu_sharing: str | None
     mirror_url: str | None
     mirror_key_fingerprint: str | None
     scheduler: str

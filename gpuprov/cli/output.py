@@ -333,7 +333,8 @@ def types_table(rows: list[dict[str, Any]], region: str, spot: bool, table_date:
 def stack_table(instance_type: str, data: dict[str, Any]) -> None:
     rows = [[key, "-" if data[key] is None else data[key]] for key in (
         "instance_type", "gpu", "arch", "source", "driver_branch", "driver_branch_kind", "driver_eol",
-        "driver", "kernel_module", "fabricmanager", "cuda", "cudnn", "nccl", "efa_installer", "hash")
+        "driver", "kernel_module", "fabricmanager", "cuda", "cudnn", "nccl", "efa_installer", "gpu_sharing",
+        "hash")
         if key in data]
     table(f"stack for {instance_type}", ["", "version"], rows)
     for note in data["notes"]:  # sentences: a line each, under the table

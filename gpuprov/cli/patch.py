@@ -6,7 +6,7 @@ import click
 
 from gpuprov import defaults
 from gpuprov.cli import output as cli_output
-from gpuprov.cli.options import DRIVER, output_option
+from gpuprov.cli.options import DRIVER, GPU_SHARING, GPU_SHARING_HELP, output_option
 from gpuprov.cli.registry import core
 from gpuprov.console import Console
 
@@ -19,6 +19,8 @@ from gpuprov.console import Console
               help="Move the driver's kernel module flavour (old packages out, new ones in).")
 @click.option("--cuda", metavar="LINE", help="Move the CUDA line (11.8, 13, ...): the toolkit, cuDNN and NCCL "
               "of the new line in, the old line's out (checked by the resolver against the driver).")
+@click.option("--gpu-sharing", type=GPU_SHARING, metavar="MODE", help=GPU_SHARING_HELP + " patch checks it "
+              "against the cluster's GPUs and records it in the lock once the roll ends well.")
 @click.option("--kernel", is_flag=True, help="Apply kernel security updates.")
 @click.option("--microcode", is_flag=True, help="Move CPU microcode to the lock's pin.")
 @click.option("--all", "all_", is_flag=True, help="Driver (the lock's branch pin), kernel and microcode.")
@@ -46,7 +48,8 @@ from gpuprov.console import Console
               "runs the roll's plays and probes itself from this gpuprov's bundle, in the same batches "
               "behind the same gates; its own run does not reboot it).")
 @output_option
-def patch(name: str, driver: str | None, kernel_module: str | None, cuda: str | None, kernel: bool, microcode: bool,
+def patch(name: str, driver: str | None, kernel_module: str | None, cuda: str | None, gpu_sharing: str | None,
+          kernel: bool, microcode: bool,
           all_: bool, batch: int, check: bool, drain: str | None, resume: str | None, grace: int | None,
           force: bool, no_reboot: bool,
           mirror_url: str | None, mirror_key_fingerprint: str | None, health: str, onto_image: str | None,
@@ -54,7 +57,7 @@ def patch(name: str, driver: str | None, kernel_module: str | None, cuda: str | 
     """Roll driver, CUDA, kernel and microcode updates over the nodes, a batch at a time, with health gates:
     in place, or by replacing the nodes from a baked image (--onto-image)."""
     req = core("patch").request(all_=all_, driver=driver, kernel_module=kernel_module, cuda=cuda,
-                                kernel=kernel, microcode=microcode, batch=batch, check=check,
+                                gpu_sharing=gpu_sharing, kernel=kernel, microcode=microcode, batch=batch, check=check,
                                 reboot=not no_reboot, drain=drain, resume=resume, onto_image=onto_image,
                                 grace=grace, force=force, mirror_url=mirror_url,
                                 mirror_key_fingerprint=mirror_key_fingerprint, via=via)

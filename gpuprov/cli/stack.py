@@ -9,7 +9,7 @@ import click
 
 from gpuprov import defaults
 from gpuprov.cli import output as cli_output
-from gpuprov.cli.options import DRIVER, PRICE, output_option
+from gpuprov.cli.options import DRIVER, GPU_SHARING, GPU_SHARING_HELP, PRICE, output_option
 from gpuprov.console import Console
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pricing import PURPOSES, SORTS
@@ -134,19 +134,21 @@ def cuda_for_install(value: str | None, instance_type: str | None = None, source
               help="Whose packages the lock names: Debian 12's, Debian 13's (trixie: --source distro only; "
               "proven here on local nodes: its os note names the plays and roles), or Ubuntu 24.04's "
               "(noble: NVIDIA's ubuntu2404 repository, --source nvidia or mirror; claimed, not proven here).")
+@click.option("--gpu-sharing", type=GPU_SHARING, metavar="MODE", help=GPU_SHARING_HELP)
 @output_option
 def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_module: str | None, source: str,
-          os_name: str, output: str) -> int:
+          os_name: str, gpu_sharing: str | None, output: str) -> int:
     """Show the version lock for a type: driver (branch, its end of life, kernel module), fabric
-    manager, CUDA, cuDNN, NCCL, EFA.
+    manager, CUDA, cuDNN, NCCL, EFA, and GPU sharing (--gpu-sharing).
 
     Also which operating systems the roles are proven on here (Debian 12; Debian 13 with --source
     distro: the whole site on a local node, `make test-debian13`) and which they only claim (Ubuntu)."""
     from gpuprov import platforms  # lazy: CLI start-up
     from gpuprov.lock import stack as stack_mod  # lazy: CLI start-up
+    from gpuprov.sharing import layouts  # lazy: CLI start-up
 
     lock = stack_mod.resolve(instance_type, cuda=cuda, driver=driver, source=source, kernel_module=kernel_module,
-                             os=os_name)
+                             os=os_name, gpu_sharing=gpu_sharing)
     cli_output.eol_warning(lock.as_dict())
     data = lock.public()
     if output == "json":
@@ -155,7 +157,7 @@ def stack(instance_type: str, cuda: str | None, driver: str | None, kernel_modul
         # The table has no platform row of its own: the platforms come last, as a note.
         mine = platforms.get(lock.os)
         said = f"os: {mine.title}, {mine.proof}"
-        cli_output.stack_table(instance_type, {**data, "notes": [*data["notes"], said,
-                                                              f"platform: {platforms.summary()}",
-                                                              platforms.slurm_summary()]})
+        notes = [*data["notes"], said, f"platform: {platforms.summary()}", platforms.slurm_summary()]
+        cli_output.stack_table(instance_type, {**data, "gpu_sharing": layouts.words(data["gpu_sharing"]),
+                                               "notes": notes})
     return 0

@@ -172,7 +172,8 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
                 "batches": done["batches"], "hosts": done["hosts"], "lock": done["lock"],
                 "request": {"driver": req.driver if req.move_driver else None,
                             "kernel_module": req.kernel_module, "kernel": req.kernel,
-                            "microcode": req.microcode, "cuda": req.cuda, "batch": req.batch, "check": req.check,
+                            "microcode": req.microcode, "cuda": req.cuda, "gpu_sharing": req.gpu_sharing,
+                            "batch": req.batch, "check": req.check,
                             "health": roll.health, "via": req.via}})
             roll.say(f"  artifacts: {roll.run_dir}")
 

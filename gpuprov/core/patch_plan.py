@@ -17,6 +17,8 @@ from gpuprov.errors import BadInput
 from gpuprov.lock import cuda_lines, stack
 from gpuprov.lock.lock_data import LockData
 from gpuprov.lock.stack_choice import StackChoice
+from gpuprov.sharing import choice as sharing_choice
+from gpuprov.sharing import layouts as sharing_layouts
 from gpuprov.state import NodeRecord
 
 REPORT_TASK = "Report the patch"
@@ -45,6 +47,9 @@ class Request:
     force: bool = False  # Slurm clusters: do not wait for the jobs of a drained node
     via: str = "push"  # where the plays run: push (Ansible from here) or pull (gpuprov.core.patch_pull)
     cuda: str | None = None  # target CUDA line (toolkit, cuDNN and NCCL move with it); None: the lock's
+    # `--gpu-sharing` (mig:LAYOUT, mps, shard:N, none): recorded in the lock; None: the lock's. The
+    # gpu_sharing role that applies it on the nodes is still to come (docs/gpu-sharing.md).
+    gpu_sharing: str | None = None
 
 
 def request(*, all_: bool = False, **kw: Any) -> Request:
@@ -55,15 +60,16 @@ def request(*, all_: bool = False, **kw: Any) -> Request:
     kw["move_driver"] = bool(kw.get("driver")) or bool(kw.get("kernel_module")) or all_
     choice = StackChoice(driver=kw.get("driver"), kernel_module=kw.get("kernel_module"),
                          mirror_url=kw.get("mirror_url"),
-                         mirror_key_fingerprint=kw.get("mirror_key_fingerprint")).checked()
+                         mirror_key_fingerprint=kw.get("mirror_key_fingerprint"),
+                         gpu_sharing=kw.get("gpu_sharing")).checked()
     kw.update(driver=choice.driver, kernel_module=choice.kernel_module, mirror_url=choice.mirror_url,
-              mirror_key_fingerprint=choice.mirror_key_fingerprint)
+              mirror_key_fingerprint=choice.mirror_key_fingerprint, gpu_sharing=choice.gpu_sharing)
     if kw.get("cuda") is not None:
         kw["cuda"] = cuda_lines.spelled(kw["cuda"])
     req = Request(**kw)
-    if not (req.move_driver or req.kernel or req.microcode or req.onto_image or req.cuda):
+    if not (req.move_driver or req.kernel or req.microcode or req.onto_image or req.cuda or req.gpu_sharing):
         raise BadInput("nothing to patch: give --driver VERSION|BRANCH, --kernel-module, --cuda LINE, "
-                       "--kernel, --microcode, --all or --onto-image")
+                       "--gpu-sharing MODE, --kernel, --microcode, --all or --onto-image")
     if req.batch < 1:
         raise BadInput(f"--batch must be at least 1, not {req.batch}")
     if req.grace is not None and req.grace < 0:
@@ -131,9 +137,18 @@ def new_lock(lock: LockData, req: Request) -> LockData:
         out["packages"] = packages
     if req.microcode or "microcode" not in out:
         out["microcode"] = fresh["microcode"]
+    if req.gpu_sharing is not None:
+        out["gpu_sharing"] = _sharing(lock, req.gpu_sharing)
     body = {k: v for k, v in out.items() if k != "hash"}
     out["hash"] = stack.from_dict(cast(LockData, body)).short_hash()
     return cast(LockData, out)  # the lock's own keys, moved: a LockData again
+
+
+def _sharing(lock: LockData, asked: str) -> str:
+    """The lock's new GPU sharing, checked against its hosts' GPUs (BadInput: one line)."""
+    sharing = sharing_choice.parse(asked)
+    sharing_layouts.checked(sharing, stack.kinds_of(lock))
+    return sharing.spelled()
 
 
 def patch_vars(extravars: dict[str, Any], req: Request, lock: LockData,
@@ -171,6 +186,9 @@ def what_of(req: Request, lock: LockData) -> str:
         parts.append("kernel")
     if req.microcode:
         parts.append("microcode")
+    if req.gpu_sharing is not None:
+        parts.append(f"GPU sharing {lock.get('gpu_sharing') or 'none'} (recorded in the lock; the gpu_sharing "
+                     "role that applies it on the nodes is still to come)")
     return ", ".join(parts) + (" [check]" if req.check else "") + f", batches of {req.batch}"
 
 

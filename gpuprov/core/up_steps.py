@@ -289,13 +289,15 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
     if existing is not None and existing.lock:
         lock = existing.lock
         # Locks stored before the kernel_module field installed the proprietary modules.
-        held = {**lock, "kernel_module": lock.get("kernel_module") or "proprietary"}
+        held = {**lock, "kernel_module": lock.get("kernel_module") or "proprietary",
+                "gpu_sharing": lock.get("gpu_sharing") or "none"}
         moved = {k: v for k, v in asked.items()
                  if not (v == held.get(k) or (k == "driver" and v == lock.get("driver_branch")))}
         if moved:
             raise BadInput(
                 f"cluster '{spec.name}' is locked to driver {lock['driver']} ({lock['source']}), "
-                f"CUDA {lock['cuda']}; it does not change on `up` ({', '.join(sorted(moved))} asked)"
+                f"CUDA {lock['cuda']}, GPU sharing {held['gpu_sharing']}; it does not change on `up` "
+                f"({', '.join(sorted(moved))} asked; `gpuprov patch` moves them)"
             )
         return lock
     # Cloud nodes use NVIDIA's repositories, local Debian nodes Debian's (the registry's facts).
@@ -313,6 +315,7 @@ def resolve_lock(spec: ClusterSpec, existing: ClusterRecord | None,
         driver=asked.get("driver"),
         source=source,
         kernel_module=asked.get("kernel_module"),
+        gpu_sharing=asked.get("gpu_sharing"),
         label=spec.instance_type if kinds and len({k.name for k in kinds}) == 1 and spec.instance_type
         else None,
     ).as_dict()

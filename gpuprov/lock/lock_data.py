@@ -54,5 +54,7 @@ class LockData(TypedDict, total=False):
     nccl_tests_sha256: str
     cuda_archives: Sequence[dict[str, str]]
     os: str
+    # `--gpu-sharing` as recorded: "mig:LAYOUT", "mps", "shard:N"; "" (or absent) for none.
+    gpu_sharing: str
     # Not a field of the dataclass: its short hash, as stored (a stored lock keeps its own).
     hash: str

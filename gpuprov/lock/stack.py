@@ -37,6 +37,8 @@ from gpuprov.lock.drivers import (  # noqa: F401 (the lock's rules, re-exported:
 )
 from gpuprov.lock.lock_data import LockData
 from gpuprov.lock.stack_choice import StackChoice  # noqa: F401 (stack.StackChoice is the API)
+from gpuprov.sharing import choice as sharing_choice
+from gpuprov.sharing import layouts as sharing_layouts
 
 SOURCES = defaults.PACKAGE_SOURCES
 DEFAULT_CUDA = defaults.DEFAULT_CUDA
@@ -61,7 +63,7 @@ ARCH_MIN_CUDA = {
 # Fields added after locks were first stored: left out of the hash when empty, so a stored
 # lock keeps its hash (gpuprov completes it for the plays: gpuprov.settings.complete_lock).
 _ADDED_FIELDS = ("dcgm", "dcgm_package", "dcgm_package_version", "dcgm_exporter_image",
-                 "nccl_tests", "nccl_tests_sha256", "cuda_archives")
+                 "nccl_tests", "nccl_tests_sha256", "cuda_archives", "gpu_sharing")
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,9 @@ class Lock:
     # The operating system whose packages the lock names (gpuprov.lock.os_lines): debian12 (the
     # default, and every lock stored before there was an OS) is left out of the hash.
     os: str = os_lines.DEFAULT_OS
+    # How one GPU serves many jobs (`--gpu-sharing`, gpuprov.sharing): "mig:LAYOUT", "mps", "shard:N",
+    # or "" for none (every lock stored before it: left out of the hash when empty).
+    gpu_sharing: str = ""
 
     @property
     def flavour(self) -> str:
@@ -157,6 +162,8 @@ class Lock:
             "kernel_module": self.flavour,
             "source": self.source,
             "os": self.os,
+            "gpu_sharing": sharing_layouts.public(sharing_choice.of_lock(self.gpu_sharing),
+                                                  catalog.find(self.instance_type), self.gpu),
             "hash": self.short_hash(),
             # Not part of the lock (nor its hash): the OS it is proven on here, and those only claimed.
             "platforms": platforms.listing(),
@@ -171,21 +178,24 @@ class Lock:
 
 def resolve(instance_type: str | None, cuda: str | None = None, driver: str | None = None,
             source: str = defaults.DEFAULT_SOURCE, kernel_module: str | None = None,
-            on: date | None = None, os: str | None = None) -> Lock:
+            on: date | None = None, os: str | None = None, gpu_sharing: str | None = None) -> Lock:
     """The lock for ``instance_type`` (None: hosts of unknown type, no GPU rules apply)."""
     itype = catalog.get(instance_type) if instance_type else catalog.get("docker-node")
     return resolve_types([itype], cuda=cuda, driver=driver, source=source,
-                         label=instance_type or "unknown", kernel_module=kernel_module, on=on, os=os)
+                         label=instance_type or "unknown", kernel_module=kernel_module, on=on, os=os,
+                         gpu_sharing=gpu_sharing)
 
 
 def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, driver: str | None = None,
                   source: str = defaults.DEFAULT_SOURCE, label: str | None = None,
-                  kernel_module: str | None = None, on: date | None = None, os: str | None = None) -> Lock:
+                  kernel_module: str | None = None, on: date | None = None, os: str | None = None,
+                  gpu_sharing: str | None = None) -> Lock:
     """One lock for every host of a cluster, each described by ``types`` (declared or read
     off its PCI bus): the driver serves every GPU model, CUDA every architecture, fabric
     manager comes with any NVSwitch host and the EFA installer with any EFA host (the plays
     install each only on the hosts that have the hardware). ``on``: the date lifecycle
-    rules are judged on (default: today); ``os``: whose packages (None: Debian 12's)."""
+    rules are judged on (default: today); ``os``: whose packages (None: Debian 12's);
+    ``gpu_sharing``: `--gpu-sharing` as typed (None: none), checked against every host's GPU."""
     facts = data()
     if source not in SOURCES:
         raise BadInput(f"unknown package source '{source}'; choose one of: {', '.join(SOURCES)}")
@@ -203,6 +213,11 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
         notes.append(f"one lock for hosts of {len(kinds)} kinds: {names}")
 
     _check_served(kinds)
+    sharing = sharing_choice.parse(gpu_sharing)
+    notes.extend(sharing_layouts.checked(sharing, kinds))
+    if sharing.mode != "none":
+        notes.append(f"gpu sharing {sharing.spelled()}: recorded in the lock; the gpu_sharing role that applies it "
+                     "on the nodes is still to come (docs/gpu-sharing.md)")
     cuda = _checked_cuda(kinds, cuda, os, source)
     requested, branch, exact = _checked_driver(gpus, cuda, driver, source, src, os, on, facts["driver"]["branches"])
     module, exact = _module_and_release(kernel_module, archs, gpus, requested, branch, exact, src, source,
@@ -257,6 +272,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
         nccl_tests_sha256=pieces["nccl_tests_sha256"],
         cuda_archives=tuple(pieces["cuda_archives"]),
         os=os,
+        gpu_sharing=sharing.spelled(),
     )
 
 

@@ -1,5 +1,5 @@
 """What a command asks of the version lock (`--cuda`, `--driver`, `--source`, `--kernel-module`,
-the mirror's URL and key), typed and checked: a leaf, so the command line builds it without
+`--gpu-sharing`, the mirror's URL and key), typed and checked: a leaf, so the command line builds it without
 loading the lock's data (gpuprov.lock.stack resolves it)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gpuprov import validate
 from gpuprov.defaults import KERNEL_MODULES, PACKAGE_SOURCES
 from gpuprov.errors import BadInput
+from gpuprov.sharing import choice as sharing_choice
 
 # The CUDA lines gpuprov resolves but does not install from every source: those data/stack.toml
 # does not mark `installable`, each with the sources it does install them from
@@ -32,6 +33,9 @@ class StackChoice:
     kernel_module: str | None = None
     mirror_url: str | None = None
     mirror_key_fingerprint: str | None = None
+    # `--gpu-sharing` (mig:LAYOUT, mps, shard:N, none): its form checked here, the layout against
+    # the hosts' GPUs by the resolver (gpuprov.sharing.layouts).
+    gpu_sharing: str | None = None
 
     def checked(self) -> StackChoice:
         """The choice with each value checked (BadInput, one line) and the fingerprint
@@ -51,12 +55,15 @@ class StackChoice:
             mirror_url=validate.mirror_url(self.mirror_url) if self.mirror_url else None,
             mirror_key_fingerprint=(validate.key_fingerprint(self.mirror_key_fingerprint)
                                     if self.mirror_key_fingerprint else None),
+            gpu_sharing=(sharing_choice.parse(self.gpu_sharing).spelled() or "none"
+                         if self.gpu_sharing is not None else None),
         )
 
     def asked(self) -> dict[str, str]:
-        """The lock's fields this choice names ({field: value}; the mirror is a setting)."""
+        """The lock's fields this choice names ({field: value}; the mirror is a setting;
+        gpu_sharing "none" when none is asked by name)."""
         return {k: v for k, v in (("cuda", self.cuda), ("driver", self.driver), ("source", self.source),
-                                  ("kernel_module", self.kernel_module)) if v}
+                                  ("kernel_module", self.kernel_module), ("gpu_sharing", self.gpu_sharing)) if v}
 
     def mirror(self) -> dict[str, str]:
         """The mirror flags as the settings read them (gpuprov.settings)."""
