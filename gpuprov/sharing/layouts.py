@@ -119,12 +119,12 @@ def _check_model(sharing: Sharing, itype: InstanceType) -> list[str]:
     return []
 
 
-def layout_of(sharing: Sharing, gpu: str | None, memory_gib: int = 0) -> dict[str, int] | None:
-    """The instances per GPU a MIG sharing asks of a host's GPU (None: not MIG, or the model is
-    not known: its first model that has the layout)."""
+def model_for(sharing: Sharing, gpu: str | None, memory_gib: int = 0) -> Model | None:
+    """The model whose layout a MIG sharing names on a host's GPU (memory not known: the first of
+    that GPU's models that has the layout); None: not MIG, or no such model."""
     if sharing.mode != "mig":
         return None
-    return next((m.layouts[sharing.layout] for m in models_of(gpu, memory_gib) if sharing.layout in m.layouts), None)
+    return next((m for m in models_of(gpu, memory_gib) if sharing.layout in m.layouts), None)
 
 
 def public(sharing: Sharing, itype: InstanceType | None, gpu: str | None) -> dict[str, Any] | None:
