@@ -331,3 +331,11 @@ def test_the_probes_skip_with_the_reason(expect: Expectation, why: str) -> None:
     probe = probes.test_gpu_sharing_matches_the_lock_mps_daemon
     with pytest.raises(pytest.skip.Exception, match=why):
         probe(Host(), expect, print)
+
+
+def test_the_guides_tables_are_the_data_files() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "gpu-sharing.md").read_text()
+    for model in layouts.models().values():
+        for name, body in model.layouts.items():
+            row = f"| `mig:{name}` | " + " + ".join(f"{n} x {p}" for p, n in body.items()) + " |"
+            assert row in guide.split(f"**{model.name}**", 1)[1], (model.name, row)
