@@ -59,7 +59,10 @@ class GpuSharingType(click.types.StringParamType):
     name = "sharing"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        return sharing_choice.parse(super().convert(value, param, ctx)).spelled() or "none"
+        text = super().convert(value, param, ctx)
+        if not text.strip():  # refused by name with every empty value (refuse_empty_values)
+            return text
+        return sharing_choice.parse(text).spelled() or "none"
 
 
 GPU_SHARING = GpuSharingType()

@@ -144,7 +144,8 @@ def mig_modes_xml(text: str) -> list[MigMode]:
 def mig_modes(text: str) -> list[MigMode]:
     """`nvidia-smi -q`: each GPU's "MIG Mode" section (Current, Pending)."""
     found: list[MigMode] = []
-    bus, section, mode = "", "", {}
+    bus, section = "", ""
+    mode: dict[str, str] = {}
     for line in text.splitlines():
         head = _BUS.match(line)
         if head:

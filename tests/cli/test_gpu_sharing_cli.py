@@ -49,7 +49,7 @@ def test_stack_shows_mps_shard_and_none(capsys) -> None:
     _, out, _ = invoke(capsys, "stack", "--type", "g5.xlarge", "--gpu-sharing", "shard:4", "-o", "json")
     assert json.loads(out)["gpu_sharing"]["shards_per_gpu"] == 4
     _, out, _ = invoke(capsys, "stack", "--type", "g5.xlarge", "--gpu-sharing", "mps")
-    assert "mps: one MPS control daemon per node; the GPU's memory is not isolated" in out
+    assert _row(out, "gpu_sharing") == "mps: one MPS control daemon per node; the GPU's memory is not isolated"
     _, out, _ = invoke(capsys, "stack", "--type", "g5.xlarge", "-o", "json")
     assert json.loads(out)["gpu_sharing"] is None
 

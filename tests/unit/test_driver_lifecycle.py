@@ -127,9 +127,9 @@ def test_public_shape_carries_the_lifecycle() -> None:
 
 def test_locks_stored_before_the_lifecycle_fields_still_load_with_their_hash() -> None:
     lock = stack.resolve("p4d.24xlarge", driver="535", kernel_module="proprietary", on=ON).as_dict()
-    # (cuda_archives and os came later still: such a lock lacks them too)
+    # (cuda_archives, os and gpu_sharing came later still: such a lock lacks them too)
     old = {k: v for k, v in lock.items() if k not in ("kernel_module", "driver_branch_kind", "driver_eol",
-                                                      "cuda_archives", "os")}
+                                                      "cuda_archives", "os", "gpu_sharing")}
     old["packages"] = {k: v for k, v in old["packages"].items() if k != "pinning"}
     body = {k: v for k, v in old.items() if k not in ("notes", "hash")}
     # The hash as gpuprov computed it before these fields existed.
