@@ -84,6 +84,9 @@ HEALTHY = {
     # The real H100 failed the three GPU probes of the container stack too (no Docker there).
     # Here: no bootstrap, so no docker; and /sys/module/nvidia cannot be shown in a container
     # without hiding the host's /sys/module (the node's modules are the host kernel's).
+    # The gpu_sharing probes (issue 58): the nodes' locks ask no GPU sharing.
+    **{f"gpu_sharing_matches_the_lock_{claim}": ("skip", "asks no GPU sharing (--gpu-sharing)")
+       for claim in ("mig_mode", "no_mig_mode_change_pending", "mig_instances", "mps_daemon")},
     "docker_run_gpus_all_sees_the_gpus": ("fail", "docker: not found"),
     "cuda_base_image_reports_the_locked_cuda": ("fail", "docker: not found"),
     "cdi_spec_matches_the_driver": ("fail", "expected the nvidia module loaded (driver 580.159.04)"),
