@@ -104,6 +104,34 @@ def expand(hostlist: str, cluster: str, count: int) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+_HOST_RANGE = re.compile(r"([^\[\],]*)\[([0-9,\-]+)\]([^\[\],]*)")
+
+
+def hostnames(hostlist: str) -> list[str]:
+    """Every name a Slurm hostlist stands for, in order, of any node (what `sacct` and `squeue`
+    print): ``a``, ``a,b``, ``node-[1-3,7]``, ``gpu[01-02]x`` (zero padding kept); ``None
+    assigned`` (a pending job's) and an empty list stand for none."""
+    if hostlist in ("", "None assigned"):
+        return []
+    names: list[str] = []
+    for part in _parts(hostlist):
+        found = _HOST_RANGE.fullmatch(part)
+        if found is None:
+            if not part or "[" in part or "]" in part:
+                raise GpuprovError(f"hostlist {hostlist[:80]!r}: {part!r} is not a name or a range")
+            names.append(part)
+        else:
+            head, ranges, tail = found.groups()
+            for item in ranges.split(","):
+                low = item.split("-", 1)[0]
+                width = len(low) if low.startswith("0") and len(low) > 1 else 0
+                numbers = _numbers(item, part)
+                names += [f"{head}{n:0{width}d}{tail}" for n in numbers]
+        if len(names) > MAX_NODES:
+            raise GpuprovError(f"hostlist {hostlist[:80]!r}: more than {MAX_NODES} nodes")
+    return names
+
+
 def _parts(hostlist: str) -> list[str]:
     """Split on the commas outside brackets."""
     parts, depth, current = [], 0, ""
