@@ -26,6 +26,7 @@ from gpuprov.cli.patch import patch
 from gpuprov.cli.registry import core
 from gpuprov.cli.ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli.stack import cuda_for_install, stack, types
+from gpuprov.cli.usage import usage_cmd
 from gpuprov.console import Console
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
 from gpuprov.lock.stack_choice import StackChoice
@@ -327,6 +328,7 @@ cli.add_command(patch)
 cli.add_command(monitor)
 cli.add_command(ssh_cmd)
 cli.add_command(ssh_config_cmd)
+cli.add_command(usage_cmd)
 refuse_empty_values(cli)
 
 

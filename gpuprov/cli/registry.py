@@ -25,7 +25,7 @@ from typing import Final, Literal
 Command = Literal[
     "up", "down", "list", "status", "inventory", "settings", "provision", "verify", "verify --local",
     "exec", "ssh", "ssh-config", "image bake", "image list", "image delete", "monitor", "patch",
-    "patch --onto-image", "power-service",
+    "patch --onto-image", "power-service", "usage",
 ]
 
 COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
@@ -48,6 +48,7 @@ COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
     "patch": "gpuprov.core.patch",
     "patch --onto-image": "gpuprov.core.onto_image",
     "power-service": "gpuprov.core.power_service",
+    "usage": "gpuprov.core.usage",
 })
 
 

@@ -49,8 +49,12 @@ def per_hour(provider: str, nodes: list[Any]) -> dict[str, Any]:
     return {"usd_per_hour": round(sum(p.usd_per_hour for p in found if p), 4), "why": "; ".join(sources)}
 
 
-def _launched(node: Any) -> datetime | None:
-    text = node.extra.get("launched")
+def launch_time(node: Any) -> datetime | None:
+    return parse_utc(node.extra.get("launched"))
+
+
+def parse_utc(text: Any) -> datetime | None:
+    """An ISO 8601 time as gpuprov records it (``Z`` or an offset; none: UTC), or None."""
     if not text:
         return None
     try:
@@ -75,7 +79,7 @@ def so_far(provider: str, nodes: list[Any], *, now: datetime | None = None,
         history = live.node_history
     rows = []
     for node in nodes:
-        launched = _launched(node)
+        launched = launch_time(node)
         price = node_price(node)
         row: dict[str, Any] = {"node": node.name, "launched": utc_text(launched) if launched else None,
                                "kind": "spot" if node.extra.get("spot") else "on-demand",

@@ -169,6 +169,13 @@ def _on_controller(cluster: ClusterRecord, files: ClusterFiles, nodes: list[Node
     return controller, proc.stdout, ""
 
 
+def on_controller(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
+                  argv: tuple[str, ...]) -> tuple[str, str | None, str]:
+    """Fixed words ``argv`` run on the Slurm controller over its pinned SSH connection:
+    (controller, its stdout or None, why not: one line)."""
+    return _on_controller(cluster, files, nodes, argv)
+
+
 def slurm_status(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> SlurmStatus | None:
     """Each node's Slurm state and reason, asked of the controller over its pinned SSH
     connection (None where the cluster runs no Slurm; ``error`` where the controller did not

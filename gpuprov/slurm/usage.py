@@ -41,11 +41,11 @@ _TRES_GPU = re.compile(r"^gres/gpu(?::[^=]+)?$")
 def sacct_argv(since: datetime, until: datetime) -> tuple[str, ...]:
     """The sacct command for the jobs of a window, every user's (read on the controller)."""
     return ("sacct", "--allusers", "--allocations", "--parsable2", "--noheader",
-            f"--starttime={_slurm_time(since)}", f"--endtime={_slurm_time(until)}",
+            f"--starttime={slurm_time(since)}", f"--endtime={slurm_time(until)}",
             f"--format={','.join(SACCT_FIELDS)}")
 
 
-def _slurm_time(at: datetime) -> str:
+def slurm_time(at: datetime) -> str:
     """A moment as sacct reads it: the controller's local time, written without a zone; gpuprov's
     nodes keep UTC (the node image's and Debian's default), so UTC is what is written."""
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
@@ -123,6 +123,7 @@ class NodeFacts:
     source: str | None = None
     why: str | None = None
     since: datetime | None = None  # when it came up (launch time), where known
+    always_up: bool = True  # False: a dynamic node, up only while Slurm powers it (not in the idle row)
 
 
 def parse_sinfo_gres(text: str) -> dict[str, tuple[int, int]]:
@@ -245,7 +246,7 @@ def usage(jobs: list[Job], nodes: dict[str, NodeFacts], since: datetime, until: 
     used = [r.public(by) for r in ordered]
     known = [r["usd"] for r in used] + [idle["usd"]]
     return {
-        "by": by, "since": _slurm_time(since) + "Z", "until": _slurm_time(until) + "Z",
+        "by": by, "since": slurm_time(since) + "Z", "until": slurm_time(until) + "Z",
         "rows": used, "idle": idle,
         "total": {"gpu_hours": round(sum(r["gpu_hours"] for r in used) + idle["gpu_hours"], 4),
                   "usd": None if any(u is None for u in known) else round(sum(known), 4)},
@@ -259,6 +260,8 @@ def _idle(nodes: dict[str, NodeFacts], held: dict[str, tuple[float, float]], sin
     """Each node's GPU-hours in the window no job held, and the part of its price no job paid."""
     gpu_hours, usd, whys = 0.0, 0.0, set()
     for name, node in nodes.items():
+        if not node.always_up:
+            continue
         start = max(since, node.since) if node.since else since
         hours = max((until - start).total_seconds(), 0.0) / 3600
         gpu_h, paid = held.get(name, (0.0, 0.0))
