@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 from gpuprov.errors import BadInput, GpuprovError
 
@@ -65,6 +68,21 @@ def _content_root() -> Path:
 
 def roles_dir() -> Path:
     return _content_root() / "roles"
+
+
+def role_module(name: str, *parts: str) -> ModuleType:
+    """A Python file a role ships (standard library only, so the role needs nothing of gpuprov),
+    loaded as the module ``name`` from the roles directory gpuprov uses: ``parts`` is its path
+    there (role, folder, file). gpuprov calls the very code the role runs. Not cached: callers
+    load it once."""
+    path = roles_dir().joinpath(*parts)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise BadInput(f"a role's program is missing: {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by its name
+    spec.loader.exec_module(module)
+    return module
 
 
 def playbooks_dir() -> Path:

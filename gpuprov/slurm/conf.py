@@ -7,7 +7,6 @@ ships and turns its refusals into ``BadInput`` (one line, exit 2)."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -23,13 +22,7 @@ PLUGIN = ("slurm", "filter_plugins", "gpuprov_slurm.py")
 @cache
 def rules() -> ModuleType:
     """The role's filter plugin, loaded once from the roles directory gpuprov uses."""
-    path = paths.roles_dir().joinpath(*PLUGIN)
-    spec = importlib.util.spec_from_file_location("gpuprov_slurm_rules", path)
-    if spec is None or spec.loader is None:
-        raise BadInput(f"the slurm role's rules are missing: {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return paths.role_module("gpuprov_slurm_rules", *PLUGIN)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ DEBIAN12_ONLY = {
                      "(cuDNN 9 for CUDA 12) is installed and proven by tests/e2e/test_debian13_e2e.py",
     "dcgm:default": "DCGM comes from NVIDIA's repository layout (the FIXTURE repository here): the same packages "
                     "on every Debian",
+    "gpu_sharing:default": "its node program reads the GPUs through nvidia-smi (a FIXTURE answering from a recorded "
+                           "H100 here) and systemctl, and writes two systemd units: no task reads the OS's packages "
+                           "or release",
     "gpuprov_base:default": "its facts and its pinned-key repository tasks read the OS's release files and run "
                             "apt's own commands alike on every Debian; Debian 13 runs it through the preflight "
                             "scenario here and tests/e2e/test_debian13_e2e.py",

@@ -133,12 +133,14 @@ def test_a_node_that_matches_plans_nothing() -> None:
 def test_turning_mig_on_stops_every_client_resets_creates_and_starts_them_again() -> None:
     steps = _what(plan.plan(choice.parse("mig:all-1g.10gb"), ONE_G, [_gpu(0, "Disabled", "Disabled")]))
     assert steps == [
-        "systemctl stop slurmd", "systemctl stop nvidia-device-plugin", "systemctl stop dcgm-exporter",
+        "systemctl stop slurmd", "systemctl stop nvidia-device-plugin", "systemctl stop gpuprov-dcgm-exporter",
+        "systemctl stop dcgm-exporter",
         "systemctl stop nvidia-dcgm", "systemctl stop nvidia-fabricmanager", "systemctl stop nvidia-persistenced",
         "nvidia-smi -i 0 -mig 1", "nvidia-smi --gpu-reset -i 0",
         "nvidia-smi mig -i 0 -cgi 1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb -C",
         "systemctl start nvidia-persistenced", "systemctl start nvidia-fabricmanager",
-        "systemctl start nvidia-dcgm", "systemctl start dcgm-exporter", "systemctl start nvidia-device-plugin",
+        "systemctl start nvidia-dcgm", "systemctl start dcgm-exporter", "systemctl start gpuprov-dcgm-exporter",
+        "systemctl start nvidia-device-plugin",
         "systemctl start slurmd"]
 
 
@@ -166,7 +168,7 @@ def test_a_missing_instance_or_compute_instance_is_a_mismatch() -> None:
 def test_leaving_mig_destroys_the_instances_and_resets() -> None:
     steps = plan.plan(choice.parse("mps"), None, [_gpu(0, "Enabled", "Enabled", LGI)])
     assert [s.what for s in steps if s.gpu == 0] == ["destroy", "destroy", "set-mode", "reset"]
-    assert _what(steps)[6:10] == ["nvidia-smi mig -i 0 -dci", "nvidia-smi mig -i 0 -dgi", "nvidia-smi -i 0 -mig 0",
+    assert _what(steps)[7:11] == ["nvidia-smi mig -i 0 -dci", "nvidia-smi mig -i 0 -dgi", "nvidia-smi -i 0 -mig 0",
                                   "nvidia-smi --gpu-reset -i 0"]
 
 
