@@ -18,10 +18,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from gpuprov import defaults, validate
+from gpuprov import catalog, defaults, validate
 from gpuprov.errors import BadInput
 from gpuprov.lock import os_lines, stack
 from gpuprov.lock.lock_data import LockData
+from gpuprov.sharing import choice as sharing_choice
+from gpuprov.sharing import layouts as sharing_layouts
 from gpuprov.state import ClusterRecord
 
 # key: (environment variable, what it is)
@@ -190,6 +192,10 @@ def playbook_vars(cluster: ClusterRecord, lock: LockData) -> dict[str, Any]:
         "gpuprov_container_toolkit_repo_key_fingerprint": have.get("container_toolkit_repo_fpr", ""),
         "gpuprov_mirror_url": options.get("mirror_url", ""),
         "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
+        # A MIG sharing's layout, from gpuprov's data files (the gpu_sharing and slurm roles).
+        "gpuprov_gpu_sharing": sharing_layouts.role_inputs(
+            sharing_choice.of_lock(lock.get("gpu_sharing")), catalog.find(lock.get("instance_type") or ""),
+            lock.get("gpu")),
         # The cluster's own floor, for every node (over a host's root_free_gib and the local
         # nodes' need): only when the cluster recorded one; the role's 40 GiB otherwise.
         **({"gpu_preflight_root_free_gib": int(have["root_free_gib"])} if have.get("root_free_gib") else {}),

@@ -68,8 +68,8 @@ class GpuSharingType(click.types.StringParamType):
 GPU_SHARING = GpuSharingType()
 GPU_SHARING_HELP = (f"How one GPU serves many jobs: mig:LAYOUT (a MIG layout of the GPU model, e.g. "
                     f"mig:all-1g.10gb, mig:all-balanced), mps, shard:N (Slurm shards per GPU, 2-"
-                    f"{defaults.MAX_GPU_SHARDS}) or none. Recorded in the lock; the role that applies it on "
-                    "the nodes is still to come (docs/gpu-sharing.md).")
+                    f"{defaults.MAX_GPU_SHARDS}) or none. Recorded in the lock and applied on the nodes by the "
+                    "gpu_sharing role (docs/gpu-sharing.md).")
 
 # The parameter types whose value is not text as the user typed it; every other one (click's
 # STRING, Path, Choice, DriverType, a type added later) is, and an empty one is never meant.

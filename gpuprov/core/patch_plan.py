@@ -47,8 +47,8 @@ class Request:
     force: bool = False  # Slurm clusters: do not wait for the jobs of a drained node
     via: str = "push"  # where the plays run: push (Ansible from here) or pull (gpuprov.core.patch_pull)
     cuda: str | None = None  # target CUDA line (toolkit, cuDNN and NCCL move with it); None: the lock's
-    # `--gpu-sharing` (mig:LAYOUT, mps, shard:N, none): recorded in the lock; None: the lock's. The
-    # gpu_sharing role that applies it on the nodes is still to come (docs/gpu-sharing.md).
+    # `--gpu-sharing` (mig:LAYOUT, mps, shard:N, none): recorded in the lock and applied on each
+    # node by the gpu_sharing role (playbooks/patch.yml); None: the lock's, not applied.
     gpu_sharing: str | None = None
 
 
@@ -168,6 +168,7 @@ def patch_vars(extravars: dict[str, Any], req: Request, lock: LockData,
         "gpuprov_patch_reboot": req.reboot,
         "gpuprov_patch_cuda": cuda_move is not None,
         "gpuprov_patch_cuda_from": cuda_move or "",
+        "gpuprov_patch_gpu_sharing": req.gpu_sharing is not None,
     }
     if req.mirror_url:
         extravars["gpuprov_mirror_url"] = req.mirror_url
@@ -187,8 +188,7 @@ def what_of(req: Request, lock: LockData) -> str:
     if req.microcode:
         parts.append("microcode")
     if req.gpu_sharing is not None:
-        parts.append(f"GPU sharing {lock.get('gpu_sharing') or 'none'} (recorded in the lock; the gpu_sharing "
-                     "role that applies it on the nodes is still to come)")
+        parts.append(f"GPU sharing {lock.get('gpu_sharing') or 'none'}")
     return ", ".join(parts) + (" [check]" if req.check else "") + f", batches of {req.batch}"
 
 
@@ -214,7 +214,8 @@ def plan_of(report: dict[str, Any], lock: LockData, req: Request,
             old: LockData | None = None) -> list[str]:
     """What would move on a node, read from its report of the check-mode run: packages in
     (the new lock's, at its release), packages out (the old lock's and NVIDIA release pins that
-    the new lock does not name), and for a driver move the reboot it needs (or why none)."""
+    the new lock does not name), for a driver move the reboot it needs (or why none), and for
+    ``--gpu-sharing`` the gpu_sharing role's steps on the node's GPUs, in order."""
     if "before" not in report:  # no report: the node's check run failed (its plan_error says why)
         return []
     before: dict[str, str] = report.get("before") or {}
@@ -235,6 +236,8 @@ def plan_of(report: dict[str, Any], lock: LockData, req: Request,
         have = before.get(package or "")
         if package and (have is None or (pin and have != pin)):
             plan.append(f"{package} {have or 'not installed'} -> {pin or 'newest'}")
+    if req.gpu_sharing is not None:
+        plan += [f"GPU sharing: {step}" for step in report.get("gpu_sharing_steps") or []]
     return plan
 
 

@@ -216,8 +216,8 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
     sharing = sharing_choice.parse(gpu_sharing)
     notes.extend(sharing_layouts.checked(sharing, kinds))
     if sharing.mode != "none":
-        notes.append(f"gpu sharing {sharing.spelled()}: recorded in the lock; the gpu_sharing role that applies it "
-                     "on the nodes is still to come (docs/gpu-sharing.md)")
+        notes.append(f"gpu sharing {sharing.spelled()}: applied on the nodes by the gpu_sharing role, after the "
+                     "driver and before DCGM and Slurm (docs/gpu-sharing.md)")
     cuda = _checked_cuda(kinds, cuda, os, source)
     requested, branch, exact = _checked_driver(gpus, cuda, driver, source, src, os, on, facts["driver"]["branches"])
     module, exact = _module_and_release(kernel_module, archs, gpus, requested, branch, exact, src, source,

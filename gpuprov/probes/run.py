@@ -99,6 +99,7 @@ def run_local_probes(
 PLAY_GROUPS: dict[str, tuple[str, ...]] = {
     "preflight": ("preflight",),
     "driver": ("driver", "dkms", "fabricmanager", "gpu"),
+    "gpu_sharing": ("gpu",),  # the gpu_sharing_matches_the_lock probes are marked gpu
     "cuda": ("cuda", "cudnn"),
     "spot": (),
     "containers": ("containers", "images"),

@@ -5,8 +5,8 @@ layout's GPU instances are all there on every GPU, and MPS has
 its control daemon running. Shards ask nothing of the GPU (Slurm time-shares it): the MIG mode
 probe is their one check. Each skips, saying why, on a node without GPUs or a lock without sharing.
 
-The role that applies the sharing on the nodes is still to come: until it is, these probes say
-what a node lacks, they do not fix it."""
+The gpu_sharing role applies the sharing on the nodes (roles/gpu_sharing); these probes say what
+a node lacks, they do not fix it."""
 
 from __future__ import annotations
 

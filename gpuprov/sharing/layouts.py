@@ -145,6 +145,26 @@ def public(sharing: Sharing, itype: InstanceType | None, gpu: str | None) -> dic
             "shards_per_gpu": sharing.shards or None}
 
 
+def role_inputs(sharing: Sharing, itype: InstanceType | None, gpu: str | None) -> dict[str, dict[str, Any]]:
+    """What the gpu_sharing role and the slurm role are given for a MIG sharing (the playbooks'
+    ``gpuprov_gpu_sharing``): the layout's GPU instances per GPU and {a driver's name: the data's
+    name} of its profiles. The lock's catalog type (``itype``) or GPU models (``gpu``) say the
+    model; where they do not, every model with the layout counts, and the instances are given only
+    where those models agree (all-1g.10gb: 7 on every 80 GB model, 4 on the A100 40 GB: none
+    given, and a node whose GPUs have MIG stops, saying so). Empty for mps, shard and none."""
+    if sharing.mode != "mig":
+        return {"instances": {}, "renamed": {}}
+    fits = [m for m in models_of(itype.gpu_model if itype else gpu, itype.gpu_memory_gib if itype else 0)
+            if sharing.layout in m.layouts]
+    fits = fits or [m for m in models().values() if sharing.layout in m.layouts]
+    shapes = {tuple(m.layouts[sharing.layout].items()) for m in fits}
+    if len(shapes) != 1:
+        return {"instances": {}, "renamed": {}}
+    renamed = {other: name for m in fits for name, (other, _) in m.renamed.items()
+               if name in m.layouts[sharing.layout]}
+    return {"instances": dict(fits[0].layouts[sharing.layout]), "renamed": renamed}
+
+
 def words(shown: dict[str, Any] | None) -> str:
     """``public``'s answer in a line of the `stack` table."""
     if shown is None:

@@ -30,7 +30,7 @@ def test_stack_shows_the_layout_in_text_and_json(capsys, itype: str, value: str,
     code, out, err = invoke(capsys, "stack", "--type", itype, "--gpu-sharing", value)
     assert code == 0 and not err
     assert _row(out, "gpu_sharing") == row
-    assert "the gpu_sharing role that applies it on the nodes is still to come" in out
+    assert "applied on the nodes by the gpu_sharing role" in out
     code, out, err = invoke(capsys, "stack", "--type", itype, "--gpu-sharing", value, "-o", "json")
     shown = json.loads(out)["gpu_sharing"]
     assert code == 0 and (shown["value"], shown["model"], shown["instances_per_gpu"]) == (value, json_model, per_gpu)
@@ -86,7 +86,13 @@ def test_patch_records_the_new_sharing_in_the_lock_and_checks_it() -> None:
     assert moved["gpu_sharing"] == "mig:all-1g.10gb" and moved["hash"] != lock["hash"]
     assert {k: v for k, v in moved.items() if k not in ("gpu_sharing", "hash")} == \
         {k: v for k, v in lock.items() if k not in ("gpu_sharing", "hash")}
-    assert "still to come" in patch_plan.what_of(req, moved)
+    assert "GPU sharing mig:all-1g.10gb" in patch_plan.what_of(req, moved)
+    assert patch_plan.patch_vars({"gpuprov_mirror_url": ""}, req, moved)["gpuprov_patch_gpu_sharing"] is True
+    # The roll's plan of a node: the gpu_sharing role's steps, as node_patch reports them.
+    report = {"before": {}, "gpu_sharing_steps": ["systemctl stop slurmd", "nvidia-smi -i 0 -mig 1"]}
+    assert patch_plan.plan_of(report, moved, req) == ["GPU sharing: systemctl stop slurmd",
+                                                      "GPU sharing: nvidia-smi -i 0 -mig 1"]
+    assert patch_plan.plan_of({**report, "gpu_sharing_steps": []}, moved, req) == []
     back = patch_plan.new_lock(moved, patch_plan.request(gpu_sharing="none"))
     assert back["gpu_sharing"] == "" and back["hash"] == lock["hash"]
     with pytest.raises(BadInput, match="not a layout of H100-80GB"):

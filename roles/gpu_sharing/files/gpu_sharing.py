@@ -192,7 +192,7 @@ def _request(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--sharing {args.sharing!r}: expected mig:LAYOUT, mps, shard:N or none")
     args.layout = _pairs(parser, "--instance", args.instance, lambda v: v.isdigit() and 1 <= int(v) <= MAX_INSTANCES)
     args.renamed = {k: v for k, v in _pairs(parser, "--rename", args.rename, PROFILE.match).items()}
-    if args.sharing.startswith("mig:") != bool(args.layout):
+    if args.layout and not args.sharing.startswith("mig:"):
         parser.error("--instance gives a mig: layout's instances (and only a mig: layout's)")
     args.layout = {k: int(v) for k, v in args.layout.items()}
     if sum(args.layout.values()) > MAX_INSTANCES:
@@ -264,6 +264,8 @@ def main(argv: list[str]) -> int:
     mode = args.sharing.split(":", 1)[0]
     try:
         gpus, none_why = read_gpus(args.nvidia_smi)
+        if mode == "mig" and not args.layout and any(g.mode.current != "N/A" for g in gpus):
+            raise Unreadable(f"{args.sharing}: the layout's GPU instances per GPU are not given (--instance)")
         steps = plan(mode, args.sharing, args.layout, gpus, args.renamed, args.clients, args.driver_clients)
         report: dict[str, Any] = {"sharing": args.sharing, "gpus": len(gpus), "no_gpu": none_why,
                                   "mig_gpus": sum(g.mode.current != "N/A" for g in gpus),
