@@ -69,6 +69,9 @@ class SlurmCluster:
     health_check_interval: int = 300
     dynamic_nodes: tuple[SlurmNode, ...] = ()
     power: SlurmPower | None = None
+    # The lock's GPU sharing (mig:LAYOUT, shard:N, mps, none) and a MIG layout's instances per GPU.
+    gpu_sharing: str = "none"
+    gpu_sharing_instances: Mapping[str, int] | None = None
 
     def description(self) -> dict[str, Any]:
         """The mapping the role's filters take."""
@@ -80,6 +83,7 @@ class SlurmCluster:
             "nodes": [vars(n) for n in self.nodes],
             "dynamic_nodes": [vars(n) for n in self.dynamic_nodes],
             "power": vars(self.power) if self.power else {},
+            "gpu_sharing": {"sharing": self.gpu_sharing, "instances": dict(self.gpu_sharing_instances or {})},
         }
 
 

@@ -341,3 +341,20 @@ def test_the_guides_tables_are_the_data_files() -> None:
         for name, body in model.layouts.items():
             row = f"| `mig:{name}` | " + " + ".join(f"{n} x {p}" for p, n in body.items()) + " |"
             assert row in guide.split(f"**{model.name}**", 1)[1], (model.name, row)
+
+
+# -- what the roles are given (settings.playbook_vars' gpuprov_gpu_sharing) ------------------------
+
+def test_the_roles_get_the_layouts_instances_where_the_lock_tells_the_model() -> None:
+    from gpuprov import catalog
+
+    def given(value: str, itype: str = "", gpu: str | None = None) -> dict:
+        return layouts.role_inputs(choice.parse(value), catalog.find(itype), gpu)
+
+    assert given("mig:all-balanced", "p4de.24xlarge") == {
+        "instances": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}, "renamed": {"3g.39gb": "3g.40gb"}}
+    assert given("mig:all-1g.18gb", "p5e.48xlarge")["instances"] == {"1g.18gb": 7}
+    # No model named: the models with the layout agree (H200's names are its own) or none is given.
+    assert given("mig:all-1g.18gb")["instances"] == {"1g.18gb": 7}
+    assert given("mig:all-1g.10gb") == {"instances": {}, "renamed": {}}  # 4 on an A100 40 GB, 7 on 80 GB
+    assert given("shard:4", "p5.48xlarge") == given("mps", "p5.48xlarge") == {"instances": {}, "renamed": {}}

@@ -14,6 +14,14 @@ A cluster description (a mapping)::
                 "cores_per_socket": 24, "threads_per_core": 2, "memtotal_mb": 1160000,
                 "gpus": 8, "gpu_model": "A100", "nvml": false, "partition": "p4d.24xlarge"}]}
 
+GPU sharing (``gpu_sharing``, the cluster's one, on every GPU node; absent or ``{"sharing":
+"none"}``: whole GPUs)::
+
+    "gpu_sharing": {"sharing": "mig:all-balanced",
+                    "instances": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}   # per GPU
+    "gpu_sharing": {"sharing": "shard:4"}      # gres/shard, 4 per GPU
+    "gpu_sharing": {"sharing": "mps"}          # gres/mps, 100 per GPU
+
 Dynamic nodes (``dynamic_nodes``: entries of the same shape, without ``addr``) are declared
 ``State=CLOUD``: Slurm powers them up when jobs need them and down after ``power``'s
 ``suspend_time`` idle seconds, through the programs ``power`` names (see ``power_lines``)::
@@ -57,6 +65,12 @@ _CLUSTER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 _PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A GRES type: the GPU model lower-cased (a100, h100, a10g, l40s).
 _GRES_TYPE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
+# A GPU sharing as the lock records it (gpuprov.sharing.choice) and a MIG profile, the GRES type
+# of its instances (1g.10gb; the media-engine profiles, 1g.10gb+me, are no GRES type: refused).
+_SHARING = re.compile(r"none|mps|shard:[0-9]{1,2}|mig:[a-z0-9][a-z0-9.+-]{0,39}")
+_MIG_PROFILE = re.compile(r"[1-8]g\.[0-9]{1,3}gb")
+_MAX_SHARDS = 64  # gpuprov.defaults.MAX_GPU_SHARDS
+MPS_PER_GPU = 100  # Slurm's gres/mps counts a GPU as 100 (its share of the GPU's SMs, in percent)
 # A program path Slurm runs: absolute, no whitespace or shell-significant characters.
 _PATH = re.compile(r"/[A-Za-z0-9._/+-]{1,255}")
 # Environment variable names a task may be given.
@@ -90,6 +104,8 @@ def _describe(pattern: re.Pattern[str]) -> str:
         _CLUSTER_NAME: "lower-case letters, digits, '-', '_' (at most 40 characters)",
         _PARTITION: "letters, digits, '.', '-', '_' (at most 64 characters)",
         _GRES_TYPE: "letters, digits, '.', '-', '_' (at most 32 characters)",
+        _SHARING: "mig:LAYOUT, mps, shard:N or none",
+        _MIG_PROFILE: "a MIG profile such as 1g.10gb (a +me profile is no Slurm GRES type)",
         _PATH: "an absolute path of letters, digits and . / + - _",
         _ENV_NAME: "an environment variable name (letters, digits, '_')",
         _IFACE: "an interface name (letters, digits, '_', '.', '-'; at most 15 characters)",
@@ -233,6 +249,49 @@ def _dynamic(raw: Any) -> dict[str, Any]:
     return node
 
 
+def _sharing(raw: Any) -> dict[str, Any]:
+    """The cluster's GPU sharing: its mode, a MIG layout's instances per GPU, shards per GPU."""
+    raw = raw or {}
+    if not isinstance(raw, Mapping):
+        raise SlurmConfError(f"gpu_sharing: expected a mapping, got {raw!r}")
+    sharing = _text(raw.get("sharing") or "none", "gpu_sharing", _SHARING)
+    mode, _, arg = sharing.partition(":")
+    instances: dict[str, int] = {}
+    if mode == "mig":
+        given = raw.get("instances") or {}
+        if not isinstance(given, Mapping):
+            raise SlurmConfError(f"gpu_sharing {sharing}: instances: expected {{profile: count}}, got {given!r}")
+        instances = {_text(p, f"gpu_sharing {sharing}: profile", _MIG_PROFILE): _int(n, f"gpu_sharing {p}", 1, 7)
+                     for p, n in given.items()}
+    shards = _int(arg, f"gpu_sharing {sharing}: shards per GPU", 2, _MAX_SHARDS) if mode == "shard" else 0
+    return {"sharing": sharing, "mode": mode, "instances": instances, "shards": shards}
+
+
+def _mig_gres(n: Mapping[str, Any], sharing: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """A GPU node's MIG instances under a layout, (profile, count on the node)."""
+    if not sharing["instances"]:
+        raise SlurmConfError(f"node {n['name']}: gpu_sharing {sharing['sharing']}: the layout's instances per GPU "
+                             "are not given (gpuprov gives them where the lock names the GPU model; else "
+                             "slurm_gpu_sharing_instances)")
+    return [(p, count * n["gpus"]) for p, count in sharing["instances"].items()]
+
+
+def _node_gres(n: Mapping[str, Any], sharing: Mapping[str, Any]) -> str:
+    """A node's Gres= of slurm.conf: its GPUs (a MIG layout: its instances, by profile), and its
+    shards or MPS share."""
+    if not n["gpus"]:
+        return ""
+    if sharing["mode"] == "mig":
+        gres = [f"gpu:{p}:{count}" for p, count in _mig_gres(n, sharing)]
+    else:
+        gres = [f"gpu:{n['gres_type']}:{n['gpus']}" if n["gres_type"] else f"gpu:{n['gpus']}"]
+    if sharing["mode"] == "shard":
+        gres.append(f"shard:{sharing['shards'] * n['gpus']}")
+    elif sharing["mode"] == "mps":
+        gres.append(f"mps:{MPS_PER_GPU * n['gpus']}")
+    return " Gres=" + ",".join(gres)
+
+
 def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
     """The description checked and completed (each node's RealMemory, GRES type, partition)."""
     if not isinstance(description, Mapping):
@@ -260,6 +319,7 @@ def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
         "default_partition": default,
         "nodes": nodes,
         "dynamic_nodes": dynamic,
+        "gpu_sharing": _sharing(description.get("gpu_sharing")),
         "power": _power(description.get("power"), dynamic),
         "task_prolog": _text(prolog, "task_prolog", _PATH) if prolog else "",
         "health_check_program": _text(program, "health_check_program", _PATH) if program else "",
@@ -301,7 +361,7 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
         "SelectTypeParameters=CR_Core_Memory",
         "ProctrackType=proctrack/cgroup",
         "TaskPlugin=task/cgroup,task/affinity",
-        "GresTypes=gpu",
+        "GresTypes=" + {"shard": "gpu,shard", "mps": "gpu,mps"}.get(c["gpu_sharing"]["mode"], "gpu"),
         "# MPI programs (nccl-tests built with MPI) start under plain srun: PMIx, Slurm's plugin",
         "# with the distribution's libpmix (Open MPI on Debian 12 is built against the same).",
         "MpiDefault=pmix",
@@ -318,9 +378,7 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
     lines += power_lines(c)
     lines.append("")
     for n, state in [*((n, "UNKNOWN") for n in c["nodes"]), *((n, "CLOUD") for n in c["dynamic_nodes"])]:
-        gres = ""
-        if n["gpus"]:
-            gres = f" Gres=gpu:{n['gres_type']}:{n['gpus']}" if n["gres_type"] else f" Gres=gpu:{n['gpus']}"
+        gres = _node_gres(n, c["gpu_sharing"])
         addr = f" NodeAddr={n['addr']}" if n["addr"] else ""
         lines.append(f"NodeName={n['name']}{addr} CPUs={n['cpus']} Sockets={n['sockets']} "
                      f"CoresPerSocket={n['cores_per_socket']} ThreadsPerCore={n['threads_per_core']} "
@@ -467,17 +525,30 @@ def tcp_interface(facts: Mapping[str, Any], addr: Any = None) -> str:
 
 def gres_conf(description: Mapping[str, Any]) -> str:
     """gres.conf: NVML's autodetection on nodes that have it (real GPUs and Slurm's NVML
-    plugin), else the device files one by one; nothing for a node without GPUs."""
+    plugin), else the device files one by one; nothing for a node without GPUs. A MIG layout:
+    NVML finds the instances and their types (each job's CUDA_VISIBLE_DEVICES its MIG UUID);
+    without NVML, each profile's count alone (``Count=``, no ``File=``: Slurm schedules the
+    instances but cannot bind a job to its own, whose device files, /dev/nvidia-caps/*, are
+    known only once the node made them). Shards and MPS: their count per node, which Slurm
+    spreads evenly over the node's GPUs."""
     c = cluster(description)
+    sharing = c["gpu_sharing"]
     lines = ["# gres.conf written by the slurm role (gpuprov); the same file on every node."]
     for n in [*c["nodes"], *c["dynamic_nodes"]]:
         if not n["gpus"]:
             continue
         if n["nvml"]:
             lines.append(f"NodeName={n['name']} AutoDetect=nvml")
+        elif sharing["mode"] == "mig":
+            lines += [f"NodeName={n['name']} AutoDetect=off Name=gpu Type={p} Count={count}"
+                      for p, count in _mig_gres(n, sharing)]
         else:
             kind = f" Type={n['gres_type']}" if n["gres_type"] else ""
             lines.append(f"NodeName={n['name']} AutoDetect=off Name=gpu{kind} File={_device_files(n['gpus'])}")
+        if sharing["mode"] == "shard":
+            lines.append(f"NodeName={n['name']} Name=shard Count={sharing['shards'] * n['gpus']}")
+        elif sharing["mode"] == "mps":
+            lines.append(f"NodeName={n['name']} Name=mps Count={MPS_PER_GPU * n['gpus']}")
     return _lines("\n".join(lines) + "\n", "gres.conf")
 
 
