@@ -186,6 +186,16 @@ def resolve(instance_type: str | None, cuda: str | None = None, driver: str | No
                          gpu_sharing=gpu_sharing)
 
 
+def _dcgm(facts: dict[str, Any], source: str, notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The stack data's DCGM and its entry for the source (a note where the source has none)."""
+    dcgm = facts["dcgm"]
+    dcgm_src = dcgm["sources"][source]
+    if not dcgm_src["package"]:
+        notes.append(f"{source} source: no DCGM package; DCGM {dcgm['version']} and dcgm-exporter "
+                     "are installed with --source nvidia or mirror")
+    return dcgm, dcgm_src
+
+
 def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, driver: str | None = None,
                   source: str = defaults.DEFAULT_SOURCE, label: str | None = None,
                   kernel_module: str | None = None, on: date | None = None, os: str | None = None,
@@ -194,8 +204,8 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
     off its PCI bus): the driver serves every GPU model, CUDA every architecture, fabric
     manager comes with any NVSwitch host and the EFA installer with any EFA host (the plays
     install each only on the hosts that have the hardware). ``on``: the date lifecycle
-    rules are judged on (default: today); ``os``: whose packages (None: Debian 12's);
-    ``gpu_sharing``: `--gpu-sharing` as typed (None: none), checked against every host's GPU."""
+    rules are judged on (default: today); ``os``: whose packages (None: Debian 12's); ``gpu_sharing``:
+    `--gpu-sharing` as typed (None: none), checked against every host's GPU."""
     facts = data()
     if source not in SOURCES:
         raise BadInput(f"unknown package source '{source}'; choose one of: {', '.join(SOURCES)}")
@@ -211,13 +221,9 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
     notes: list[str] = []
     if len(kinds) > 1:
         notes.append(f"one lock for hosts of {len(kinds)} kinds: {names}")
-
     _check_served(kinds)
     sharing = sharing_choice.parse(gpu_sharing)
     notes.extend(sharing_layouts.checked(sharing, kinds))
-    if sharing.mode != "none":
-        notes.append(f"gpu sharing {sharing.spelled()}: applied on the nodes by the gpu_sharing role, after the "
-                     "driver and before DCGM and Slurm (docs/gpu-sharing.md)")
     cuda = _checked_cuda(kinds, cuda, os, source)
     requested, branch, exact = _checked_driver(gpus, cuda, driver, source, src, os, on, facts["driver"]["branches"])
     module, exact = _module_and_release(kernel_module, archs, gpus, requested, branch, exact, src, source,
@@ -229,11 +235,7 @@ def resolve_types(types: list[catalog.InstanceType], cuda: str | None = None, dr
     packages = _packages(src, module, branch, exact, pieces)
     notes.extend(os_lines.source_notes(os, source, src, facts["nccl"]["version"]))
     packages.update(os_lines.nccl_packages(src))
-    dcgm = facts["dcgm"]
-    dcgm_src = dcgm["sources"][source]
-    if not dcgm_src["package"]:
-        notes.append(f"{source} source: no DCGM package; DCGM {dcgm['version']} and dcgm-exporter "
-                     "are installed with --source nvidia or mirror")
+    dcgm, dcgm_src = _dcgm(facts, source, notes)
     life = lifecycle(branch)
     return Lock(
         instance_type=label,
