@@ -42,9 +42,10 @@ from typing import Any
 CLIENTS = ("slurmd", "nvidia-device-plugin", "gpuprov-dcgm-exporter", "dcgm-exporter", "nvidia-dcgm")
 DRIVER_CLIENTS = ("nvidia-fabricmanager", "nvidia-persistenced")
 # The words a value may be made of (gpuprov.sharing.choice and gpuprov.sharing.layouts hold the same).
-SHARING = re.compile(r"^(none|mps|shard:[0-9]{1,2}|mig:[a-z0-9][a-z0-9.+-]{0,39})$")
-PROFILE = re.compile(r"^[1-8]g\.[0-9]{1,3}gb(\+me)?$")
-SERVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@._-]{0,63}$")
+# Each is matched whole (fullmatch).
+SHARING = re.compile(r"none|mps|shard:([2-9]|[1-5][0-9]|6[0-4])|mig:[a-z0-9][a-z0-9.+-]{0,39}")
+PROFILE = re.compile(r"[1-8]g\.[0-9]{1,3}gb(\+me)?")
+SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9@._-]{0,63}")
 MAX_INSTANCES = 7  # a GPU holds at most seven GPU instances (NVIDIA's MIG user guide)
 QUERY = ("--query-gpu=index,mig.mode.current,mig.mode.pending", "--format=csv,noheader")
 # `mig -lgi`: "|   0  MIG 1g.10gb         19        9          2:1     |"; `mig -lci`:
@@ -188,22 +189,23 @@ def _request(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nvidia-smi", default="nvidia-smi", help="the nvidia-smi to run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    if not SHARING.match(args.sharing):
+    if not SHARING.fullmatch(args.sharing):
         parser.error(f"--sharing {args.sharing!r}: expected mig:LAYOUT, mps, shard:N or none")
-    args.layout = _pairs(parser, "--instance", args.instance, lambda v: v.isdigit() and 1 <= int(v) <= MAX_INSTANCES)
-    args.renamed = {k: v for k, v in _pairs(parser, "--rename", args.rename, PROFILE.match).items()}
+    args.layout = _pairs(parser, "--instance", args.instance,
+                         lambda v: v.isascii() and v.isdigit() and 1 <= int(v) <= MAX_INSTANCES)
+    args.renamed = _pairs(parser, "--rename", args.rename, PROFILE.fullmatch)
     if args.layout and not args.sharing.startswith("mig:"):
         parser.error("--instance gives a mig: layout's instances (and only a mig: layout's)")
     args.layout = {k: int(v) for k, v in args.layout.items()}
     if sum(args.layout.values()) > MAX_INSTANCES:
         parser.error(f"--instance: {sum(args.layout.values())} GPU instances; a GPU holds at most {MAX_INSTANCES}")
     for flag, names in (("--client", args.client), ("--driver-client", args.driver_client)):
-        bad = [n for n in names or () if not SERVICE.match(n)]
+        bad = [n for n in names or () if not SERVICE.fullmatch(n)]
         if bad:
             parser.error(f"{flag} {bad[0]!r}: not a service name")
     args.clients = tuple(CLIENTS if args.client is None else args.client)
     args.driver_clients = tuple(DRIVER_CLIENTS if args.driver_client is None else args.driver_client)
-    if not re.match(r"^/?[A-Za-z0-9_./-]+$", args.nvidia_smi) or args.nvidia_smi.startswith("-"):
+    if not re.fullmatch(r"/?[A-Za-z0-9_./-]+", args.nvidia_smi) or args.nvidia_smi.startswith("-"):
         parser.error(f"--nvidia-smi {args.nvidia_smi!r}: not a program path")
     return args
 
@@ -212,7 +214,7 @@ def _pairs(parser: argparse.ArgumentParser, flag: str, given: list[str], value_o
     out = {}
     for pair in given:
         key, sep, value = pair.partition("=")
-        if not sep or not PROFILE.match(key) or not value_ok(value) or key in out:
+        if not sep or not PROFILE.fullmatch(key) or not value_ok(value) or key in out:
             parser.error(f"{flag} {pair!r}: expected PROFILE=... once per profile (1g.10gb=7)")
         out[key] = value
     return out
