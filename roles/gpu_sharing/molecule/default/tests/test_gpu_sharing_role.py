@@ -43,7 +43,8 @@ def test_the_clients_run_again(host):
 
 
 def test_the_boot_unit_is_enabled_for_mig_and_mps_is_not(host):
-    assert host.service("gpuprov-gpu-sharing").is_enabled
+    boot = host.service("gpuprov-gpu-sharing")
+    assert boot.is_enabled and boot.is_running, "the boot unit is enabled and started (its run: a no-op)"
     unit = host.file("/etc/systemd/system/gpuprov-gpu-sharing.service").content_string
     assert "Before=slurmd.service nvidia-dcgm.service" in unit and f"apply {ASKED}" in unit
     assert not host.service("gpuprov-mps-control").is_enabled
