@@ -48,21 +48,19 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def usage_table(data: dict[str, Any]) -> None:
+def usage_table(data: Any) -> None:
+    """The rows, the idle row and the total; then each node's price (or why none) and why a
+    row's cost is unknown."""
     from gpuprov.cli.table import table  # lazy: CLI start-up (rich)
 
-    by = data["by"]
-    rows = [[r[by], r["jobs"], _num(r["gpu_hours"]), _num(r["node_hours"]), _num(r["usd"])] for r in data["rows"]]
-    idle = data["idle"]
-    rows.append(["(idle)", "", _num(idle["gpu_hours"]), "", _num(idle["usd"])])
-    rows.append(["total", sum(r["jobs"] for r in data["rows"]), _num(data["total"]["gpu_hours"]), "",
-                 _num(data["total"]["usd"])])
-    table(f"{data['cluster']}: usage from {data['since']} to {data['until']} (sacct on {data['controller']})",
-          [by, "jobs", "GPU-hours", "node-hours", "USD"], rows)
-    for node, price in data["prices"].items():
-        said = f"${price['usd_per_hour']}/h, {price['source']}" if price["usd_per_hour"] is not None else \
-            f"no price: {price['why']}"
+    rows = [[r.key, r.jobs, _num(r.gpu_hours), _num(r.node_hours), _num(r.usd)] for r in data.rows]
+    rows.append(["(idle)", "", _num(data.idle.gpu_hours), "", _num(data.idle.usd)])
+    rows.append(["total", sum(r.jobs for r in data.rows), _num(data.total.gpu_hours), "", _num(data.total.usd)])
+    table(f"{data.cluster}: usage from {data.since} to {data.until} (sacct on {data.controller})",
+          [data.by, "jobs", "GPU-hours", "node-hours", "USD"], rows)
+    for node, price in data.prices.items():
+        said = f"${price.usd_per_hour}/h, {price.source}" if price.usd_per_hour is not None else \
+            f"no price: {price.why}"
         click.echo(f"{node}: {said}")
-    whys = sorted({r["why"] for r in data["rows"] if r.get("why")})
-    for why in whys:
+    for why in sorted({r.why for r in data.rows if r.why}):
         click.echo(f"cost unknown: {why}")

@@ -7,9 +7,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from gpuprov.clock import utc_text
 from gpuprov.cluster import load, refresh
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.pricing import cost
+from gpuprov.results.costs import UsageResult
 from gpuprov.slurm import scheduler
 from gpuprov.slurm import usage as rules
 from gpuprov.slurm.drain import slurm_names
@@ -30,7 +32,7 @@ def parse_day(text: str, flag: str) -> datetime:
 
 
 def usage(name: str, since: datetime | None = None, until: datetime | None = None, by: str = "user",
-          store: Store | None = None, now: datetime | None = None) -> dict[str, Any]:
+          store: Store | None = None, now: datetime | None = None) -> UsageResult:
     if by not in rules.BY:
         raise BadInput(f"--by {by}: one of {', '.join(rules.BY)}")
     now = now or datetime.now(UTC)
@@ -45,7 +47,7 @@ def usage(name: str, since: datetime | None = None, until: datetime | None = Non
         since = until - timedelta(days=DEFAULT_DAYS)
         since = max(since, created) if created else since
     if since >= until:
-        raise BadInput(f"--since {rules.slurm_time(since)}Z is not before --until {rules.slurm_time(until)}Z")
+        raise BadInput(f"--since {utc_text(since)} is not before --until {utc_text(until)}")
     _, files, nodes = refresh(store, cluster)
     controller, shape, why = scheduler.on_controller(cluster, files, nodes, rules.SINFO_GRES)
     if shape is None:
@@ -54,8 +56,7 @@ def usage(name: str, since: datetime | None = None, until: datetime | None = Non
     if text is None:
         raise GpuprovError(f"{name}: {why} (is Slurm's accounting on? docs/slurm.md, \"Accounting and usage\")")
     facts = node_facts(cluster, nodes, rules.parse_sinfo_gres(shape), slurm_names(nodes, files))
-    data = rules.usage(rules.parse_sacct(text), facts, since, until, by)
-    return {"cluster": name, "controller": controller, **data}
+    return UsageResult.of(name, controller, rules.usage(rules.parse_sacct(text), facts, since, until, by))
 
 
 def node_facts(cluster: Any, nodes: list[Any], shapes: dict[str, tuple[int, int]],

@@ -65,3 +65,66 @@ class PlanCost:
     source: str | None
     as_of: str | None
     why: str | None
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One user's, account's or job's use of a Slurm cluster in a window (`gpuprov usage`)."""
+
+    key: str  # the user, account or job id (UsageResult.by says which)
+    users: list[str]
+    accounts: list[str]
+    jobs: int
+    gpu_hours: float
+    node_hours: float
+    usd: float | None
+    why: str | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> UsageRow:
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class UsageIdle:
+    """The GPU-hours of the window no job held, and the part of the nodes' price no job paid."""
+
+    gpu_hours: float
+    usd: float | None
+    why: str | None
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    gpu_hours: float
+    usd: float | None
+
+
+@dataclass(frozen=True)
+class UsagePrice:
+    """A Slurm node's price per hour, where it comes from, or why it has none."""
+
+    usd_per_hour: float | None
+    source: str | None
+    why: str | None
+
+
+@dataclass(frozen=True)
+class UsageResult:
+    """`gpuprov usage`: who used the cluster's GPUs in the window, and what that cost."""
+
+    cluster: str
+    controller: str
+    by: str  # user | account | job
+    since: str
+    until: str
+    rows: list[UsageRow]
+    idle: UsageIdle
+    total: UsageTotal
+    prices: dict[str, UsagePrice]
+
+    @classmethod
+    def of(cls, cluster: str, controller: str, data: Mapping[str, Any]) -> UsageResult:
+        return cls(cluster=cluster, controller=controller, by=data["by"], since=data["since"], until=data["until"],
+                   rows=[UsageRow.of(r) for r in data["rows"]], idle=UsageIdle(**data["idle"]),
+                   total=UsageTotal(**data["total"]), prices={n: UsagePrice(**p) for n, p in data["prices"].items()})

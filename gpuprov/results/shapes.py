@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpuprov.lock.lock_data import LockData
-from gpuprov.results.costs import ClusterCost, ClusterPrice, PlanCost
+from gpuprov.results.costs import ClusterCost, ClusterPrice, PlanCost, UsageResult
 from gpuprov.results.json_form import JSON_NAME, OPTIONAL
 from gpuprov.results.json_form import json_name as json_name
 from gpuprov.results.json_form import serialise as serialise
@@ -426,4 +426,5 @@ SHAPES: dict[str, Any] = {  # what each command prints with `-o json` (docs/json
     "patch": PatchResult,
     "health": HealthResult,
     "monitor": MonitorResult,
+    "usage": UsageResult,
 }

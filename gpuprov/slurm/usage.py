@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuprov.clock import utc_text
 from gpuprov.errors import GpuprovError
 from gpuprov.slurm.elastic import hostnames
 
@@ -48,7 +49,7 @@ def sacct_argv(since: datetime, until: datetime) -> tuple[str, ...]:
 def slurm_time(at: datetime) -> str:
     """A moment as sacct reads it: the controller's local time, written without a zone; gpuprov's
     nodes keep UTC (the node image's and Debian's default), so UTC is what is written."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return utc_text(at).removesuffix("Z")
 
 
 @dataclass(frozen=True)
@@ -189,16 +190,10 @@ class Row:
         elif self.usd is not None:
             self.usd += usd
 
-    def public(self, by: str) -> dict[str, Any]:
-        out: dict[str, Any] = {by: self.key, "jobs": self.jobs, "gpu_hours": round(self.gpu_hours, 4),
-                               "node_hours": round(self.node_hours, 4),
-                               "usd": None if self.usd is None else round(self.usd, 4),
-                               "why": "; ".join(sorted(self.why)) or None}
-        if by != "user":
-            out["users"] = sorted(self.users)
-        if by != "account":
-            out["accounts"] = sorted(self.accounts)
-        return out
+    def public(self) -> dict[str, Any]:
+        return {"key": self.key, "users": sorted(self.users), "accounts": sorted(self.accounts), "jobs": self.jobs,
+                "gpu_hours": round(self.gpu_hours, 4), "node_hours": round(self.node_hours, 4),
+                "usd": None if self.usd is None else round(self.usd, 4), "why": "; ".join(sorted(self.why)) or None}
 
 
 def _charge(job: Job, node: NodeFacts, hours: float) -> float | None:
@@ -243,10 +238,10 @@ def usage(jobs: list[Job], nodes: dict[str, NodeFacts], since: datetime, until: 
         rows.setdefault(key, Row(key)).add(hours, job, usd, why)
     idle = _idle(nodes, held, since, until)
     ordered = sorted(rows.values(), key=lambda r: (-r.gpu_hours, -r.node_hours, r.key))
-    used = [r.public(by) for r in ordered]
+    used = [r.public() for r in ordered]
     known = [r["usd"] for r in used] + [idle["usd"]]
     return {
-        "by": by, "since": slurm_time(since) + "Z", "until": slurm_time(until) + "Z",
+        "by": by, "since": utc_text(since), "until": utc_text(until),
         "rows": used, "idle": idle,
         "total": {"gpu_hours": round(sum(r["gpu_hours"] for r in used) + idle["gpu_hours"], 4),
                   "usd": None if any(u is None for u in known) else round(sum(known), 4)},

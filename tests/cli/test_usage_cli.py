@@ -51,7 +51,7 @@ def test_usage_per_user_with_hours_and_why_there_is_no_price(capsys, rack) -> No
     code, out, err = invoke(capsys, "usage", "rack", *WINDOW, "-o", "json")
     assert code == 0, err
     data = json.loads(out)
-    rows = {r["user"]: r for r in data["rows"]}
+    rows = {r["key"]: r for r in data["rows"]}
     assert {u: r["gpu_hours"] for u, r in rows.items()} == \
         {"alice": round(30 / 3600, 4), "bob": round(8 / 3600, 4), "carol": round(14 / 3600, 4)}
     no_price = why_no_price("static")  # "existing hosts: gpuprov knows no price for machines it did not launch"

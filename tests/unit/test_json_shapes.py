@@ -245,6 +245,13 @@ def _built() -> dict[str, Any]:
                                  alertmanager="127.0.0.1:9093 (loopback of the monitoring host)",
                                  tunnel="ssh -N -L 9090:10.0.0.1:9090 admin@203.0.113.7", hosts=stats, errors={}),
         "provision": provision,
+        "usage": costs.UsageResult(
+            cluster="c", controller="n1", by="user", since="2026-12-06T23:41:00Z", until="2026-12-06T23:43:10Z",
+            rows=[costs.UsageRow(key="alice", users=["alice"], accounts=["research"], jobs=3, gpu_hours=0.0083,
+                                 node_hours=0.0047, usd=None, why="existing hosts: no price")],
+            idle=costs.UsageIdle(gpu_hours=0.13, usd=None, why="existing hosts: no price"),
+            total=costs.UsageTotal(gpu_hours=0.1444, usd=None),
+            prices={"n1": costs.UsagePrice(usd_per_hour=None, source=None, why="existing hosts: no price")}),
         "verify": VerifyResult(cluster="c", ok=False, hosts={"n1": [ProbeRow("gpu", "fail", "0 GPUs")]},
                                summary=VerifySummary(pass_=3, fail=1, skip=2)),
         "patch": PatchResult(

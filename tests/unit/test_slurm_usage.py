@@ -49,10 +49,10 @@ def test_the_recorded_jobs_are_read_whole() -> None:
 
 def test_gpu_hours_and_cost_per_user() -> None:
     got = usage(parse_sacct(_read("sacct.txt")), _nodes(), SINCE, UNTIL)
-    rows = {r["user"]: r for r in got["rows"]}
+    rows = {r["key"]: r for r in got["rows"]}
     # alice: 1 GPU 4 s + 2 GPUs 3 s on acctnode, 2 GPUs on each node 5 s (job 6): 30 GPU-s.
     # Paid: 0.5 x 4.00 x 4 s + 1.0 x 4.00 x 3 s + 1.0 x 4.00 x 5 s + 1.0 x 1.20 x 5 s.
-    assert rows["alice"] == {"user": "alice", "jobs": 3, "gpu_hours": round(30 / 3600, 4),
+    assert rows["alice"] == {"key": "alice", "users": ["alice"], "jobs": 3, "gpu_hours": round(30 / 3600, 4),
                              "node_hours": round((4 + 3 + 2 * 5) / 3600, 4),
                              "usd": round((8 + 12 + 20 + 6) / 3600, 4), "why": None, "accounts": ["research"]}
     # bob: 3 + 1 s on acctnode, 4 s on acctnode2, one GPU each; his pending job 10 used nothing.
@@ -61,7 +61,7 @@ def test_gpu_hours_and_cost_per_user() -> None:
     # carol: job 3 no GPU (one of 2 CPUs for 2 s), job 8 one GPU 6 s, job 9 one GPU 8 s so far.
     assert (rows["carol"]["gpu_hours"], rows["carol"]["usd"]) == \
         (round(14 / 3600, 4), round((0.5 * 4 * 2 + 0.5 * 4 * 6 + 0.5 * 1.2 * 8) / 3600, 4))
-    assert [r["user"] for r in got["rows"]] == ["alice", "carol", "bob"]  # most GPU-hours first
+    assert [r["key"] for r in got["rows"]] == ["alice", "carol", "bob"]  # most GPU-hours first
     # Idle: 130 s x 2 GPUs on each node, less what jobs held (30 GPU-s on acctnode, 22 on acctnode2).
     assert got["idle"]["gpu_hours"] == round((260 - 30 + 260 - 22) / 3600, 4)
     paid_1 = (0.5 * 4 * (4 + 3 + 1 + 2 + 6) + 4 * (3 + 5)) / 3600
@@ -74,10 +74,10 @@ def test_gpu_hours_and_cost_per_user() -> None:
 
 def test_by_account_and_by_job() -> None:
     jobs = parse_sacct(_read("sacct.txt"))
-    accounts = {r["account"]: r for r in usage(jobs, _nodes(), SINCE, UNTIL, by="account")["rows"]}
+    accounts = {r["key"]: r for r in usage(jobs, _nodes(), SINCE, UNTIL, by="account")["rows"]}
     assert accounts["research"]["users"] == ["alice", "bob"] and accounts["inference"]["users"] == ["carol"]
     assert accounts["research"]["gpu_hours"] == round(38 / 3600, 4)
-    per_job = {r["job"]: r for r in usage(jobs, _nodes(), SINCE, UNTIL, by="job")["rows"]}
+    per_job = {r["key"]: r for r in usage(jobs, _nodes(), SINCE, UNTIL, by="job")["rows"]}
     assert "10" not in per_job  # pending: no hours
     assert per_job["6"]["node_hours"] == round(10 / 3600, 4) and per_job["6"]["users"] == ["alice"]
 
@@ -85,14 +85,14 @@ def test_by_account_and_by_job() -> None:
 def test_a_window_cuts_the_jobs_it_does_not_hold() -> None:
     jobs = parse_sacct(_read("sacct.txt"))
     later = datetime(2026, 12, 6, 23, 42, 43, tzinfo=UTC)  # after job 6, 2 s into jobs 7 and 8
-    rows = {r["job"]: r for r in usage(jobs, _nodes(), later, UNTIL, by="job")["rows"]}
+    rows = {r["key"]: r for r in usage(jobs, _nodes(), later, UNTIL, by="job")["rows"]}
     assert sorted(rows) == ["7", "8", "9"]
     assert (rows["7"]["gpu_hours"], rows["8"]["gpu_hours"]) == (round(2 / 3600, 4), round(4 / 3600, 4))
 
 
 def test_a_node_without_a_price_leaves_its_costs_unknown_with_why() -> None:
     got = usage(parse_sacct(_read("sacct.txt")), _nodes(acctnode2_price=None), SINCE, UNTIL)
-    rows = {r["user"]: r for r in got["rows"]}
+    rows = {r["key"]: r for r in got["rows"]}
     assert rows["alice"]["usd"] is None and rows["alice"]["why"] == "acctnode2: no price known"
     assert rows["alice"]["gpu_hours"] == round(30 / 3600, 4)  # hours still counted
     assert got["idle"]["usd"] is None and got["total"]["usd"] is None
@@ -103,7 +103,7 @@ def test_a_node_without_a_price_leaves_its_costs_unknown_with_why() -> None:
 def test_a_node_gone_from_the_cluster_is_named() -> None:
     nodes = _nodes()
     del nodes["acctnode2"]
-    rows = {r["user"]: r for r in usage(parse_sacct(_read("sacct.txt")), nodes, SINCE, UNTIL)["rows"]}
+    rows = {r["key"]: r for r in usage(parse_sacct(_read("sacct.txt")), nodes, SINCE, UNTIL)["rows"]}
     assert rows["bob"]["usd"] is None
     assert rows["bob"]["why"] == "acctnode2: not a node of this cluster now (its price is unknown)"
 
