@@ -25,7 +25,9 @@ from typing import Final, Literal
 Command = Literal[
     "up", "down", "list", "status", "inventory", "settings", "provision", "verify", "verify --local",
     "exec", "ssh", "ssh-config", "image bake", "image list", "image delete", "monitor", "patch",
-    "patch --onto-image", "power-service",
+    "patch --onto-image", "power-service", "settings --set", "state bucket create", "state push", "state pull",
+    "unlock",
+    "access grant", "access revoke", "access list",
 ]
 
 COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
@@ -48,6 +50,14 @@ COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
     "patch": "gpuprov.core.patch",
     "patch --onto-image": "gpuprov.core.onto_image",
     "power-service": "gpuprov.core.power_service",
+    "settings --set": "gpuprov.core.team_state",  # without NAME: --set state=..., this machine's state
+    "state bucket create": "gpuprov.core.team_state",
+    "state push": "gpuprov.core.team_state",
+    "state pull": "gpuprov.core.team_state",
+    "unlock": "gpuprov.core.team_state",
+    "access grant": "gpuprov.core.access",
+    "access revoke": "gpuprov.core.access",
+    "access list": "gpuprov.core.access",
 })
 
 
