@@ -165,7 +165,7 @@ class Store:
     an S3 bucket a team shares: gpuprov.state_s3); ``Store(path)`` the SQLite file at ``path``.
     Both keep the same records, and say who changed a cluster last and when."""
 
-    def __new__(cls, path: Path | None = None) -> Store:
+    def __new__(cls, path: Path | None = None, **_: Any) -> Store:
         if cls is Store:
             cls = LocalStore if path is not None or state_choice.chosen() is None else _s3_store()
         return super().__new__(cls)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,7 +66,8 @@ from gpuprov.state_choice import S3Location, chosen
 
 LEASE_ENV = "GPUPROV_STATE_LEASE_S"
 DEFAULT_LEASE_S = 60.0
-ATTEMPTS = 8  # puts of one change against writers in between, before it stops with one line
+ATTEMPTS = 12  # puts of one change against writers in between, before it stops with one line
+BACKOFF_S = 0.02  # the first pause after a refused put (random, up to this, doubling to 32x)
 _RUN_KEYS: dict[int, str] = {}  # run id -> its key, for the runs this process started
 _LOST: dict[str, str] = {}  # cluster -> who broke this process's lock on it
 
@@ -121,8 +123,8 @@ class S3Store(Store):
             yield
         except api.ClientError as exc:
             code = api.error_code(exc)
-            if code == "PreconditionFailed":
-                raise Conflict(what) from None
+            if code == "PreconditionFailed" or (code == "NoSuchKey" and "PutObject" in what):
+                raise Conflict(what) from None  # a put If-Match of a key deleted since: changed too
             if code == "NoSuchBucket":
                 raise BadInput(f"state bucket {self.loc.bucket} does not exist; `gpuprov state bucket create "
                                f"{self.loc.url}` makes one") from None
@@ -222,11 +224,12 @@ class S3Store(Store):
             return  # no such cluster: as an UPDATE of no row
         etag, current = base
         ours = change(current)
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
             stamped = {**merge(base[1], ours, current), "changed_by": operator(), "changed_at": now()}
             try:
                 new = self.put(self._key("clusters", name), record_bytes(stamped), etag=etag)
             except Conflict:
+                time.sleep(random.uniform(0, BACKOFF_S * 2 ** min(attempt, 5)))  # the other writer goes first
                 again = self.read(name)
                 if again is None:
                     raise GpuprovError(f"cluster '{name}' was removed from {self.loc.url} while this command "
