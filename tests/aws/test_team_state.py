@@ -24,25 +24,16 @@ from tests.aws import iam
 from tests.aws.conftest import REGION
 from tests.aws.s3_front import Front
 from tests.conftest import GPUPROV, ROOT
+from tests.unit.test_cluster_lock import HOLDER as LOCAL_HOLDER
 
 BUCKET = "team-state"
 STATE = f"s3://{BUCKET}/fleet"
 OTHER = "210987654321"  # the account that owns a claimed bucket name
 
-# A second process in the CLI's context (what `gpuprov provision NAME` is while it runs), holding
-# the cluster's lock until its stdin closes. The command line loads the S3 backend in its group
-# callback (gpuprov.cli.app); this process, which does not run it, loads it itself.
-HOLDER = """
-import sys, click
-import gpuprov.state_s3
-from gpuprov.cli.app import cli
-from gpuprov.cluster import cluster_lock
-with click.Context(cli, info_name="gpuprov") as root, \\
-        click.Context(cli.commands[sys.argv[1]], info_name=sys.argv[1], parent=root):
-    with cluster_lock(sys.argv[2]):
-        print("held", flush=True)
-        sys.stdin.readline()
-"""
+# alice's command while it runs: tests/unit/test_cluster_lock.py's holder, a real second process in
+# the CLI's context. The command line loads the S3 backend in its group callback
+# (gpuprov.cli.app); this process, which does not run it, loads it itself.
+HOLDER = "import gpuprov.state_s3\n" + LOCAL_HOLDER
 
 # One operator's writes of the record, each adding its own key to the spec, as a command that
 # reads the record and writes it back does (get_cluster, then set_spec).
@@ -153,9 +144,10 @@ def test_a_dead_holders_lease_is_taken_over_and_a_live_one_broken_only_by_force(
     with holder(alice) as held:
         os.kill(held.pid, signal.SIGKILL)
         held.wait()
-        refused = gp(bob, "settings", "demo", "--set", "root_free_gib=31")
-        assert refused.returncode == 1 and "is busy" in refused.stderr  # its lease still runs
-        time.sleep(2.2)
+        # What the dead holder left: its lock, naming it, with a lease no one renews now.
+        left = json.loads(_s3().get_object(Bucket=BUCKET, Key="fleet/locks/demo.json")["Body"].read())
+        assert left["pid"] == held.pid and left["by"].startswith("alice@") and left["lease_s"] == 2
+        time.sleep(max(0.0, left["until_s"] - time.time()) + 0.2)
         taken = gp(bob, "settings", "demo", "--set", "root_free_gib=31")
     assert taken.returncode == 0, taken.stderr
     assert re.search(rf"gpuprov: warning: took over the lock of cluster 'demo' from `gpuprov provision demo` "
