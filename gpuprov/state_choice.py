@@ -27,7 +27,7 @@ _PREFIX = re.compile(r"[A-Za-z0-9._-]{1,64}(/[A-Za-z0-9._-]{1,64}){0,7}")
 
 @dataclass(frozen=True)
 class S3Location:
-    bucket: str  # an existing bucket of this account (`gpuprov state bucket create` makes one)
+    bucket: str  # an existing bucket of this account (`gpuprov state bucket` makes one)
     prefix: str  # every key gpuprov writes there starts with it (ends with '/')
 
     @property

@@ -38,6 +38,7 @@ import os
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -70,6 +71,24 @@ ATTEMPTS = 12  # puts of one change against writers in between, before it stops 
 BACKOFF_S = 0.02  # the first pause after a refused put (random, up to this, doubling to 32x)
 _RUN_KEYS: dict[int, str] = {}  # run id -> its key, for the runs this process started
 _LOST: dict[str, str] = {}  # cluster -> who broke this process's lock on it
+SENT: Counter[str] = Counter()  # S3 requests this process's state stores made, by operation
+_CONNECTIONS: dict[str, tuple[Any, str]] = {}  # bucket -> (S3 client, this account)
+
+
+def _connection(where: S3Location) -> tuple[Any, str]:
+    """One S3 client per process and bucket (a command opens many stores; boto3's session, the
+    account from STS and the bucket's check are paid once): (client, this account)."""
+    if where.bucket not in _CONNECTIONS:
+        aws = api.connect(None)
+        client = s3.client(aws)
+        client.meta.events.register("before-call.s3", _count, unique_id="gpuprov-state-count")
+        state_bucket.checked(aws, where)
+        _CONNECTIONS[where.bucket] = (client, aws.account)
+    return _CONNECTIONS[where.bucket]
+
+
+def _count(model: Any, **_: Any) -> None:
+    SENT[model.name] += 1
 
 
 def lease_s() -> float:
@@ -92,7 +111,6 @@ class S3Store(Store):
         where = location or chosen()
         assert where is not None  # Store() opens this one only for an S3 location
         self.loc = where
-        self.requests = 0  # S3 requests made (docs/team-state.md's figures)
         self._s3: Any = None
         self._account = ""
         self._seen: dict[str, tuple[str, dict[str, Any]]] = {}  # name -> (ETag, record) as read
@@ -101,17 +119,15 @@ class S3Store(Store):
         return self.loc.url
 
     # -- plumbing ---------------------------------------------------------------------------
+    @property
+    def requests(self) -> int:
+        """S3 requests this process's state stores made (docs/team-state.md's figures)."""
+        return sum(SENT.values())
+
     def client(self) -> Any:
         if self._s3 is None:
-            aws = api.connect(None)
-            self._s3 = s3.client(aws)
-            self._account = aws.account
-            self._s3.meta.events.register("before-call.s3", self._count, unique_id="gpuprov-state-count")
-            state_bucket.checked(aws, self.loc)
+            self._s3, self._account = _connection(self.loc)
         return self._s3
-
-    def _count(self, **_: Any) -> None:
-        self.requests += 1
 
     def _key(self, kind: str, name: str) -> str:
         return f"{self.loc.prefix}{kind}/{name}.json"
@@ -126,7 +142,7 @@ class S3Store(Store):
             if code == "PreconditionFailed" or (code == "NoSuchKey" and "PutObject" in what):
                 raise Conflict(what) from None  # a put If-Match of a key deleted since: changed too
             if code == "NoSuchBucket":
-                raise BadInput(f"state bucket {self.loc.bucket} does not exist; `gpuprov state bucket create "
+                raise BadInput(f"state bucket {self.loc.bucket} does not exist; `gpuprov state bucket "
                                f"{self.loc.url}` makes one") from None
             if code in s3.DENIED:
                 raise GpuprovError(f"AWS refuses {what} in {self.loc.url} for these credentials, or the bucket is "

@@ -25,7 +25,7 @@ from typing import Final, Literal
 Command = Literal[
     "up", "down", "list", "status", "inventory", "settings", "provision", "verify", "verify --local",
     "exec", "ssh", "ssh-config", "image bake", "image list", "image delete", "monitor", "patch",
-    "patch --onto-image", "power-service", "settings --set", "state bucket create", "state push", "state pull",
+    "patch --onto-image", "power-service", "settings --set", "state bucket", "state push", "state pull",
     "unlock",
     "access grant", "access revoke", "access list",
 ]
@@ -51,7 +51,7 @@ COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
     "patch --onto-image": "gpuprov.core.onto_image",
     "power-service": "gpuprov.core.power_service",
     "settings --set": "gpuprov.core.team_state",  # without NAME: --set state=..., this machine's state
-    "state bucket create": "gpuprov.core.team_state",
+    "state bucket": "gpuprov.core.team_state",
     "state push": "gpuprov.core.team_state",
     "state pull": "gpuprov.core.team_state",
     "unlock": "gpuprov.core.team_state",

@@ -9,6 +9,7 @@ import click
 
 from gpuprov.cli.registry import core
 from gpuprov.console import Console
+from gpuprov.errors import BadInput
 
 
 @click.group()
@@ -16,26 +17,21 @@ def state() -> None:
     """The state a team shares: clusters' records, runs and locks under a prefix of an S3 bucket.
 
     \b
-    gpuprov state bucket create s3://team-gpu-state/fleet
+    gpuprov state bucket s3://team-gpu-state/fleet
     gpuprov settings --set state=s3://team-gpu-state/fleet   # this machine uses it
     gpuprov state push NAME          # a cluster recorded here, into it
     gpuprov state pull NAME          # a copy of its record here
     """
 
 
-@state.group()
-def bucket() -> None:
-    """The bucket the state lives in."""
-
-
-@bucket.command(name="create")
+@state.command(name="bucket")
 @click.argument("location", metavar="s3://BUCKET/PREFIX")
 @click.option("--kms-key", metavar="KEY", help="Default encryption SSE-KMS with this key of the account "
               "(id, ARN or alias/NAME); without it, SSE-S3.")
 def bucket_create(location: str, kms_key: str | None) -> int:
     """Make the bucket (Block Public Access, default encryption, versioning, a TLS-only policy),
     or check an existing one of this account; nothing else is changed."""
-    core("state bucket create").bucket_create(location, kms_key, Console())
+    core("state bucket").bucket_create(location, kms_key, Console())
     return 0
 
 
@@ -75,12 +71,14 @@ def access() -> None:
 
 @access.command()
 @click.argument("name")
-@click.option("--key", "key_file", required=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="The operator's public key file (one ed25519, ECDSA or RSA line).")
-@click.option("--as", "as_name", required=True, metavar="NAME", help="Whose key it is (lowercase name).")
-def grant(name: str, key_file: Path, as_name: str) -> int:
+@click.option("--key", "key_file", type=click.Path(dir_okay=False),
+              help="The operator's public key file (one ed25519, ECDSA or RSA line). Required.")
+@click.option("--as", "as_name", metavar="NAME", help="Whose key it is (lowercase name). Required.")
+def grant(name: str, key_file: str | None, as_name: str | None) -> int:
     """Grant an operator's public key on a cluster."""
-    entry = core("access grant").grant(name, key_file, as_name)
+    if key_file is None or as_name is None:
+        raise BadInput("gpuprov access grant NAME: --key FILE and --as NAME are both needed")
+    entry = core("access grant").grant(name, Path(key_file), as_name)
     click.echo(f"{name}: granted {as_name} ({entry['fingerprint']}); applied on the nodes: not yet "
                "(docs/team-state.md)")
     return 0
@@ -88,9 +86,11 @@ def grant(name: str, key_file: Path, as_name: str) -> int:
 
 @access.command()
 @click.argument("name")
-@click.option("--as", "as_name", required=True, metavar="NAME", help="Whose grant to remove.")
-def revoke(name: str, as_name: str) -> int:
+@click.option("--as", "as_name", metavar="NAME", help="Whose grant to remove. Required.")
+def revoke(name: str, as_name: str | None) -> int:
     """Remove an operator's grant from a cluster."""
+    if as_name is None:
+        raise BadInput("gpuprov access revoke NAME: --as NAME is needed")
     if not core("access revoke").revoke(name, as_name):
         click.echo(f"{name}: {as_name} had no grant")
         return 0

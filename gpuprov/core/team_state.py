@@ -28,7 +28,7 @@ def location(url: str | None, what: str) -> S3Location:
 
 
 def bucket_create(url: str, kms_key: str | None, console: Console) -> None:
-    """`state bucket create`: the bucket, with every setting the state needs, made or checked."""
+    """`state bucket`: the bucket, with every setting the state needs, made or checked."""
     where = location(url, "the location")
     state_bucket.create(api.connect(None), where, kms_key, reporter(console))
     console.say(f"{where.url} is ready for gpuprov's state; `gpuprov settings --set state={where.url}` "

@@ -87,7 +87,7 @@ def _alice_cluster(tmp_path: Path, front: Front) -> tuple[dict[str, str], dict[s
     """The bucket made by alice, and her cluster 'demo' made on her machine (local state) with its
     private files (an SSH private key, a munge key) then pushed: (alice's env, bob's, the secrets)."""
     alice, bob = operator(tmp_path, "alice"), operator(tmp_path, "bob")
-    made = gp(alice, "state", "bucket", "create", STATE)
+    made = gp(alice, "state", "bucket", STATE)
     assert made.returncode == 0, made.stderr
     local = {**alice, "GPUPROV_STATE": "local"}
     code = ("import sys\nfrom gpuprov.state import Store, NodeRecord\n"
@@ -212,7 +212,7 @@ def test_a_bucket_of_another_account_or_without_the_settings_is_refused(tmp_path
     s3.create_bucket(Bucket="team-claimed")
     front.owners["team-claimed"] = OTHER
     claimed = operator(tmp_path, "alice", "s3://team-claimed/fleet")
-    for args in (("list",), ("state", "bucket", "create", "s3://team-claimed/fleet")):
+    for args in (("list",), ("state", "bucket", "s3://team-claimed/fleet")):
         refused = gp(claimed, *args)
         assert refused.returncode == 2, refused.stderr
         assert f"S3 bucket team-claimed is not this account's ({iam.ACCOUNT})" in refused.stderr
@@ -231,12 +231,12 @@ def test_a_bucket_is_made_with_a_named_kms_key(tmp_path: Path, front: Front) -> 
     import boto3
 
     key = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]["KeyId"]
-    made = gp(operator(tmp_path, "alice"), "state", "bucket", "create", STATE, "--kms-key", key)
+    made = gp(operator(tmp_path, "alice"), "state", "bucket", STATE, "--kms-key", key)
     assert made.returncode == 0, made.stderr
     rule = _s3().get_bucket_encryption(Bucket=BUCKET)["ServerSideEncryptionConfiguration"]["Rules"][0]
     assert rule["ApplyServerSideEncryptionByDefault"] == {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}
     assert _s3().get_bucket_versioning(Bucket=BUCKET)["Status"] == "Enabled"
-    unknown = gp(operator(tmp_path, "bob"), "state", "bucket", "create", "s3://team-other/fleet", "--kms-key",
+    unknown = gp(operator(tmp_path, "bob"), "state", "bucket", "s3://team-other/fleet", "--kms-key",
                  "alias/nope")
     assert unknown.returncode == 2 and "--kms-key alias/nope: KMS says NotFoundException" in unknown.stderr
     assert "team-other" not in [b["Name"] for b in _s3().list_buckets()["Buckets"]]

@@ -1,5 +1,5 @@
 """The bucket a team's state lives in (gpuprov.state_s3; docs/team-state.md): made on request by
-`gpuprov state bucket create s3://BUCKET/PREFIX`, and checked before gpuprov keeps records there.
+`gpuprov state bucket s3://BUCKET/PREFIX`, and checked before gpuprov keeps records there.
 
 What it must have, each refused by name where missing: this account as its owner (every call
 passes ExpectedBucketOwner: s3.client), Block Public Access (all four settings), default
@@ -83,7 +83,7 @@ def _kms_key_of_this_account(aws: api.Aws, key: str) -> None:
 def problems(aws: api.Aws, bucket: str) -> list[str]:
     """What the bucket lacks of what the state needs (empty: fit)."""
     if not _exists(aws, bucket):
-        return [f"it does not exist (`gpuprov state bucket create s3://{bucket}/PREFIX` makes one)"]
+        return [f"it does not exist (`gpuprov state bucket s3://{bucket}/PREFIX` makes one)"]
     out = [line.split(": ", 1)[1] for line in s3_named.inspect(aws, bucket)
            if "warning:" in line or "not checked" in line]
     try:
