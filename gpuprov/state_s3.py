@@ -456,22 +456,28 @@ def _json(value: dict[str, Any]) -> bytes:
 
 def merge(base: dict[str, Any], ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
     """Our change (``base`` -> ``ours``) applied onto ``theirs``: field by field, and key by key in
-    the spec. A field both changed, to different values, is a conflict (GpuprovError)."""
+    the spec. A field both changed, to different values, is a conflict (GpuprovError naming the
+    field and who changed it when)."""
+    return _merged(base, ours, theirs, theirs, "")
+
+
+def _merged(base: dict[str, Any], ours: dict[str, Any], theirs: dict[str, Any], record: dict[str, Any],
+            under: str) -> dict[str, Any]:
     out = dict(theirs)
     for field in sorted(set(base) | set(ours)):
         mine, was = ours.get(field), base.get(field)
-        if mine == was or field in ("changed_by", "changed_at"):
+        if mine == was or (not under and field in ("changed_by", "changed_at")):
             continue
         other = theirs.get(field)
-        if field == "spec" and isinstance(other, dict) and isinstance(mine, dict) and isinstance(was, dict):
-            out["spec"] = merge(was, mine, other)
+        if not under and field == "spec" and all(isinstance(v, dict) for v in (mine, was, other)):
+            out["spec"] = _merged(was, mine, other, record, "spec.")  # type: ignore[arg-type]
             continue
         if other not in (was, mine):
-            raise GpuprovError(f"cluster '{theirs.get('name', '?')}': {field} was changed by "
-                               f"{theirs.get('changed_by') or 'another operator'} at {theirs.get('changed_at')} "
+            raise GpuprovError(f"cluster '{record.get('name', '?')}': {under}{field} was changed by "
+                               f"{record.get('changed_by') or 'another operator'} at {record.get('changed_at')} "
                                "while this command changed it too; nothing written: see `gpuprov status`, run it again")
         out[field] = mine
     return {k: v for k, v in out.items() if k in ours or k not in base}
 
 
-BACKENDS["s3"] = S3Store
+BACKENDS["s3"] = S3Store  # Store() opens it where the state chosen is on S3
