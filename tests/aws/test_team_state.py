@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.aws import iam
 from tests.aws.conftest import REGION
 from tests.aws.s3_front import Front
@@ -121,6 +123,10 @@ def test_two_operators_share_the_bucket_the_lock_and_nothing_secret(tmp_path: Pa
         assert re.fullmatch(rf"gpuprov: cluster 'demo' is busy: `gpuprov provision demo` \(pid {held.pid} of "
                             r"alice@\S+\) has held it since \S+Z, lease until \S+Z\n", refused.stderr), refused.stderr
         assert took < 2.0 + 1.5  # the command's own start-up (python, boto3) beside the refusal itself
+        # Bob's provision too: it takes the lock before it reaches any node.
+        provision = gp(bob, "provision", "demo")
+        assert provision.returncode == 1 and provision.stderr.startswith(
+            f"gpuprov: cluster 'demo' is busy: `gpuprov provision demo` (pid {held.pid} of alice@"), provision.stderr
     # Bob's change once alice's command ended; status says bob changed it.
     changed = gp(bob, "settings", "demo", "--set", "root_free_gib=30")
     assert changed.returncode == 0, changed.stderr
@@ -240,3 +246,46 @@ def test_a_bucket_is_made_with_a_named_kms_key(tmp_path: Path, front: Front) -> 
                  "alias/nope")
     assert unknown.returncode == 2 and "--kms-key alias/nope: KMS says NotFoundException" in unknown.stderr
     assert "team-other" not in [b["Name"] for b in _s3().list_buckets()["Buckets"]]
+
+
+def test_the_requests_each_state_operation_makes(tmp_path: Path, front: Front,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figures of docs/team-state.md, held (benchmarks/state_s3.py prints them)."""
+    import click
+
+    from gpuprov import state_s3
+    from gpuprov.cli.app import cli
+    from gpuprov.cluster import cluster_lock
+    from gpuprov.core import status
+    from gpuprov.state import Store
+
+    alice = operator(tmp_path, "alice")
+    assert gp(alice, "state", "bucket", STATE).returncode == 0
+    for key in ("GPUPROV_HOME", "GPUPROV_CONFIG", "GPUPROV_STATE", "USER", "LOGNAME"):
+        monkeypatch.setenv(key, alice[key])
+    monkeypatch.setattr(state_s3, "_CONNECTIONS", {})
+
+    def sent(step: Any) -> int:
+        before = sum(state_s3.SENT.values())
+        step()
+        return sum(state_s3.SENT.values()) - before
+
+    store = Store()
+    store.client()  # the connection, and the bucket's check made by `state bucket` from this directory: none
+    assert sent(lambda: store.create_cluster("demo", "static", {"options": {}})) == 1
+    assert sent(lambda: Store().get_cluster("demo")) == 1
+    assert sent(lambda: store.set_spec("demo", {"options": {}, "x": 1})) == 1
+
+    def locked() -> None:
+        with click.Context(cli, info_name="gpuprov"), cluster_lock("demo"):
+            pass
+
+    assert sent(locked) == 2
+    assert sent(lambda: status.change_settings("demo", {"root_free_gib": "30"})) == 5
+    run: list[int] = []
+    assert sent(lambda: run.append(Store().start_run("demo", "provision", None))) == 1
+    assert sent(lambda: Store().finish_run(run[0], True, {})) == 2
+    assert sent(lambda: Store().runs("demo", limit=5)) == 2
+    for i in range(9):
+        Store().create_cluster(f"more-{i}", "static", {})
+    assert sent(lambda: Store().list_clusters()) == 11
