@@ -82,6 +82,8 @@ def _connection(where: S3Location) -> tuple[Any, str]:
         aws = api.connect(None)
         client = s3.client(aws)
         client.meta.events.register("before-call.s3", _count, unique_id="gpuprov-state-count")
+        # An endpoint that does not answer: one line naming it, as from every client of api's.
+        client.meta.events.register("after-call-error", api._unreachable_hook("s3", client.meta.endpoint_url))
         state_bucket.checked(aws, where)
         _CONNECTIONS[where.bucket] = (client, aws.account)
     return _CONNECTIONS[where.bucket]
@@ -226,8 +228,8 @@ class S3Store(Store):
         return record_of(found[1]) if found else None
 
     def list_clusters(self) -> list[ClusterRecord]:
-        names = [k[len(self._key("clusters", "")) - len(".json"):-len(".json")]
-                 for k in self.keys(f"{self.loc.prefix}clusters/") if k.endswith(".json")]
+        under = f"{self.loc.prefix}clusters/"
+        names = [k[len(under):-len(".json")] for k in self.keys(under) if k.endswith(".json")]
         found = [c for c in (self.get_cluster(n) for n in names) if c is not None]
         return sorted(found, key=lambda c: (c.created, c.name))
 
@@ -380,10 +382,16 @@ class Lease:
             self.stop.set()
             renewer.join(timeout=10)
             if self.name not in _LOST:
-                try:
-                    self.store.delete(self.key, etag=self.etag)
-                except Conflict:
-                    pass  # broken and taken since: not this command's to delete
+                self.release()
+
+    def release(self) -> None:
+        try:
+            self.store.delete(self.key, etag=self.etag)
+        except Conflict:
+            pass  # broken and taken since: not this command's to delete
+        except GpuprovError as exc:  # S3 not reached: said, and the command's own outcome stands
+            Console().say(f"warning: the lock of cluster '{self.name}' was not released ({exc}); its lease "
+                          f"ends it within {self.lease:g} s")
 
     def take(self) -> None:
         for _ in range(ATTEMPTS):
@@ -418,8 +426,8 @@ class Lease:
                 Console().say(f"warning: this command's lock on cluster '{self.name}' was broken; {now_held}; "
                               "it writes nothing more to the cluster's record")
                 return
-            except GpuprovError:
-                continue  # S3 not reached this time: the next renewal tries again, the lease allowing
+            except Exception:  # noqa: BLE001  (S3 not reached this time: the next renewal tries again)
+                continue
 
 
 def _interrupted(run: dict[str, Any]) -> tuple[bool, dict[str, Any]] | None:

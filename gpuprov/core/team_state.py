@@ -87,14 +87,15 @@ def pull(name: str, url: str | None, console: Console) -> None:
     if found is None:
         raise BadInput(f"unknown cluster '{name}' in {remote.where()}; `gpuprov list` (with that state) shows them")
     local = LocalStore()
-    mine = local.get_cluster(name)
     theirs = record_of(found[1])
-    if mine is not None:
-        if record_bytes(record_dict(mine)) == record_bytes(found[1]):
-            console.say(f"cluster '{name}': this machine has this record already")
-            return
-        _refuse_newer(name, mine.changed_at, theirs.changed_at, "this machine's state", "pull")
-    local.import_record(theirs)
+    with local.hold(name, _who(name, "pull")):
+        mine = local.get_cluster(name)
+        if mine is not None:
+            if record_bytes(record_dict(mine)) == record_bytes(found[1]):
+                console.say(f"cluster '{name}': this machine has this record already")
+                return
+            _refuse_newer(name, mine.changed_at, theirs.changed_at, "this machine's state", "pull")
+        local.import_record(theirs)
     console.say(f"cluster '{name}': pulled from {remote.where()} into {local.where()} (last changed by "
                 f"{theirs.changed_by} at {theirs.changed_at})")
 
