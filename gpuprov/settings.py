@@ -159,10 +159,23 @@ def playbook_vars(cluster: ClusterRecord, lock: LockData) -> dict[str, Any]:
         "gpuprov_container_toolkit_repo_key_fingerprint": have.get("container_toolkit_repo_fpr", ""),
         "gpuprov_mirror_url": options.get("mirror_url", ""),
         "gpuprov_mirror_key_fingerprint": options.get("mirror_key_fingerprint", ""),
+        # Operators' own keys (`gpuprov access`): granted present, revoked absent on the nodes.
+        "gpuprov_access_keys": access_keys(cluster),
         # The cluster's own floor, for every node (over a host's root_free_gib and the local
         # nodes' need): only when the cluster recorded one; the role's 40 GiB otherwise.
         **({"gpu_preflight_root_free_gib": int(have["root_free_gib"])} if have.get("root_free_gib") else {}),
     }
+
+
+def access_keys(cluster: ClusterRecord) -> list[dict[str, str]]:
+    """The keys `gpuprov access grant` recorded (gpuprov.core.access checked each one whole), as
+    the gpuprov_base role's access entry point takes them: {name, key, state}; a key an operator
+    replaced, or a grant revoked, is absent."""
+    out = []
+    for who, entry in sorted((cluster.spec.get("access") or {}).items()):
+        out += [{"name": who, "key": old, "state": "absent"} for old in entry.get("replaced", [])]
+        out.append({"name": who, "key": entry["key"], "state": "absent" if entry.get("revoked_at") else "present"})
+    return out
 
 
 # Secrets a play reads from the controller: (environment variable, play variable that names

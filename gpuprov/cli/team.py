@@ -79,8 +79,7 @@ def grant(name: str, key_file: str | None, as_name: str | None) -> int:
     if key_file is None or as_name is None:
         raise BadInput("gpuprov access grant NAME: --key FILE and --as NAME are both needed")
     entry = core("access grant").grant(name, Path(key_file), as_name)
-    click.echo(f"{name}: granted {as_name} ({entry['fingerprint']}); applied on the nodes: not yet "
-               "(docs/team-state.md)")
+    click.echo(f"{name}: granted {as_name} ({entry['fingerprint']}); `gpuprov provision {name}` puts it on the nodes")
     return 0
 
 
@@ -94,14 +93,16 @@ def revoke(name: str, as_name: str | None) -> int:
     if not core("access revoke").revoke(name, as_name):
         click.echo(f"{name}: {as_name} had no grant")
         return 0
-    click.echo(f"{name}: revoked {as_name}")
+    click.echo(f"{name}: revoked {as_name}; `gpuprov provision {name}` takes the key off the nodes")
     return 0
 
 
 @access.command(name="list")
 @click.argument("name")
 def list_(name: str) -> int:
-    """The operators granted on a cluster: name, key fingerprint, by whom, when."""
+    """The operators granted on a cluster: name, key fingerprint, by whom, when (and revoked)."""
     for who, entry in core("access list").listed(name).items():
-        click.echo(f"{who}\t{entry.get('fingerprint')}\tgranted by {entry.get('granted_by')} at {entry.get('at')}")
+        revoked = f"\trevoked by {entry['revoked_by']} at {entry['revoked_at']}" if entry.get("revoked_at") else ""
+        click.echo(f"{who}\t{entry.get('fingerprint')}\tgranted by {entry.get('granted_by')} at "
+                   f"{entry.get('at')}{revoked}")
     return 0

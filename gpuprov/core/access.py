@@ -8,8 +8,11 @@ prefix (``command=``, ``from=``), no second line, no comment carried over (the r
 ``TYPE BLOB gpuprov-access:NAME``). A name is a POSIX-like user name: nothing a user types
 becomes an authorized_keys option or a shell word.
 
-What is not built yet: writing the granted keys into the nodes' authorized_keys (the next
-`provision`, the elastic and pull paths). Until it is, a grant is a record the team shares.
+The next `provision` (push, or `--via pull`: the same variables reach the nodes' own run) puts
+each granted key in the login user's authorized_keys and takes each revoked one out
+(settings.playbook_vars' ``gpuprov_access_keys``, the preflight play's gpuprov_base access
+entry point); a revoked grant stays in the record, marked, until granted again. Not yet: the
+nodes the elastic path powers up from an image get the cluster's key alone.
 """
 
 from __future__ import annotations
@@ -102,22 +105,28 @@ def fingerprint(line: str) -> str:
 
 def grant(name: str, key_file: Path, as_name: str, store: Store | None = None) -> dict[str, Any]:
     """Record ``as_name``'s public key on the cluster; one grant per name (a new key replaces
-    the old)."""
+    the old, which the next `provision` takes off the nodes)."""
     validate_name(name)
     line, who = public_key(key_file), grant_name(as_name)
     store = store or Store()
     load(store, name)
-    entry = {"key": f"{line} gpuprov-access:{who}", "fingerprint": fingerprint(line), "granted_by": operator(),
-             "at": utc_text()}
+    entry: dict[str, Any] = {"key": f"{line} gpuprov-access:{who}", "fingerprint": fingerprint(line),
+                             "granted_by": operator(), "at": utc_text()}
     with cluster_lock(name):
         cluster = load(store, name)
+        before = (cluster.spec.get("access") or {}).get(who) or {}
+        # A key of theirs granted before and not this one: taken off the nodes by the next provision.
+        replaced = [k for k in [*before.get("replaced", []), before.get("key")] if k and k != entry["key"]]
+        if replaced:
+            entry["replaced"] = replaced
         access = {**(cluster.spec.get("access") or {}), who: entry}
         store.set_spec(name, {**cluster.spec, "access": dict(sorted(access.items()))})
     return entry
 
 
 def revoke(name: str, as_name: str, store: Store | None = None) -> bool:
-    """Remove ``as_name``'s grant; False where there was none."""
+    """Mark ``as_name``'s grant revoked (its key kept, so that the next `provision` removes it
+    from the nodes); False where there was none in force."""
     validate_name(name)
     who = grant_name(as_name)
     store = store or Store()
@@ -125,8 +134,10 @@ def revoke(name: str, as_name: str, store: Store | None = None) -> bool:
     with cluster_lock(name):
         cluster = load(store, name)
         access = dict(cluster.spec.get("access") or {})
-        if access.pop(who, None) is None:
+        entry = access.get(who)
+        if entry is None or entry.get("revoked_at"):
             return False
+        access[who] = {**entry, "revoked_by": operator(), "revoked_at": utc_text()}
         store.set_spec(name, {**cluster.spec, "access": access})
     return True
 

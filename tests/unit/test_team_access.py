@@ -6,15 +6,17 @@ another writer changed (gpuprov.state_s3.merge), and who changed a record last (
 from __future__ import annotations
 
 import base64
+import json
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from gpuprov import settings
 from gpuprov.core import access
 from gpuprov.errors import BadInput, GpuprovError
-from gpuprov.state import Store, record_bytes, record_dict, record_of
+from gpuprov.state import LocalStore, Store, record_bytes, record_dict, record_of
 from gpuprov.state_s3 import merge
 from tests.conftest import invoke
 
@@ -71,21 +73,36 @@ def test_grant_list_revoke_through_the_cli(capsys: pytest.CaptureFixture[str], g
     Store().create_cluster("demo", "static", {"options": {}})
     pub = _keypair(tmp_path)
     code, out, _ = invoke(capsys, "access", "grant", "demo", "--key", str(pub), "--as", "bob")
-    assert code == 0 and out.startswith("demo: granted bob (SHA256:") and "not yet" in out
+    assert code == 0 and out.startswith("demo: granted bob (SHA256:") and "`gpuprov provision demo` puts it" in out
     code, out, _ = invoke(capsys, "access", "list", "demo")
     assert code == 0 and out.startswith("bob\tSHA256:") and "granted by" in out
     record = Store().get_cluster("demo")
     assert record is not None and record.spec["access"]["bob"]["key"].endswith(" gpuprov-access:bob")
     assert record.changed_by and record.changed_at
+    # What the next provision hands the preflight play: the key present.
+    key = record.spec["access"]["bob"]["key"]
+    assert settings.access_keys(record) == [{"name": "bob", "key": key, "state": "present"}]
     code, out, _ = invoke(capsys, "access", "revoke", "demo", "--as", "bob")
-    assert (code, out) == (0, "demo: revoked bob\n")
+    assert (code, out) == (0, "demo: revoked bob; `gpuprov provision demo` takes the key off the nodes\n")
     code, out, _ = invoke(capsys, "access", "revoke", "demo", "--as", "bob")
     assert (code, out) == (0, "demo: bob had no grant\n")
+    revoked = Store().get_cluster("demo")
+    assert revoked is not None and settings.access_keys(revoked) == [{"name": "bob", "key": key, "state": "absent"}]
+    code, out, _ = invoke(capsys, "access", "list", "demo")
+    assert "\trevoked by " in out
+    # Bob's new key: granted again; the old one is taken off the nodes by the next provision.
+    assert invoke(capsys, "access", "grant", "demo", "--key", str(_keypair(tmp_path, "ecdsa")), "--as", "bob")[0] == 0
+    regranted = Store().get_cluster("demo")
+    assert regranted is not None
+    new = regranted.spec["access"]["bob"]["key"]
+    assert settings.access_keys(regranted) == [{"name": "bob", "key": key, "state": "absent"},
+                                               {"name": "bob", "key": new, "state": "present"}]
     code, _, err = invoke(capsys, "access", "grant", "demo", "--key", str(pub))
     assert code == 2 and err == "gpuprov: gpuprov access grant NAME: --key FILE and --as NAME are both needed\n"
     code, _, err = invoke(capsys, "access", "grant", "demo", "--key", str(pub.with_suffix("")), "--as", "bob")
     assert code == 2 and "never the private key" in err
-    assert "access" not in (Store().get_cluster("demo") or record).spec or not Store().get_cluster("demo").spec["access"]
+    after = Store().get_cluster("demo")
+    assert after is not None and after.spec["access"]["bob"]["key"] == new  # the refused grant changed nothing
 
 
 def test_unlock_with_the_local_state_breaks_nothing(capsys: pytest.CaptureFixture[str], gpuprov_home: Path) -> None:
@@ -133,7 +150,7 @@ def test_a_record_round_trips_through_its_document_and_says_who_changed_it(gpupr
     record = store.get_cluster("demo")
     assert record is not None and record.changed_by is not None and record.changed_by.startswith("carol@")
     document = record_bytes(record_dict(record))
-    assert record_of(__import__("json").loads(document)) == record
-    other = Store(gpuprov_home / "other.db")
+    assert record_of(json.loads(document)) == record
+    other = LocalStore(gpuprov_home / "other.db")
     other.import_record(record)
     assert record_bytes(record_dict(other.get_cluster("demo"))) == document  # type: ignore[arg-type]
