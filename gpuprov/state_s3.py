@@ -94,6 +94,7 @@ def _count(model: Any, **_: Any) -> None:
 
 
 def lease_s() -> float:
+    """How long a lock lasts unless renewed: GPUPROV_STATE_LEASE_S, else 60 s."""
     value = os.environ.get(LEASE_ENV, "")
     try:
         lease = float(value) if value else DEFAULT_LEASE_S
@@ -109,6 +110,8 @@ class Conflict(Exception):
 
 
 class S3Store(Store):
+    """The records, runs and locks under ``s3://BUCKET/PREFIX/`` (the module's docstring)."""
+
     def __init__(self, path: Any = None, location: S3Location | None = None) -> None:
         where = location or chosen()
         assert where is not None  # Store() opens this one only for an S3 location
@@ -131,7 +134,8 @@ class S3Store(Store):
             self._s3, self._account = _connection(self.loc)
         return self._s3
 
-    def _key(self, kind: str, name: str) -> str:
+    def key_of(self, kind: str, name: str) -> str:
+        """The key of a cluster's record (kind "clusters") or lock ("locks")."""
         return f"{self.loc.prefix}{kind}/{name}.json"
 
     @contextmanager
@@ -197,7 +201,7 @@ class S3Store(Store):
 
     # -- records ----------------------------------------------------------------------------
     def read(self, name: str) -> tuple[str, dict[str, Any]] | None:
-        found = self.get(self._key("clusters", name))
+        found = self.get(self.key_of("clusters", name))
         if found is None:
             self._seen.pop(name, None)
             return None
@@ -205,7 +209,7 @@ class S3Store(Store):
             record = json.loads(found[1])
             record_of(record)
         except (ValueError, TypeError, KeyError):
-            raise GpuprovError(f"{self.loc.url}: {self._key('clusters', name)} is not a cluster record; "
+            raise GpuprovError(f"{self.loc.url}: {self.key_of('clusters', name)} is not a cluster record; "
                                "restore an earlier version of it (the bucket keeps them)") from None
         self._seen[name] = (found[0], record)
         return self._seen[name]
@@ -217,7 +221,7 @@ class S3Store(Store):
         record = record_dict(ClusterRecord(name=name, provider=provider, created=at, state="launching", spec=spec,
                                            lock=lock, changed_by=by, changed_at=at))
         try:
-            etag = self.put(self._key("clusters", name), record_bytes(record))
+            etag = self.put(self.key_of("clusters", name), record_bytes(record))
         except Conflict:
             raise KeyError(name) from None
         self._seen[name] = (etag, record)
@@ -245,7 +249,7 @@ class S3Store(Store):
         for attempt in range(ATTEMPTS):
             stamped = {**merge(base[1], ours, current), "changed_by": operator(), "changed_at": now()}
             try:
-                new = self.put(self._key("clusters", name), record_bytes(stamped), etag=etag)
+                new = self.put(self.key_of("clusters", name), record_bytes(stamped), etag=etag)
             except Conflict:
                 time.sleep(random.uniform(0, BACKOFF_S * 2 ** min(attempt, 5)))  # the other writer goes first
                 again = self.read(name)
@@ -277,7 +281,7 @@ class S3Store(Store):
 
     def delete_cluster(self, name: str) -> None:
         self._not_lost(name)
-        self.delete(self._key("clusters", name))
+        self.delete(self.key_of("clusters", name))
         for key in self.keys(f"{self.loc.prefix}runs/{name}/"):
             self.delete(key)
         self._seen.pop(name, None)
@@ -285,7 +289,7 @@ class S3Store(Store):
     def import_record(self, record: ClusterRecord, etag: str | None) -> None:
         """`state push`: the record as it is, in place of the version ``etag`` names (None: a
         new one). Conflict where that is not what is there."""
-        self.put(self._key("clusters", record.name), record_bytes(record_dict(record)), etag=etag)
+        self.put(self.key_of("clusters", record.name), record_bytes(record_dict(record)), etag=etag)
 
     def _not_lost(self, name: str) -> None:
         if name in _LOST:
@@ -361,7 +365,7 @@ class Lease:
 
     def __init__(self, store: S3Store, name: str, who: dict[str, Any]) -> None:
         self.store, self.name, self.lease = store, name, lease_s()
-        self.key = store._key("locks", name)
+        self.key = store.key_of("locks", name)
         self.who = {**who, "by": operator(), "cluster": name}
         self.etag = ""
         self.stop = threading.Event()
@@ -438,7 +442,7 @@ def _interrupted(run: dict[str, Any]) -> tuple[bool, dict[str, Any]] | None:
 
 
 def read_lock(store: S3Store, name: str) -> tuple[str, dict[str, Any]] | None:
-    found = store.get(store._key("locks", name))
+    found = store.get(store.key_of("locks", name))
     return (found[0], _held(found[1])) if found else None
 
 

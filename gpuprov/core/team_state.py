@@ -127,7 +127,7 @@ def unlock(name: str, force: bool, console: Console) -> None:
         raise GpuprovError(f"cluster '{name}' is locked: {holder_text(held)}; `gpuprov unlock {name} --force` "
                            "breaks it (that command then writes nothing more to the record)")
     try:
-        store.delete(store._key("locks", name), etag=etag)
+        store.delete(store.key_of("locks", name), etag=etag)
     except Conflict:
         raise GpuprovError(f"cluster '{name}': its lock changed while unlocking; nothing broken, look again") from None
     kind = "broke the live lock" if live(held) else "removed the expired lock"
