@@ -132,6 +132,9 @@ def test_two_operators_share_the_bucket_the_lock_and_nothing_secret(tmp_path: Pa
     assert changed.returncode == 0, changed.stderr
     status = json.loads(gp(alice, "status", "demo", "-o", "json").stdout)
     assert status["changed_by"].startswith("bob@") and status["spec"]["options"]["settings"]["root_free_gib"]
+    # Every S3 call the operators' commands made named this account as the bucket's owner, but
+    # CreateBucket, which takes none (a name another account holds is refused: BucketAlreadyExists).
+    assert front.unowned == [f"PUT /{BUCKET}"], front.unowned
     # No secret in any object, any version: raw, base64 or hex.
     s3 = _s3()
     bodies = [s3.get_object(Bucket=BUCKET, Key=v["Key"], VersionId=v["VersionId"])["Body"].read()
