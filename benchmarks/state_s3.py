@@ -67,8 +67,8 @@ def requests_per_operation() -> list[tuple[str, int]]:
         with click.Context(cli, info_name="gpuprov"), cluster_lock("demo"):
             pass
 
-    out.append(counted("take and release the lock (no write between)", locked))
-    out.append(counted("`gpuprov settings demo --set root_free_gib=30` (core: read, lock, re-read, write, unlock)",
+    out.append(counted("take and release the lock (no write between; no pinned host keys here)", locked))
+    out.append(counted("`gpuprov settings demo --set root_free_gib=30` (read, lock, host keys, re-read, write, unlock)",
                        lambda: status.change_settings("demo", {"root_free_gib": "30"})))
     run: list[int] = []
     out.append(counted("start a run", lambda: run.append(Store().start_run("demo", "provision", None))))

@@ -44,10 +44,12 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuprov import paths
 from gpuprov.clock import utc_text
 from gpuprov.console import Console
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.lock.lock_data import LockData
+from gpuprov.providers import ClusterFiles
 from gpuprov.providers.aws import api, s3, state_bucket
 from gpuprov.state import (
     BACKENDS,
@@ -71,6 +73,7 @@ ATTEMPTS = 12  # puts of one change against writers in between, before it stops 
 BACKOFF_S = 0.02  # the first pause after a refused put (random, up to this, doubling to 32x)
 _RUN_KEYS: dict[int, str] = {}  # run id -> its key, for the runs this process started
 _LOST: dict[str, str] = {}  # cluster -> who broke this process's lock on it
+_DELETED: set[str] = set()  # clusters this process removed (`down`): nothing of theirs is put again
 SENT: Counter[str] = Counter()  # S3 requests this process's state stores made, by operation
 _CONNECTIONS: dict[str, tuple[Any, str]] = {}  # bucket -> (S3 client, this account)
 
@@ -217,6 +220,7 @@ class S3Store(Store):
     def create_cluster(self, name: str, provider: str, spec: dict[str, Any],
                        lock: LockData | None = None) -> ClusterRecord:
         self._not_lost(name)
+        _DELETED.discard(name)
         by, at = operator(), now()
         record = record_dict(ClusterRecord(name=name, provider=provider, created=at, state="launching", spec=spec,
                                            lock=lock, changed_by=by, changed_at=at))
@@ -282,6 +286,8 @@ class S3Store(Store):
     def delete_cluster(self, name: str) -> None:
         self._not_lost(name)
         self.delete(self.key_of("clusters", name))
+        self.delete(f"{self.loc.prefix}hosts/{name}.known_hosts")
+        _DELETED.add(name)
         for key in self.keys(f"{self.loc.prefix}runs/{name}/"):
             self.delete(key)
         self._seen.pop(name, None)
@@ -355,8 +361,63 @@ class S3Store(Store):
         return out
 
     # -- the lock ---------------------------------------------------------------------------
-    def hold(self, name: str, who: dict[str, Any]) -> Any:
-        return Lease(self, name, who).held()
+    @contextmanager
+    def hold(self, name: str, who: dict[str, Any]) -> Iterator[None]:
+        """The cluster's lock, and its pinned host keys brought here when taken and shared when
+        released (PinnedHosts)."""
+        with Lease(self, name, who).held():
+            hosts = PinnedHosts(self, name)
+            hosts.fetch()
+            try:
+                yield
+            finally:
+                if name not in _LOST:
+                    hosts.share()
+
+
+class PinnedHosts:
+    """A cluster's pinned host keys (its known_hosts: public), shared through the bucket as
+    ``hosts/NAME.known_hosts``, so that every operator's gpuprov checks the nodes against the
+    same keys. Under the cluster's lock the bucket's copy is the newest (the last mutating
+    command put it): taken, it replaces this machine's; at the end of the command, this
+    machine's (which the command may have pinned anew) is put back, If-Match what was read."""
+
+    def __init__(self, store: S3Store, name: str) -> None:
+        self.store, self.name = store, name
+        self.key = f"{store.loc.prefix}hosts/{name}.known_hosts"
+        self.path = ClusterFiles(paths.cluster_dir(name, create=False)).known_hosts
+        self.etag: str | None = None
+        self.seen: bytes | None = None
+
+    def fetch(self) -> None:
+        found = self.store.get(self.key)
+        if found is None:
+            return
+        self.etag, self.seen = found
+        if not self.path.is_file() or self.path.read_bytes() != self.seen:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = self.path.with_name(f".known_hosts.{os.getpid()}")
+            tmp.write_bytes(self.seen)
+            tmp.chmod(0o600)
+            tmp.replace(self.path)
+
+    def push(self) -> None:
+        """`state push`: this machine's copy into the bucket, whatever is there."""
+        found = self.store.get(self.key)
+        self.etag, self.seen = found if found else (None, None)
+        self.share()
+
+    def share(self) -> None:
+        if self.name in _DELETED or not self.path.is_file():
+            return
+        data = self.path.read_bytes()
+        if data == self.seen:
+            return
+        try:
+            self.etag, self.seen = self.store.put(self.key, data, etag=self.etag), data
+        except (Conflict, GpuprovError) as exc:
+            Console().say(f"warning: cluster '{self.name}': its pinned host keys were not shared through "
+                          f"{self.store.where()} ({exc or 'changed there since'}); the next command here shares them")
 
 
 class Lease:

@@ -14,7 +14,7 @@ from gpuprov.paths import config_path
 from gpuprov.providers.aws import api, state_bucket
 from gpuprov.state import LocalStore, Store, holder_text, record_bytes, record_dict, record_of
 from gpuprov.state_choice import KEY, S3Location, chosen, parse
-from gpuprov.state_s3 import Conflict, S3Store, live, read_lock
+from gpuprov.state_s3 import Conflict, Lease, PinnedHosts, S3Store, live, read_lock
 
 
 def location(url: str | None, what: str) -> S3Location:
@@ -62,11 +62,12 @@ def push(name: str, url: str | None, console: Console) -> None:
     if mine is None:
         raise BadInput(f"unknown cluster '{name}' in this machine's state; `gpuprov list` shows the clusters")
     remote = S3Store(location=location(url, "--to"))
-    with remote.hold(name, _who(name, "push")):
+    with Lease(remote, name, _who(name, "push")).held():  # this machine's pinned host keys go too
         found = remote.read(name)
         body = record_bytes(record_dict(mine))
         if found is not None:
             if record_bytes(found[1]) == body:
+                PinnedHosts(remote, name).push()
                 console.say(f"cluster '{name}': {remote.where()} has this record already")
                 return
             _refuse_newer(name, found[1].get("changed_at"), mine.changed_at, remote.where(), "push")
@@ -75,8 +76,9 @@ def push(name: str, url: str | None, console: Console) -> None:
         except Conflict:
             raise GpuprovError(f"cluster '{name}': its record in {remote.where()} changed while pushing; "
                                "nothing written, run it again") from None
+        PinnedHosts(remote, name).push()
     console.say(f"cluster '{name}': pushed to {remote.where()} (last changed by {mine.changed_by} at "
-                f"{mine.changed_at}); its SSH and munge keys stay here: docs/team-state.md")
+                f"{mine.changed_at}), with its pinned host keys; its SSH and munge keys stay here: docs/team-state.md")
 
 
 def pull(name: str, url: str | None, console: Console) -> None:
@@ -96,6 +98,7 @@ def pull(name: str, url: str | None, console: Console) -> None:
                 return
             _refuse_newer(name, mine.changed_at, theirs.changed_at, "this machine's state", "pull")
         local.import_record(theirs)
+        PinnedHosts(remote, name).fetch()
     console.say(f"cluster '{name}': pulled from {remote.where()} into {local.where()} (last changed by "
                 f"{theirs.changed_by} at {theirs.changed_at})")
 

@@ -100,6 +100,8 @@ def _alice_cluster(tmp_path: Path, front: Front) -> tuple[dict[str, str], dict[s
     files.mkdir(parents=True, exist_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(files / "id_ed25519")], check=True)
     (files / "munge.key").write_bytes(os.urandom(1024))
+    public = " ".join((files / "id_ed25519.pub").read_text().split()[:2])  # a host key's line stands in
+    (files / "known_hosts").write_text(f"[10.0.0.5]:22 {public}\n")
     secrets = {"ssh key": (files / "id_ed25519").read_bytes(), "munge key": (files / "munge.key").read_bytes()}
     pushed = gp(local, "state", "push", "demo", "--to", STATE)
     assert pushed.returncode == 0, pushed.stderr
@@ -130,6 +132,10 @@ def test_two_operators_share_the_bucket_the_lock_and_nothing_secret(tmp_path: Pa
     # Bob's change once alice's command ended; status says bob changed it.
     changed = gp(bob, "settings", "demo", "--set", "root_free_gib=30")
     assert changed.returncode == 0, changed.stderr
+    # Alice's pinned host keys (public) came with her push; bob's locked command brought them to his.
+    pinned = Path(bob["GPUPROV_HOME"]) / "clusters" / "demo" / "known_hosts"
+    assert pinned.read_bytes() == (Path(alice["GPUPROV_HOME"]) / "clusters" / "demo" / "known_hosts").read_bytes()
+    assert pinned.stat().st_mode & 0o777 == 0o600
     status = json.loads(gp(alice, "status", "demo", "-o", "json").stdout)
     assert status["changed_by"].startswith("bob@") and status["spec"]["options"]["settings"]["root_free_gib"]
     # Every S3 call the operators' commands made named this account as the bucket's owner, but
@@ -283,8 +289,8 @@ def test_the_requests_each_state_operation_makes(tmp_path: Path, front: Front,
         with click.Context(cli, info_name="gpuprov"), cluster_lock("demo"):
             pass
 
-    assert sent(locked) == 2
-    assert sent(lambda: status.change_settings("demo", {"root_free_gib": "30"})) == 5
+    assert sent(locked) == 3  # the lock put, the pinned host keys read (none), the lock deleted
+    assert sent(lambda: status.change_settings("demo", {"root_free_gib": "30"})) == 6
     run: list[int] = []
     assert sent(lambda: run.append(Store().start_run("demo", "provision", None))) == 1
     assert sent(lambda: Store().finish_run(run[0], True, {})) == 2
