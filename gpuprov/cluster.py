@@ -5,8 +5,6 @@ view of its nodes, and the nodes `up --keep-failed` set aside. Shared by the com
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import json
 import os
 import secrets
 from collections.abc import Iterator
@@ -49,23 +47,11 @@ def files_for(name: str, create: bool = True) -> ClusterFiles:
 
 @contextmanager
 def cluster_lock(name: str) -> Iterator[None]:
-    """One mutating gpuprov command per cluster at a time, across processes. The holder writes
-    who it is into the lock file (pid, command, since when, as JSON); a refusal names it."""
-    lock_dir = paths.home() / "locks"
-    lock_dir.mkdir(exist_ok=True, mode=0o700)
-    fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise GpuprovError(f"cluster '{name}' is busy: {_lock_holder(os.pread(fd, 4096, 0))}") from None
-        held = {"pid": os.getpid(), "command": _command_words(name),
-                "since": utc_text()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(held).encode(), 0)
+    """One mutating gpuprov command per cluster at a time, across processes (and, where the
+    state is shared on S3, across machines: gpuprov.state_s3). The holder writes who it is into
+    the lock (pid, command, since when); a refusal names it."""
+    with Store().hold(name, {"pid": os.getpid(), "command": _command_words(name), "since": utc_text()}):
         yield
-    finally:
-        os.close(fd)
 
 
 def _command_words(name: str) -> list[str] | None:
@@ -75,31 +61,6 @@ def _command_words(name: str) -> list[str] | None:
 
     ctx = click.get_current_context(silent=True)
     return [*ctx.command_path.split(), name] if ctx is not None else None
-
-
-def _lock_holder(raw: bytes) -> str:
-    """Who holds a lock, from what the holder wrote: its command, pid and since when (a lock
-    file of an older gpuprov holds the bare pid; one just taken may still be empty)."""
-    text = raw.decode(errors="replace").strip()
-    try:
-        held = json.loads(text)
-    except ValueError:
-        held = None
-    if not isinstance(held, dict):
-        held = {"pid": text} if text.isdigit() else {}
-
-    def printable(value: object) -> str:
-        return "".join(c if c.isprintable() else "?" for c in str(value))[:200]
-
-    pid = held.get("pid")
-    pid = printable(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else "?"
-    words = held.get("command")
-    since = held.get("since")
-    who = (f"`{printable(' '.join(map(str, words)))}`" if isinstance(words, list) and words
-           else "another gpuprov process")
-    if isinstance(since, str) and since:
-        return f"{who} (pid {pid}) has held it since {printable(since)}"
-    return f"{who} (pid {pid}) is changing it"
 
 
 def load(store: Store, name: str) -> ClusterRecord:

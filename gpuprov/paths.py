@@ -95,3 +95,13 @@ def templates_dir() -> Path:
 
 def probes_dir() -> Path:
     return _PKG / "probes"
+
+
+def config_path() -> Path:
+    """The settings file: ``GPUPROV_CONFIG``, else settings.toml in the user config dir."""
+    env = os.environ.get("GPUPROV_CONFIG")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_config_path
+
+    return user_config_path("gpuprov", appauthor=False) / "settings.toml"

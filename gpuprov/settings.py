@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from gpuprov import catalog, defaults, validate
 from gpuprov.errors import BadInput
 from gpuprov.lock import os_lines, stack
 from gpuprov.lock.lock_data import LockData
+from gpuprov.paths import config_path
 from gpuprov.sharing import choice as sharing_choice
 from gpuprov.sharing import layouts as sharing_layouts
 from gpuprov.state import ClusterRecord
@@ -43,16 +43,6 @@ SETTINGS: dict[str, tuple[str, str]] = {
                       "free space (GiB) the preflight asks of every node's root file system "
                       f"(unset: {defaults.NODE_FREE_GIB}, local nodes {defaults.LOCAL_NODE_FREE_GIB})"),
 }
-
-
-def config_path() -> Path:
-    """The settings file: ``GPUPROV_CONFIG``, else settings.toml in the user config dir."""
-    env = os.environ.get("GPUPROV_CONFIG")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_config_path
-
-    return user_config_path("gpuprov", appauthor=False) / "settings.toml"
 
 
 def check(key: str, value: Any, where: str) -> str:
@@ -77,32 +67,10 @@ def check(key: str, value: Any, where: str) -> str:
             validate.digest(digest, f"{where}: {key} {image}")
         return json.dumps(data, sort_keys=True)
     if key == "pull_bucket":
-        return _bucket_name(value, f"{where}: {key}")
+        return validate.s3_bucket_name(value, f"{where}: {key}")
     if key == "root_free_gib":
         return str(validate.count(value, f"{where}: {key}"))
     return validate.mirror_url(value, f"{where}: {key}")
-
-
-# S3's naming rules for general purpose buckets ("Bucket naming rules", Amazon S3 User Guide).
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
-_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
-
-
-def _bucket_name(value: str, where: str) -> str:
-    """An existing S3 bucket's name, by S3's rules; never one of the pattern of the buckets
-    gpuprov makes per cluster (`down` of a cluster deletes a bucket of its pattern)."""
-    why = ("3 to 63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
-           if not _BUCKET.fullmatch(value) else
-           "no two adjacent periods" if ".." in value else
-           "not formatted as an IP address" if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", value) else
-           f"no reserved prefix ({', '.join(_BUCKET_PREFIXES)})" if value.startswith(_BUCKET_PREFIXES) else
-           f"no reserved suffix ({', '.join(_BUCKET_SUFFIXES)})" if value.endswith(_BUCKET_SUFFIXES) else
-           "not of the pattern of the buckets gpuprov makes for a cluster (gpuprov-NAME-RANDOM)"
-           if re.fullmatch(r"gpuprov-.+-[a-z0-9]{10}", value) else "")
-    if why:
-        raise BadInput(f"{where} {value!r} is not an S3 bucket name: {why}")
-    return value
 
 
 def _file() -> tuple[dict[str, str], Path]:
@@ -113,7 +81,8 @@ def _file() -> tuple[dict[str, str], Path]:
         raw = tomllib.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise BadInput(f"settings file {path} is not valid TOML ({exc})") from None
-    return {k: check(k, v, f"settings file {path}") for k, v in raw.items()}, path
+    # `state` says where this machine's records are (gpuprov.state_choice), not a cluster's setting.
+    return {k: check(k, v, f"settings file {path}") for k, v in raw.items() if k != "state"}, path
 
 
 def _environment() -> dict[str, str]:
@@ -196,10 +165,23 @@ def playbook_vars(cluster: ClusterRecord, lock: LockData) -> dict[str, Any]:
         "gpuprov_gpu_sharing": sharing_layouts.role_inputs(
             sharing_choice.of_lock(lock.get("gpu_sharing")), catalog.find(lock.get("instance_type") or ""),
             lock.get("gpu")),
+        # Operators' own keys (`gpuprov access`): granted present, revoked absent on the nodes.
+        "gpuprov_access_keys": access_keys(cluster),
         # The cluster's own floor, for every node (over a host's root_free_gib and the local
         # nodes' need): only when the cluster recorded one; the role's 40 GiB otherwise.
         **({"gpu_preflight_root_free_gib": int(have["root_free_gib"])} if have.get("root_free_gib") else {}),
     }
+
+
+def access_keys(cluster: ClusterRecord) -> list[dict[str, str]]:
+    """The keys `gpuprov access grant` recorded (gpuprov.core.access checked each one whole), as
+    the gpuprov_base role's access entry point takes them: {name, key, state}; a key an operator
+    replaced, or a grant revoked, is absent."""
+    out = []
+    for who, entry in sorted((cluster.spec.get("access") or {}).items()):
+        out += [{"name": who, "key": old, "state": "absent"} for old in entry.get("replaced", [])]
+        out.append({"name": who, "key": entry["key"], "state": "absent" if entry.get("revoked_at") else "present"})
+    return out
 
 
 # Secrets a play reads from the controller: (environment variable, play variable that names

@@ -9,16 +9,18 @@ on open, under an exclusive lock.
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuprov import paths
+from gpuprov import paths, state_choice
 from gpuprov.clock import utc_text
 from gpuprov.errors import DamagedFile, GpuprovError
 from gpuprov.lock.lock_data import LockData
@@ -74,6 +76,11 @@ MIGRATIONS: Sequence[str] = (
     """
     ALTER TABLE runs ADD COLUMN pid INTEGER;
     """,
+    # 4: who last changed a cluster's record, and when (`status` and `list` show them).
+    """
+    ALTER TABLE clusters ADD COLUMN changed_by TEXT;
+    ALTER TABLE clusters ADD COLUMN changed_at TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -118,6 +125,8 @@ class ClusterRecord:
     lock: LockData | None
     nodes: tuple[NodeRecord, ...] = ()
     failed_step: str | None = None
+    changed_by: str | None = None  # who wrote the record last: "user@host" (None: before it was kept)
+    changed_at: str | None = None  # when (UTC text)
 
     @property
     def state_text(self) -> str:
@@ -141,7 +150,95 @@ RESTORE = ("restore it from a backup, or move it aside (gpuprov starts a new one
            "still be removed by tag with `gpuprov down NAME`)")
 
 
+def operator() -> str:
+    """Who this process acts for, as records and locks name them: ``user@host`` (the login name
+    as getpass reads it: LOGNAME, USER, else the password database)."""
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
 class Store:
+    """The state store every command reads and writes. ``Store()`` opens the one the state
+    setting chooses (gpuprov.state_choice: this machine's SQLite file by default, or a prefix of
+    an S3 bucket a team shares: gpuprov.state_s3); ``Store(path)`` the SQLite file at ``path``.
+    Both keep the same records, and say who changed a cluster last and when."""
+
+    def __new__(cls, path: Path | None = None, **_: Any) -> Store:
+        if cls is Store:
+            cls = LocalStore if path is not None or state_choice.chosen() is None else _s3_store()
+        return super().__new__(cls)
+
+    # -- the interface (each backend implements every one) ---------------------------------
+    def create_cluster(self, name: str, provider: str, spec: dict[str, Any],
+                       lock: LockData | None = None) -> ClusterRecord:
+        """Reserve a cluster name. Raises ``KeyError`` when it is taken."""
+        raise NotImplementedError
+
+    def get_cluster(self, name: str) -> ClusterRecord | None:
+        raise NotImplementedError
+
+    def list_clusters(self) -> list[ClusterRecord]:
+        raise NotImplementedError
+
+    def set_cluster_state(self, name: str, state: str) -> None:
+        """The phase the cluster has reached now; clears the failed step."""
+        raise NotImplementedError
+
+    def set_failed_step(self, name: str, step: str | None) -> None:
+        """Record that ``step`` failed; the phase reached stays as it is."""
+        raise NotImplementedError
+
+    def set_spec(self, name: str, spec: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def set_lock(self, name: str, lock: LockData | None) -> None:
+        raise NotImplementedError
+
+    def replace_nodes(self, cluster: str, nodes: Sequence[NodeRecord]) -> None:
+        raise NotImplementedError
+
+    def delete_cluster(self, name: str) -> None:
+        raise NotImplementedError
+
+    def start_run(self, cluster: str, kind: str, artifact_dir: str | None) -> int:
+        raise NotImplementedError
+
+    def close_dead_runs(self, cluster: str) -> None:
+        raise NotImplementedError
+
+    def finish_run(self, run_id: int, ok: bool, summary: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def runs(self, cluster: str, limit: int = 20) -> list[RunRecord]:
+        raise NotImplementedError
+
+    def hold(self, name: str, who: dict[str, Any]) -> AbstractContextManager[None]:
+        """The cluster's lock for one mutating command, ``who`` (its pid, words, since) written in
+        it; a second holder is refused at once (GpuprovError naming the first: ``holder_text``)."""
+        raise NotImplementedError
+
+    def where(self) -> str:
+        """Where the records are, for people: a file's path, or ``s3://BUCKET/PREFIX``."""
+        raise NotImplementedError
+
+
+# The backends of a higher layer, by scheme: gpuprov.state_s3 adds "s3" when it is imported (the
+# command line imports it where the state chosen is on S3: gpuprov.cli.app).
+BACKENDS: dict[str, type[Store]] = {}
+
+
+def _s3_store() -> type[Store]:
+    if "s3" not in BACKENDS:
+        raise GpuprovError("the state chosen is on S3 (GPUPROV_STATE, or the settings file's state), and this "
+                           "process has not loaded gpuprov.state_s3; run gpuprov's command line")
+    return BACKENDS["s3"]
+
+
+class LocalStore(Store):
+    """The SQLite file in the state directory (the default)."""
+
     def __init__(self, path: Path | None = None) -> None:
         """The store at ``path``. A file that does not exist yet is made by the first write, not
         here: a command that only reads (a dry run, a refused request) leaves no database."""
@@ -149,6 +246,9 @@ class Store:
         self._ready = False
         if self.path.exists():
             self._open()
+
+    def where(self) -> str:
+        return str(self.path)
 
     def _open(self) -> None:
         self._migrate()
@@ -229,8 +329,8 @@ class Store:
         with self._tx() as conn:
             try:
                 conn.execute(
-                    "INSERT INTO clusters(name, provider, created, state, spec, lock)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO clusters(name, provider, created, state, spec, lock, changed_by, changed_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         name,
                         provider,
@@ -238,6 +338,7 @@ class Store:
                         "launching",
                         json.dumps(spec),
                         json.dumps(lock) if lock is not None else None,
+                        *_changed(),
                     ),
                 )
             except sqlite3.IntegrityError as exc:
@@ -263,27 +364,30 @@ class Store:
     def set_cluster_state(self, name: str, state: str) -> None:
         """The phase the cluster has reached now; clears the failed step."""
         with self._tx() as conn:
-            conn.execute("UPDATE clusters SET state = ?, failed_step = NULL WHERE name = ?", (state, name))
+            conn.execute(f"UPDATE clusters SET state = ?, failed_step = NULL, {CHANGED} WHERE name = ?",
+                         (state, *_changed(), name))
 
     def set_failed_step(self, name: str, step: str | None) -> None:
         """Record that ``step`` failed; the phase reached stays as it is."""
         with self._tx() as conn:
-            conn.execute("UPDATE clusters SET failed_step = ? WHERE name = ?", (step, name))
+            conn.execute(f"UPDATE clusters SET failed_step = ?, {CHANGED} WHERE name = ?", (step, *_changed(), name))
 
     def set_spec(self, name: str, spec: dict[str, Any]) -> None:
         with self._tx() as conn:
-            conn.execute("UPDATE clusters SET spec = ? WHERE name = ?", (json.dumps(spec), name))
+            conn.execute(f"UPDATE clusters SET spec = ?, {CHANGED} WHERE name = ?",
+                         (json.dumps(spec), *_changed(), name))
 
     def set_lock(self, name: str, lock: LockData | None) -> None:
         with self._tx() as conn:
             conn.execute(
-                "UPDATE clusters SET lock = ? WHERE name = ?",
-                (json.dumps(lock) if lock is not None else None, name),
+                f"UPDATE clusters SET lock = ?, {CHANGED} WHERE name = ?",
+                (json.dumps(lock) if lock is not None else None, *_changed(), name),
             )
 
     def replace_nodes(self, cluster: str, nodes: Sequence[NodeRecord]) -> None:
         with self._tx() as conn:
             conn.execute("DELETE FROM nodes WHERE cluster = ?", (cluster,))
+            conn.execute(f"UPDATE clusters SET {CHANGED} WHERE name = ?", (*_changed(), cluster))
             conn.executemany(
                 "INSERT INTO nodes(cluster, name, id, address, ssh_port, user, state, zone,"
                 " instance_type, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -353,6 +457,107 @@ class Store:
             ]
 
 
+    @contextmanager
+    def hold(self, name: str, who: dict[str, Any]) -> Iterator[None]:
+        """An flock on ``locks/NAME.lock`` in the state directory, ``who`` written into it (as
+        JSON): the kernel ends it with its process, so a dead holder leaves no lock behind."""
+        lock_dir = self.path.parent / "locks"
+        lock_dir.mkdir(exist_ok=True, mode=0o700)
+        fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise GpuprovError(f"cluster '{name}' is busy: {holder_text(os.pread(fd, 4096, 0))}") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(who).encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+
+    def import_record(self, record: ClusterRecord) -> None:
+        """`state pull`: the record as it is (its created, its last change and who made it), in
+        place of the one of that name here."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM nodes WHERE cluster = ?", (record.name,))
+            conn.execute("DELETE FROM clusters WHERE name = ?", (record.name,))
+            conn.execute(
+                "INSERT INTO clusters(name, provider, created, state, spec, lock, failed_step, changed_by, changed_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (record.name, record.provider, record.created, record.state, json.dumps(record.spec),
+                 json.dumps(record.lock) if record.lock is not None else None, record.failed_step,
+                 record.changed_by, record.changed_at))
+        self.replace_nodes(record.name, record.nodes)
+        with self._tx() as conn:  # replace_nodes stamped it: the record's own stamp again
+            conn.execute(f"UPDATE clusters SET {CHANGED} WHERE name = ?",
+                         (record.changed_by, record.changed_at, record.name))
+
+
+# A cluster's record as one JSON document: the S3 state's object, and what `state push` and
+# `state pull` carry (byte for byte the same from either store).
+RECORD_FORMAT = 1
+
+
+def record_dict(record: ClusterRecord) -> dict[str, Any]:
+    out = dataclasses.asdict(record)
+    out["nodes"] = [dataclasses.asdict(n) for n in record.nodes]
+    return {"format": RECORD_FORMAT, **out}
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, sort_keys=True, indent=1) + "\n").encode()
+
+
+def record_of(data: dict[str, Any]) -> ClusterRecord:
+    """The record a document holds; TypeError, KeyError or ValueError where it is of another shape."""
+    if data.get("format") != RECORD_FORMAT:
+        raise ValueError(f"record format {data.get('format')!r}")
+    fields = {k: v for k, v in data.items() if k not in ("format", "nodes")}
+    for key in ("spec",):
+        if not isinstance(fields.get(key), dict):
+            raise TypeError(key)
+    return ClusterRecord(**fields, nodes=tuple(NodeRecord(**n) for n in data.get("nodes") or ()))
+
+
+# Who changed a cluster's record last, and when: set by every write of it.
+CHANGED = "changed_by = ?, changed_at = ?"
+
+
+def _changed() -> tuple[str, str]:
+    return operator(), now()
+
+
+def holder_text(raw: bytes | dict[str, Any]) -> str:
+    """Who holds a lock, from what the holder wrote: its command, pid and since when, and where
+    a shared state has it, the operator, host and lease (a lock file of an older gpuprov holds
+    the bare pid; one just taken may still be empty). Every value is printable, and short."""
+    held: Any = raw
+    if isinstance(raw, bytes):
+        text = raw.decode(errors="replace").strip()
+        try:
+            held = json.loads(text)
+        except ValueError:
+            held = None
+        if not isinstance(held, dict):
+            held = {"pid": text} if text.isdigit() else {}
+
+    def printable(value: object) -> str:
+        return "".join(c if c.isprintable() else "?" for c in str(value))[:200]
+
+    pid = held.get("pid")
+    pid = printable(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else "?"
+    words, since, by = held.get("command"), held.get("since"), held.get("by")
+    who = (f"`{printable(' '.join(map(str, words)))}`" if isinstance(words, list) and words
+           else "another gpuprov process")
+    where = f"pid {pid}" + (f" of {printable(by)}" if isinstance(by, str) and by else "")
+    until = held.get("until")
+    lease = f", lease until {printable(until)}" if isinstance(until, str) and until else ""
+    if isinstance(since, str) and since:
+        return f"{who} ({where}) has held it since {printable(since)}{lease}"
+    return f"{who} ({where}) is changing it{lease}"
+
+
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this machine (one of another user's counts)."""
     try:
@@ -384,6 +589,8 @@ def _cluster(row: sqlite3.Row, nodes: Sequence[sqlite3.Row]) -> ClusterRecord:
         spec=_object(row["spec"], "a cluster's spec"),
         lock=_object(row["lock"], "a cluster's lock", none_ok=True),
         failed_step=row["failed_step"],
+        changed_by=row["changed_by"],
+        changed_at=row["changed_at"],
         nodes=tuple(
             NodeRecord(
                 name=n["name"],

@@ -221,3 +221,25 @@ def cuda(value: str) -> str:
     if not CUDA.fullmatch(value):
         raise BadInput(f"--cuda {value!r}: expected a release like 11.8")
     return value
+
+
+# S3's naming rules for general purpose buckets ("Bucket naming rules", Amazon S3 User Guide).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def s3_bucket_name(value: str, where: str) -> str:
+    """An existing S3 bucket's name, by S3's rules; never one of the pattern of the buckets
+    gpuprov makes per cluster (`down` of a cluster deletes a bucket of its pattern)."""
+    why = ("3 to 63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
+           if not _BUCKET.fullmatch(value) else
+           "no two adjacent periods" if ".." in value else
+           "not formatted as an IP address" if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", value) else
+           f"no reserved prefix ({', '.join(_BUCKET_PREFIXES)})" if value.startswith(_BUCKET_PREFIXES) else
+           f"no reserved suffix ({', '.join(_BUCKET_SUFFIXES)})" if value.endswith(_BUCKET_SUFFIXES) else
+           "not of the pattern of the buckets gpuprov makes for a cluster (gpuprov-NAME-RANDOM)"
+           if re.fullmatch(r"gpuprov-.+-[a-z0-9]{10}", value) else "")
+    if why:
+        raise BadInput(f"{where} {value!r} is not an S3 bucket name: {why}")
+    return value

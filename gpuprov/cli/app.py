@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpuprov import __version__, defaults
+from gpuprov import __version__, defaults, state_choice
 from gpuprov.cli import budget as cli_budget
 from gpuprov.cli import local as cli_local
 from gpuprov.cli import output as cli_output
@@ -26,6 +26,7 @@ from gpuprov.cli.patch import patch
 from gpuprov.cli.registry import core
 from gpuprov.cli.ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli.stack import cuda_for_install, stack, types
+from gpuprov.cli.team import access, state, unlock
 from gpuprov.cli.usage import usage_cmd
 from gpuprov.console import Console
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
@@ -58,6 +59,8 @@ def cli(debug: bool) -> None:
     credentials and endpoint come from boto3's standard chain.
     """
     # Checked before any command changes anything (the ansible.cfg it names is written later).
+    if state_choice.chosen() is not None:  # the S3 state (docs/team-state.md): its backend, with boto3
+        import gpuprov.state_s3  # noqa: F401  # lazy: CLI start-up
     strategy = os.environ.get("GPUPROV_ANSIBLE_STRATEGY")
     if strategy is not None and strategy not in ("linear", "mitogen"):
         raise BadInput(f"GPUPROV_ANSIBLE_STRATEGY={strategy!r}: expected linear (the default) or mitogen")
@@ -270,17 +273,21 @@ def exec_(name: str, command: tuple[str, ...], nodes: tuple[str, ...], controlle
 
 
 @cli.command(name="settings")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Change one setting (KEY= removes it); repeatable.")
 @click.option("--record", is_flag=True,
               help="Take every setting from the environment and the settings file as they are now.")
 @output_option
-def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: str) -> int:
+def settings_cmd(name: str | None, assignments: tuple[str, ...], record: bool, output: str) -> int:
     """Show or change where a cluster's nodes get packages, artifacts and images.
 
     Recorded at `up` (the environment, else the settings file in the user config dir) and
     reused by every later command; the next `provision` or `patch` applies a change.
+
+    
+    Without NAME, `--set state=s3://BUCKET/PREFIX` (or `state=local`) chooses where this
+    machine's cluster records are (docs/team-state.md).
     """
     changes = {}
     for item in assignments:
@@ -288,6 +295,12 @@ def settings_cmd(name: str, assignments: tuple[str, ...], record: bool, output: 
         if not sep:
             raise BadInput(f"--set {item!r}: expected KEY=VALUE")
         changes[key] = value
+    if name is None:
+        if set(changes) != {"state"} or record:
+            raise BadInput("gpuprov settings: give a cluster's NAME, or without one only "
+                           "--set state=s3://BUCKET/PREFIX (or state=local)")
+        core("settings --set").use(changes["state"], _console())
+        return 0
     data = core("settings").change_settings(name, changes, record=record)
     if output == "json":
         cli_output.emit_json(data)
@@ -329,6 +342,9 @@ cli.add_command(monitor)
 cli.add_command(ssh_cmd)
 cli.add_command(ssh_config_cmd)
 cli.add_command(usage_cmd)
+cli.add_command(state)
+cli.add_command(unlock)
+cli.add_command(access)
 refuse_empty_values(cli)
 
 

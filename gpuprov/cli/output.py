@@ -87,13 +87,18 @@ def provision_table(cluster: str, data: ProvisionResult | Bootstrap) -> None:
 
 
 def cluster_list(rows: list[ClusterRow]) -> None:
-    table(None, ["name", "provider", "nodes", "created", "state", "$/h"],
-          [[r.name, r.provider, r.nodes, r.created, r.state, money(r.price.usd_per_hour if r.price else None)]
-           for r in rows])
+    table(None, ["name", "provider", "nodes", "created", "state", "$/h", "changed"],
+          [[r.name, r.provider, r.nodes, r.created, r.state, money(r.price.usd_per_hour if r.price else None),
+            changed_text(r.changed_by, r.changed_at)] for r in rows])
     for r in rows:
         if r.price and r.price.why:
             click.echo(f"{r.name}: " + (f"${money(r.price.usd_per_hour)}/h: " if r.price.usd_per_hour
                                         is not None else "no price: ") + r.price.why)
+
+
+def changed_text(by: str | None, at: str | None) -> str:
+    """Who last changed a cluster's record, and when ("" where not recorded)."""
+    return f"{by} at {at}" if by else ""
 
 
 def status(name: str, data: StatusResult) -> None:
@@ -108,6 +113,8 @@ def status(name: str, data: StatusResult) -> None:
         node_rows(data.nodes),
         keep=NODE_KEEP,
     )
+    if data.changed_by:
+        click.echo(f"last changed by {changed_text(data.changed_by, data.changed_at)}")
     lock = data.stack
     if lock:
         click.echo(

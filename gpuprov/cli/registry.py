@@ -25,7 +25,9 @@ from typing import Final, Literal
 Command = Literal[
     "up", "down", "list", "status", "inventory", "settings", "provision", "verify", "verify --local",
     "exec", "ssh", "ssh-config", "image bake", "image list", "image delete", "monitor", "patch",
-    "patch --onto-image", "power-service", "usage",
+    "patch --onto-image", "power-service", "usage", "settings --set", "state bucket", "state push", "state pull",
+    "unlock",
+    "access grant", "access revoke", "access list",
 ]
 
 COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
@@ -49,6 +51,14 @@ COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
     "patch --onto-image": "gpuprov.core.onto_image",
     "power-service": "gpuprov.core.power_service",
     "usage": "gpuprov.core.usage",
+    "settings --set": "gpuprov.core.team_state",  # without NAME: --set state=..., this machine's state
+    "state bucket": "gpuprov.core.team_state",
+    "state push": "gpuprov.core.team_state",
+    "state pull": "gpuprov.core.team_state",
+    "unlock": "gpuprov.core.team_state",
+    "access grant": "gpuprov.core.access",
+    "access revoke": "gpuprov.core.access",
+    "access list": "gpuprov.core.access",
 })
 
 

@@ -54,7 +54,8 @@ def list_clusters(
 
     clusters = store.list_clusters()
     rows = [ClusterRow(name=c.name, provider=c.provider, nodes=len(c.nodes), created=c.created,
-                       state=c.state_text, price=ClusterPrice(**cost.per_hour(c.provider, list(c.nodes))))
+                       state=c.state_text, price=ClusterPrice(**cost.per_hour(c.provider, list(c.nodes))),
+                       changed_by=c.changed_by, changed_at=c.changed_at)
             for c in clusters]
     for provider in providers.supporting("list_tagged_clusters"):
         mine = any(r.provider == provider.name for r in rows)
@@ -117,6 +118,7 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         slurm=_with_dynamic(cluster, files, scheduler.slurm_status(cluster, files, nodes)),
         cost=_cost(cluster.provider, nodes),
         driver_eol=stack.eol_warning(cluster.lock),
+        changed_by=cluster.changed_by, changed_at=cluster.changed_at,
     )
 
 

@@ -57,6 +57,8 @@ class ClusterRow:
     created: str
     state: str
     price: ClusterPrice | None = None  # the running nodes' price per hour now, or why none
+    changed_by: str | None = None  # who last changed its record (user@host); None: not recorded
+    changed_at: str | None = None  # when
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,8 @@ class StatusResult:
     slurm: SlurmStatus | None = None
     cost: ClusterCost | None = None  # each node's launch time, price and cost so far; the totals
     driver_eol: str | None = None  # the lock's driver branch past its end of life: the warning; else None
+    changed_by: str | None = None  # who last changed the cluster's record (user@host); None: not recorded
+    changed_at: str | None = None  # when
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from tests.unit.node_programs import load_agent
 
 OTHER = "210987654321"  # the account that claimed a bucket name
 NAMED_POLICY = ROOT_POLICY.with_name("aws-iam-policy-pull-bucket.json")
+STATE_POLICY = ROOT_POLICY.with_name("aws-iam-policy-state.json")  # the S3 state's (issue 57)
 HEADER = "x-amz-expected-bucket-owner"
 
 
@@ -131,7 +132,7 @@ def test_a_bucket_another_account_owns_is_refused_not_used(front: Front, monkeyp
     assert iam.allowed_by(policy, iam.Authorization("s3:PutObject", resource, iam.s3_context()))
 
 
-@pytest.mark.parametrize("doc", [ROOT_POLICY, NAMED_POLICY], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [ROOT_POLICY, NAMED_POLICY, STATE_POLICY], ids=lambda p: p.name)
 def test_the_documented_policies_allow_s3_on_this_accounts_buckets_only(doc: Any) -> None:
     """Each S3 statement (but ListAllMyBuckets, on "*", and CreateBucket) allows its actions on
     its resources in a bucket of the caller's account, and none in one another account owns,

@@ -227,7 +227,8 @@ def test_down_finds_everything_by_tag_when_state_is_gone(capsys, shim: Shim, ami
     code, out, _ = invoke(capsys, "list", "-o", "json")
     assert code == 0
     assert json.loads(out) == [{"name": "lost", "provider": "aws", "nodes": 2, "created": json.loads(out)[0]["created"],
-                                "state": "untracked (tags only)", "price": None}]
+                                "state": "untracked (tags only)", "price": None, "changed_by": None,
+                                "changed_at": None}]
     code, _, err = invoke(capsys, "down", "lost", "--yes")
     assert code == 0, err
     assert_nothing_left("lost")

@@ -126,14 +126,25 @@ def ensure_bucket(aws: api.Aws, cluster: str, report: Reporter) -> str:
 
 def secure(s3: Any, bucket: str, cluster: str) -> None:
     s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": TAG, "Value": cluster}]})
-    s3.put_public_access_block(Bucket=bucket, PublicAccessBlockConfiguration={
-        "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
-    s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={"Rules": [
-        {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}, "BucketKeyEnabled": True}]})
+    block_public(s3, bucket)
+    encrypt(s3, bucket)
     s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [
         {"ID": "gpuprov-bootstrap-expiry", "Status": "Enabled", "Filter": {"Prefix": ROOT},
          "Expiration": {"Days": EXPIRE_DAYS}, "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}]})
     s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(tls_only_policy(bucket)))
+
+
+def block_public(s3: Any, bucket: str) -> None:
+    """Block Public Access, all four settings."""
+    s3.put_public_access_block(Bucket=bucket, PublicAccessBlockConfiguration={
+        "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
+
+
+def encrypt(s3: Any, bucket: str, kms_key: str | None = None) -> None:
+    """Default encryption: SSE-KMS with ``kms_key`` where one is named, else SSE-S3."""
+    default = {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": kms_key} if kms_key else {"SSEAlgorithm": "AES256"}
+    s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={"Rules": [
+        {"ApplyServerSideEncryptionByDefault": default, "BucketKeyEnabled": True}]})
 
 
 def tls_only_policy(bucket: str) -> dict[str, Any]:
