@@ -24,6 +24,7 @@ from gpuprov import paths, state_choice
 from gpuprov.clock import utc_text
 from gpuprov.errors import DamagedFile, GpuprovError
 from gpuprov.lock.lock_data import LockData
+from gpuprov.lock_holder import alive, holder_text
 
 # Each entry moves the schema from version i to i+1. Never edit a released
 # entry; append a new one.
@@ -430,7 +431,7 @@ class LocalStore(Store):
             rows = conn.execute("SELECT id, pid FROM runs WHERE cluster = ? AND finished IS NULL "
                                 "AND pid IS NOT NULL", (cluster,)).fetchall()
             for row in rows:
-                if _alive(int(row["pid"])):
+                if alive(int(row["pid"])):
                     continue
                 summary = {"interrupted": f"its gpuprov process (pid {row['pid']}) ended before the run did"}
                 conn.execute("UPDATE runs SET finished = ?, ok = 0, summary = ? WHERE id = ?",
@@ -526,47 +527,6 @@ CHANGED = "changed_by = ?, changed_at = ?"
 
 def _changed() -> tuple[str, str]:
     return operator(), now()
-
-
-def holder_text(raw: bytes | dict[str, Any]) -> str:
-    """Who holds a lock, from what the holder wrote: its command, pid and since when, and where
-    a shared state has it, the operator, host and lease (a lock file of an older gpuprov holds
-    the bare pid; one just taken may still be empty). Every value is printable, and short."""
-    held: Any = raw
-    if isinstance(raw, bytes):
-        text = raw.decode(errors="replace").strip()
-        try:
-            held = json.loads(text)
-        except ValueError:
-            held = None
-        if not isinstance(held, dict):
-            held = {"pid": text} if text.isdigit() else {}
-
-    def printable(value: object) -> str:
-        return "".join(c if c.isprintable() else "?" for c in str(value))[:200]
-
-    pid = held.get("pid")
-    pid = printable(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else "?"
-    words, since, by = held.get("command"), held.get("since"), held.get("by")
-    who = (f"`{printable(' '.join(map(str, words)))}`" if isinstance(words, list) and words
-           else "another gpuprov process")
-    where = f"pid {pid}" + (f" of {printable(by)}" if isinstance(by, str) and by else "")
-    until = held.get("until")
-    lease = f", lease until {printable(until)}" if isinstance(until, str) and until else ""
-    if isinstance(since, str) and since:
-        return f"{who} ({where}) has held it since {printable(since)}{lease}"
-    return f"{who} ({where}) is changing it{lease}"
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class BadRecord(ValueError):

@@ -49,6 +49,7 @@ from gpuprov.clock import utc_text
 from gpuprov.console import Console
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.lock.lock_data import LockData
+from gpuprov.lock_holder import alive, holder_text
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers.aws import api, s3, state_bucket
 from gpuprov.state import (
@@ -57,8 +58,6 @@ from gpuprov.state import (
     NodeRecord,
     RunRecord,
     Store,
-    _alive,
-    holder_text,
     now,
     operator,
     record_bytes,
@@ -352,7 +351,7 @@ class S3Store(Store):
             if found is None:
                 continue
             run = json.loads(found[1])
-            if run.get("finished") is None and run.get("by") == me and not _alive(int(run.get("pid") or 0)):
+            if run.get("finished") is None and run.get("by") == me and not alive(int(run.get("pid") or 0)):
                 self._finish(key, _interrupted)
                 run = json.loads((self.get(key) or found)[1])
             out.append(RunRecord(id=int(run["id"]), cluster=run["cluster"], kind=run["kind"], started=run["started"],
@@ -554,3 +553,13 @@ def _merged(base: dict[str, Any], ours: dict[str, Any], theirs: dict[str, Any], 
 
 
 BACKENDS["s3"] = S3Store  # Store() opens it where the state chosen is on S3
+
+
+def make_bucket(where: S3Location, kms_key: str | None, report: Any) -> None:
+    """`state bucket`: the state's bucket made, or checked, with every setting it needs."""
+    state_bucket.create(api.connect(None), where, kms_key, report)
+
+
+def check_bucket(where: S3Location) -> None:
+    """The state's bucket checked (this account's, with every setting it needs), or refused."""
+    state_bucket.checked(api.connect(None), where)

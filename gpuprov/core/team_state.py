@@ -10,11 +10,20 @@ import re
 from gpuprov.clock import utc_text
 from gpuprov.console import Console, reporter
 from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.lock_holder import holder_text
 from gpuprov.paths import config_path
-from gpuprov.providers.aws import api, state_bucket
-from gpuprov.state import LocalStore, Store, holder_text, record_bytes, record_dict, record_of
+from gpuprov.state import LocalStore, Store, record_bytes, record_dict, record_of
 from gpuprov.state_choice import KEY, S3Location, chosen, parse
-from gpuprov.state_s3 import Conflict, Lease, PinnedHosts, S3Store, live, read_lock
+from gpuprov.state_s3 import (
+    Conflict,
+    Lease,
+    PinnedHosts,
+    S3Store,
+    check_bucket,
+    live,
+    make_bucket,
+    read_lock,
+)
 
 
 def location(url: str | None, what: str) -> S3Location:
@@ -30,7 +39,7 @@ def location(url: str | None, what: str) -> S3Location:
 def bucket_create(url: str, kms_key: str | None, console: Console) -> None:
     """`state bucket`: the bucket, with every setting the state needs, made or checked."""
     where = location(url, "the location")
-    state_bucket.create(api.connect(None), where, kms_key, reporter(console))
+    make_bucket(where, kms_key, reporter(console))
     console.say(f"{where.url} is ready for gpuprov's state; `gpuprov settings --set state={where.url}` "
                 "uses it from this machine")
 
@@ -40,7 +49,7 @@ def use(value: str, console: Console) -> str:
     file); an S3 one is checked first (this account's bucket, with the settings it needs)."""
     where = parse(value, "--set state=")
     if where is not None:
-        state_bucket.checked(api.connect(None), where)
+        check_bucket(where)
     path = config_path()
     lines = path.read_text().splitlines() if path.is_file() else []
     kept = [line for line in lines if not re.match(rf"\s*{KEY}\s*=", line)]

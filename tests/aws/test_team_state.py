@@ -26,13 +26,13 @@ from tests.aws import iam
 from tests.aws.conftest import REGION
 from tests.aws.s3_front import Front
 from tests.conftest import GPUPROV, ROOT
-from tests.unit.test_cluster_lock import HOLDER as LOCAL_HOLDER
+from tests.lock_holder import HOLDER as LOCAL_HOLDER
 
 BUCKET = "team-state"
 STATE = f"s3://{BUCKET}/fleet"
 OTHER = "210987654321"  # the account that owns a claimed bucket name
 
-# alice's command while it runs: tests/unit/test_cluster_lock.py's holder, a real second process in
+# alice's command while it runs: tests/lock_holder.py's holder, a real second process in
 # the CLI's context. The command line loads the S3 backend in its group callback
 # (gpuprov.cli.app); this process, which does not run it, loads it itself.
 HOLDER = "import gpuprov.state_s3\n" + LOCAL_HOLDER

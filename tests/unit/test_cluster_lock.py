@@ -21,19 +21,7 @@ from gpuprov.cluster import cluster_lock
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.state import Store
 from tests.conftest import ROOT, invoke
-
-# A second process that runs the real CLI command's context (what `gpuprov provision NAME` is
-# while it runs) and holds the cluster's lock until its stdin closes.
-HOLDER = """
-import sys, click
-from gpuprov.cli.app import cli
-from gpuprov.cluster import cluster_lock
-with click.Context(cli, info_name="gpuprov") as root, \\
-        click.Context(cli.commands[sys.argv[1]], info_name=sys.argv[1], parent=root):
-    with cluster_lock(sys.argv[2]):
-        print("held", flush=True)
-        sys.stdin.readline()
-"""
+from tests.lock_holder import HOLDER
 
 REFUSAL = re.compile(r"cluster 'demo' is busy: `gpuprov provision demo` \(pid (\d+)\) "
                      r"has held it since (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
