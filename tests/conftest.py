@@ -177,6 +177,19 @@ UNIT_SECONDS = {
     "molecule:rdma:default": 39,
     "tests/aws/test_limits.py": 36,
     "tests/aws/test_up.py": 34,
+    # Added 2026-12-06 (three workers, ci8: about 1.4 times these): the GPU sharing role's scenario,
+    # the team state on moto's S3, nccl-tests' scenario.
+    "molecule:gpu_sharing:default": 75,
+    "tests/aws/test_team_state.py": 36,
+    "tests/e2e/test_recorded_node.py": 32,
+    "molecule:nccl_tests:default": 23,
+    # End-to-end files that run in seconds in `make test` (their heavy tests opt-in or extended):
+    # named so that the e2e default (a new file's 200, to start it early) does not count them as
+    # long work before the grown unit (place_grown_unit).
+    **dict.fromkeys(("tests/e2e/test_static_onprem.py", "tests/e2e/test_power_local.py",
+                     "tests/e2e/test_monitor_e2e.py", "tests/e2e/test_unreachable.py", "tests/e2e/test_pull_e2e.py",
+                     "tests/e2e/test_cuda13_e2e.py", "tests/e2e/test_debian13_e2e.py",
+                     "tests/e2e/test_registry_fixture.py"), 15),
 }
 DEFAULT_SECONDS = {"tests/e2e/": 200, "molecule:": 120, "tests/roles/": 60, "tests/aws/": 40}
 

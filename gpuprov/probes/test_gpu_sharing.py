@@ -28,7 +28,7 @@ def _sharing(host, expect) -> choice.Sharing:
     _gpus_expected(host, expect)
     sharing = choice.of_lock(expect.lock().get("gpu_sharing"))
     if sharing.mode == "none":
-        pytest.skip(f"the lock of {expect.node} asks no GPU sharing (--gpu-sharing)")
+        pytest.skip("the lock asks no GPU sharing (--gpu-sharing)")
     return sharing
 
 
