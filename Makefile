@@ -61,11 +61,13 @@ demo-down: $(STAMP)
 	gpuprov down demo --yes
 
 ## test: the whole suite — lint (tests/unit/test_lint.py), unit and CLI tests, molecule scenarios, end to end
-# One worker per CPU (at most one per 6 GiB of memory, at least two), each on one unit of work
-# at a time (a test file, or one molecule scenario), the longest first (tests/conftest.py), so
-# that they end together. A worker more than the CPUs was tried: each unit ran 1.5 to 2 times
-# as long, no gain (docs/performance-history.md, 2026-11-29 (3)).
-TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; m = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30; print(max(2, min(len(os.sched_getaffinity(0)), m // 6)))')
+# One worker per CPU and one more (at most one per 6 GiB of memory, at least two), each on one unit
+# of work at a time (a test file, or one molecule scenario), the longest first (tests/conftest.py),
+# so that they end together. Two workers left the two cores idle 15 % of the run (units waiting on
+# Slurm, SSH, retries); the third fills it: 27.0 and 25.3 min against 28.2 with two, on the same
+# suite (docs/performance-history.md, 2026-12-07), once the grown unit no longer starts before
+# its image is near.
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; m = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30; print(max(2, min(len(os.sched_getaffinity(0)) + 1, m // 6)))')
 test: $(STAMP) mirror-build host-setup mirror registry settings
 	$(ENV) GPUPROV_SUITE_STARTED=$(SUITE_STARTED) python -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=60
 

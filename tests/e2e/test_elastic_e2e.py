@@ -61,11 +61,24 @@ def cluster(env: dict[str, str]):
         yield name, nodes[0], proc.stderr
     finally:
         pid = _service_pid(env, name)
+        image = _image_of(env, name)
         run_cli("down", name, "--yes", env=env)
         cleanup_labels(name)
+        if image:  # `down` keeps a cluster's baked image for the next cluster of its lock: the test's own goes
+            subprocess.run(["docker", "image", "rm", "-f", image], capture_output=True, check=False, timeout=120)
         assert pid is None or _service_pid(env, name) is None
         assert not (pid and Path(f"/proc/{pid}").exists() and b"power-service" in Path(
             f"/proc/{pid}/cmdline").read_bytes()), "down left the power service running"
+
+
+def _image_of(env: dict[str, str], name: str) -> str | None:
+    """The image the cluster's dynamic nodes boot from (baked by its `up`), as status says."""
+    proc = run_cli("status", name, "-o", "json", env=env, timeout=120)
+    try:
+        image = json.loads(proc.stdout)["slurm"]["dynamic"]["image"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return image if isinstance(image, str) and image.startswith(env["GPUPROV_BAKED_REPO"] + ":") else None
 
 
 def _on(node: str, script: str, user: str = "root", timeout: int = 240) -> str:
