@@ -44,8 +44,11 @@ def usage_cmd(name: str, since: str | None, until: str | None, by: str, output: 
     return 0
 
 
-def _num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
+def _num(value: float | None) -> str:
+    """Hours and dollars as read: two decimals from 1 up, four below (a short job's 0.0083)."""
+    if value is None:
+        return "-"
+    return f"{value:,.2f}" if value >= 1 or value == 0 else f"{value:.4f}"
 
 
 def usage_table(data: Any) -> None:
