@@ -145,7 +145,7 @@ def check_reachable(
 ) -> tuple[list[NodeRecord], dict[str, str]]:
     """One SSH check per node (in parallel, pinned host keys): the nodes that answer, and
     {node: why not} for the others, each reported here in one line."""
-    down = ssh.unreachable_nodes(nodes, files.key, files.known_hosts)
+    down = ssh.unreachable_nodes(nodes, files.login_key, files.known_hosts)
     for node in nodes:
         if node.name in down:
             console.say(f"  {node.name}: UNREACHABLE {down[node.name]}")

@@ -105,3 +105,22 @@ def config_path() -> Path:
     from platformdirs import user_config_path
 
     return user_config_path("gpuprov", appauthor=False) / "settings.toml"
+
+
+def machine_setting(key: str, env: str) -> tuple[str, str]:
+    """A setting of this machine's (``state``, ``identity``), never a cluster's: (its value,
+    where it was read) from environment variable ``env`` where set, else from the settings
+    file's string ``key`` ("" where it has none)."""
+    import tomllib  # lazy: CLI start-up (only the commands that read the settings file)
+
+    if env in os.environ:
+        return os.environ[env], env
+    path = config_path()
+    try:
+        raw = tomllib.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise BadInput(f"settings file {path} is not valid TOML ({exc})") from None
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise BadInput(f"settings file {path}: {key} must be a string, not {value!r}")
+    return value, f"settings file {path}: {key}"

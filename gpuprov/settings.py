@@ -81,8 +81,9 @@ def _file() -> tuple[dict[str, str], Path]:
         raw = tomllib.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise BadInput(f"settings file {path} is not valid TOML ({exc})") from None
-    # `state` says where this machine's records are (gpuprov.state_choice), not a cluster's setting.
-    return {k: check(k, v, f"settings file {path}") for k, v in raw.items() if k != "state"}, path
+    # `state` says where this machine's records are (gpuprov.state_choice) and `identity` which key
+    # its operator logs in with (gpuprov.identity): this machine's, not a cluster's settings.
+    return {k: check(k, v, f"settings file {path}") for k, v in raw.items() if k not in ("state", "identity")}, path
 
 
 def _environment() -> dict[str, str]:

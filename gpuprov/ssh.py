@@ -12,7 +12,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -108,6 +108,27 @@ def fingerprint(pubkey: str) -> str:
         ["ssh-keygen", "-l", "-f", "-"], input=pubkey + "\n", capture_output=True, text=True, check=False
     )
     return proc.stdout.split()[1] if proc.returncode == 0 and proc.stdout else "?"
+
+
+def with_access(text: str, entries: Sequence[Mapping[str, str]]) -> str:
+    """An ``authorized_keys`` file's ``text`` as the gpuprov_base role's access entry point
+    leaves it (the nodes a play reaches; this for those that boot from an image, Slurm's
+    dynamic nodes): each entry ({name, key, state}, every key checked whole when it was granted)
+    matched by its key's blob, the second field; a ``present`` one in place of the lines holding
+    it (else added at the end), an ``absent`` one removed; no other line is touched."""
+    lines = text.splitlines()
+    for entry in entries:
+        blob = entry["key"].split()[1]
+        holding = [i for i, line in enumerate(lines) if blob in line.split()]
+        if entry["state"] == "present":
+            if holding:
+                lines[holding[0]] = entry["key"]
+                lines = [line for i, line in enumerate(lines) if i not in holding[1:]]
+            else:
+                lines.append(entry["key"])
+        else:
+            lines = [line for i, line in enumerate(lines) if i not in holding]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def ssh_options(known_hosts: Path, key: Path | None) -> list[str]:

@@ -9,15 +9,12 @@ a small file).
 
 from __future__ import annotations
 
-import os
 import re
-import tomllib
 from dataclasses import dataclass
-from typing import Any
 
 from gpuprov import validate
 from gpuprov.errors import BadInput
-from gpuprov.paths import config_path
+from gpuprov.paths import machine_setting
 
 ENV = "GPUPROV_STATE"
 KEY = "state"  # its key in the settings file
@@ -52,23 +49,6 @@ def parse(value: str, where: str) -> S3Location | None:
     return S3Location(bucket=bucket, prefix=prefix + "/")
 
 
-def from_file() -> tuple[str, str]:
-    """(the settings file's ``state`` value, the file) ("" where it has none)."""
-    path = config_path()
-    try:
-        raw: dict[str, Any] = tomllib.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise BadInput(f"settings file {path} is not valid TOML ({exc})") from None
-    value = raw.get(KEY, "")
-    if not isinstance(value, str):
-        raise BadInput(f"settings file {path}: {KEY} must be a string, not {value!r}")
-    return value, str(path)
-
-
 def chosen() -> S3Location | None:
     """The state this process uses: GPUPROV_STATE, else the settings file's, else local."""
-    env = os.environ.get(ENV)
-    if env is not None:
-        return parse(env, ENV)
-    value, path = from_file()
-    return parse(value, f"settings file {path}: {KEY}")
+    return parse(*machine_setting(KEY, ENV))

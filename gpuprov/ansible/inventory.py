@@ -69,7 +69,7 @@ def render(
                 "address": n.address,
                 "ssh_port": n.ssh_port,
                 "user": n.user,
-                "key_file": node_key(n, files.key),
+                "key_file": node_key(n, files.login_key),
                 "instance_type": n.instance_type,
                 "expected_gpus": expectations.get(n.name, {}).get("gpus"),
                 # What this host has, so the plays install fabric manager or the EFA

@@ -287,7 +287,9 @@ def settings_cmd(name: str | None, assignments: tuple[str, ...], record: bool, o
 
     
     Without NAME, `--set state=s3://BUCKET/PREFIX` (or `state=local`) chooses where this
-    machine's cluster records are (docs/team-state.md).
+    machine's cluster records are, and `--set identity=PATH` names your own private key, which
+    gpuprov logs in to a cluster's nodes with where this machine does not hold the cluster's
+    key (docs/team-state.md).
     """
     changes = {}
     for item in assignments:
@@ -296,10 +298,15 @@ def settings_cmd(name: str | None, assignments: tuple[str, ...], record: bool, o
             raise BadInput(f"--set {item!r}: expected KEY=VALUE")
         changes[key] = value
     if name is None:
-        if set(changes) != {"state"} or record:
+        if not changes or not set(changes) <= {"state", "identity"} or record:
             raise BadInput("gpuprov settings: give a cluster's NAME, or without one only "
-                           "--set state=s3://BUCKET/PREFIX (or state=local)")
-        core("settings --set").use(changes["state"], _console())
+                           "--set state=s3://BUCKET/PREFIX (or state=local) and --set identity=PATH")
+        if "state" in changes:  # both checked before either is written: bad input changes nothing
+            state_choice.parse(changes["state"], "--set state=")
+        if "identity" in changes:
+            core("settings --set").use_identity(changes["identity"], _console())
+        if "state" in changes:
+            core("settings --set").use(changes["state"], _console())
         return 0
     data = core("settings").change_settings(name, changes, record=record)
     if output == "json":

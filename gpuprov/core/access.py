@@ -11,8 +11,9 @@ becomes an authorized_keys option or a shell word.
 The next `provision` (push, or `--via pull`: the same variables reach the nodes' own run) puts
 each granted key in the login user's authorized_keys and takes each revoked one out
 (settings.playbook_vars' ``gpuprov_access_keys``, the preflight play's gpuprov_base access
-entry point); a revoked grant stays in the record, marked, until granted again. Not yet: the
-nodes the elastic path powers up from an image get the cluster's key alone.
+entry point); a revoked grant stays in the record, marked, until granted again. The nodes the
+elastic path powers up from an image get the same keys at each resume (gpuprov.ssh.with_access),
+and an operator logs in with their own granted key (gpuprov.identity).
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def checked(node: NodeRecord) -> NodeRecord:
 def ssh_argv(node: NodeRecord, files: ClusterFiles, words: Sequence[str] = ()) -> list[str]:
     """The ssh command line for a login on ``node`` (no ``words``) or for one command on it."""
     node = checked(node)
-    key = ssh.node_key(node, files.key)
+    key = ssh.node_key(node, files.login_key)
     key = None if key is None else Path(_path(key, "key", node))
     known_hosts = Path(_path(files.known_hosts, "known_hosts", node))
     line = [command_line(words)] if words else []
@@ -169,7 +169,7 @@ def host_block(node: NodeRecord, files: ClusterFiles) -> list[str]:
     (validate.ssh_config_word: whitespace, quotes, '#', '=', '%', '$' and control characters
     are refused, never quoted), so no record can add a line or an option to the file."""
     node = checked(node)
-    key = ssh.node_key(node, files.key)
+    key = ssh.node_key(node, files.login_key)
     # An address is one word too: an IPv6 zone id's '%' would be read as a token there.
     address = validate.ssh_config_word(node.address, f"{node.name}: address")
     lines = ["", f"Host {node.name}", f"    HostName {address}", f"    Port {node.ssh_port}",

@@ -100,7 +100,7 @@ def prometheus_url(node: NodeRecord, files: ClusterFiles) -> str | None:
     """http://ADDRESS:PORT where the host's Prometheus listens, from the file the role wrote
     (read over the cluster's pinned SSH)."""
     proc = subprocess.run(
-        ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
+        ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.login_key)),
          "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}",
          "cat /etc/default/prometheus"],
         capture_output=True, text=True, timeout=60, check=False)
@@ -114,5 +114,5 @@ def tunnel(node: NodeRecord, files: ClusterFiles, url: str) -> str:
     cluster address, which this machine may not reach)."""
     target = url.removeprefix("http://")
     return shlex.join(["ssh", "-N", "-p", str(node.ssh_port),
-                       *ssh_options(files.known_hosts, node_key(node, files.key)),
+                       *ssh_options(files.known_hosts, node_key(node, files.login_key)),
                        "-L", f"9090:{target}", f"{node.user}@{node.address}"])

@@ -28,6 +28,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers import get as get_provider
+from gpuprov.settings import access_keys
 from gpuprov.slurm import drain, munge, power_http, scheduler
 from gpuprov.state import Store
 
@@ -103,7 +104,7 @@ def serve(name: str, stop: threading.Event | None = None) -> int:
             controller = scheduler.controller_of(now)
             node = next(n for n in now.nodes if n.name == controller)
             for node_name in names:
-                provider.power_up(name, node_name, image, node, files.dir / scheduler.MUNGE_KEY)
+                provider.power_up(name, node_name, image, node, files.dir / scheduler.MUNGE_KEY, access_keys(now))
                 _say(f"resume {node_name}: started from {image}")
         except GpuprovError as exc:
             _down(now, files, names, f"resume failed: {exc}", limit)

@@ -99,7 +99,7 @@ def run(
             port=node.ssh_port,
             user=node.user,
             connect_timeout=15,
-            connect_kwargs=_auth(node_key(node, files.key)),
+            connect_kwargs=_auth(node_key(node, files.login_key)),
         )
         conn.client.get_host_keys().clear()
         conn.client.load_host_keys(str(files.known_hosts))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
+from gpuprov import identity
 from gpuprov.clock import utc_text
 from gpuprov.console import Console, reporter
 from gpuprov.errors import BadInput, GpuprovError
@@ -50,18 +52,36 @@ def use(value: str, console: Console) -> str:
     where = parse(value, "--set state=")
     if where is not None:
         check_bucket(where)
+    path = _write_setting(KEY, where.url if where else None)
+    said = where.url if where else "local (this machine's state directory)"
+    console.say(f"state: {said}, written to {path}")
+    return said
+
+
+def use_identity(value: str, console: Console) -> str:
+    """`settings --set identity=PATH`: the operator's own private key, which gpuprov's
+    connections take where this machine does not hold a cluster's key (gpuprov.identity);
+    ``identity=`` forgets it."""
+    key = identity.parse(value, "--set identity=")
+    path = _write_setting(identity.KEY, str(key) if key else None)
+    said = str(key) if key else "none (only the keys of the clusters made on this machine)"
+    console.say(f"identity: {said}, written to {path}")
+    return said
+
+
+def _write_setting(key: str, value: str | None) -> Path:
+    """The settings file with ``key = "value"`` (a checked value: no quote or backslash in it),
+    or without ``key`` where ``value`` is None; written whole, then renamed into place."""
     path = config_path()
     lines = path.read_text().splitlines() if path.is_file() else []
-    kept = [line for line in lines if not re.match(rf"\s*{KEY}\s*=", line)]
-    if where is not None:
-        kept.append(f'{KEY} = "{where.url}"')
+    kept = [line for line in lines if not re.match(rf"\s*{key}\s*=", line)]
+    if value is not None:
+        kept.append(f'{key} = "{value}"')
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(kept) + "\n")
     tmp.replace(path)
-    said = where.url if where else "local (this machine's state directory)"
-    console.say(f"state: {said}, written to {path}")
-    return said
+    return path
 
 
 def push(name: str, url: str | None, console: Console) -> None:

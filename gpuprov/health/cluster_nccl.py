@@ -108,7 +108,7 @@ def peers(nodes: Sequence[NodeRecord], facts: Mapping[str, Facts], expected: Map
 
 
 def _ssh(node: NodeRecord, files: ClusterFiles, remote: str) -> list[str]:
-    return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
+    return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.login_key)),
             "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", "-o", "ControlPath=none",
             "--", f"{node.user}@{node.address}", remote]
 

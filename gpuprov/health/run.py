@@ -33,7 +33,7 @@ def check_level(level: str) -> str:
 
 
 def _ssh_command(node: NodeRecord, files: ClusterFiles) -> list[str]:
-    return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
+    return ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.login_key)),
             "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ControlMaster=no", "-o", "ControlPath=none",
             # Options end here: nothing after this is read as one, whatever it holds.
             "--", f"{node.user}@{node.address}", gather.REMOTE_COMMAND]
@@ -43,7 +43,7 @@ def read_node(node: NodeRecord, files: ClusterFiles, level: str = "quick",
               expect: Expect | None = None) -> tuple[str | None, str]:
     """(the script's output, None) or (None, why the node could not be read)."""
     # The same check as every command's (transient failures tried again, a key mismatch final).
-    why = check_ssh(node, node_key(node, files.key), files.known_hosts)
+    why = check_ssh(node, node_key(node, files.login_key), files.known_hosts)
     if why is not None:
         return None, why
     try:

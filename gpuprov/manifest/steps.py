@@ -34,7 +34,7 @@ def verdicts(cluster: ClusterRecord, files: ClusterFiles, nodes: Sequence[NodeRe
     found = record.records(cluster)
     asked = [n for n in nodes if (found.get(n.name) or {}).get("scope") == scope
              and (found.get(n.name) or {}).get("id") == n.id]
-    answers = remote.check(asked, files.key, files.known_hosts)
+    answers = remote.check(asked, files.login_key, files.known_hosts)
     out = {}
     for n in nodes:
         answer = answers.get(n.name)
@@ -71,7 +71,7 @@ def record_run(store: Store, name: str, files: ClusterFiles, nodes: Sequence[Nod
     if result is None:
         return
     items = {n.name: collect.collect(result.results.get(n.name, [])) for n in nodes}
-    answers = remote.snapshot(nodes, files.key, files.known_hosts, items, scope)
+    answers = remote.snapshot(nodes, files.login_key, files.known_hosts, items, scope)
     me = remote.identity()
     changes: dict[str, dict[str, Any] | None] = {}
     for n in nodes:

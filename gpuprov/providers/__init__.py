@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuprov import __version__
+from gpuprov import __version__, identity
 from gpuprov.errors import BadInput, NotSupported
 from gpuprov.providers import spec
 from gpuprov.providers.spec import (
@@ -52,7 +52,14 @@ class ClusterFiles:
 
     @property
     def key(self) -> Path:
+        """The cluster's own private key (made by `up`; stays on its maker's machine)."""
         return self.dir / "id_ed25519"
+
+    @property
+    def login_key(self) -> Path:
+        """The key gpuprov's connections to the nodes log in with: the cluster's where this
+        machine holds it, else the operator's own granted key (gpuprov.identity)."""
+        return identity.login_key(self.key)
 
     @property
     def known_hosts(self) -> Path:
@@ -286,9 +293,12 @@ class Provider(ABC):
         """Where the cluster's power service listens so that its controller reaches it."""
         raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
 
-    def power_up(self, cluster: str, node: str, image: str, controller: NodeRecord, munge_key: Path) -> None:
+    def power_up(self, cluster: str, node: str, image: str, controller: NodeRecord, munge_key: Path,
+                 access: Sequence[Mapping[str, str]] = ()) -> None:
         """Start dynamic node ``node`` of ``cluster`` from ``image``, given the munge key and
-        the controller's address (its slurmd fetches its configuration there)."""
+        the controller's address (its slurmd fetches its configuration there), the operators'
+        keys as the cluster's record has them now (``access``: gpuprov.settings.access_keys;
+        the image holds them as they were when it was baked)."""
         raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
 
     def power_down(self, nodes: list[str]) -> list[str]:

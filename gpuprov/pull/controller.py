@@ -234,7 +234,7 @@ def _hand_over(node: NodeRecord, files: ClusterFiles, boot: Boot, profile: str) 
     import subprocess
 
     proc = subprocess.run(
-        ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+        ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.login_key)),
          "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}", _HAND_OVER],
         input=boot.archive(node.name, profile), capture_output=True, check=False, timeout=120)
     if proc.returncode != 0:

@@ -176,7 +176,7 @@ class SlurmDrains:
 def run_on(node: NodeRecord, files: ClusterFiles, argv: Sequence[str], timeout: int = TIMEOUT_S) -> str:
     """``argv`` (fixed words, quoted for the node's shell) on ``node`` over its pinned SSH
     connection: its standard output (``GpuprovError`` with one line when it fails)."""
-    cmd = ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+    cmd = ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.login_key)),
            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}",
            shlex.join(argv)]
     try:

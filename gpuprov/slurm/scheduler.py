@@ -147,7 +147,7 @@ def _controller_command(cluster: ClusterRecord, files: ClusterFiles, nodes: list
     node = next((n for n in nodes if n.name == controller), None)
     if node is None:
         return controller, f"{controller} is not among the nodes"
-    options = ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key))
+    options = ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.login_key))
     return controller, ["ssh", "-p", str(node.ssh_port), *options, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
                         "--", f"{node.user}@{node.address}", shlex.join(argv)]
 
@@ -306,7 +306,7 @@ def _read_conf(node: NodeRecord, files: ClusterFiles) -> tuple[str, str | None]:
     """("file", its text) / ("none", None) / ("unreached", why) / ("unread", why). A node whose
     SSH does not answer yet (a node just started) is asked again for up to READ_WAIT_S seconds:
     one skipped here but reached by the run a moment later would be clobbered."""
-    cmd = ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+    cmd = ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.login_key)),
            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}",
            shlex.join(READ_CONF)]
     deadline = time.monotonic() + READ_WAIT_S

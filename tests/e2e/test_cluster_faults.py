@@ -89,6 +89,55 @@ def test_exec_runs_everywhere_with_prefixed_output(cluster, env) -> None:
     assert proc.returncode == 1 and "exit 7" in proc.stderr
 
 
+def test_an_operators_own_granted_key_logs_in_and_once_revoked_is_refused(cluster, env, tmp_path) -> None:
+    """Issue 57: bob, an operator who did not make the cluster, has its record and pinned host
+    keys but not its private key. His own public key granted (`access grant`) and applied by the
+    next `provision`, gpuprov logs in with his own key (GPUPROV_IDENTITY) by every path: `exec`
+    (paramiko), `ssh` (OpenSSH); without it, nothing logs in. Revoked and applied, his key is
+    refused on every node, and the cluster's own key still logs in."""
+    name, data, _ = cluster
+    nodes = sorted(n["name"] for n in data["nodes"])
+    bob = tmp_path / "bob_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bob@laptop", "-f", str(bob)], check=True)
+    granted = run_cli("access", "grant", name, "--key", f"{bob}.pub", "--as", "bob", env=env)
+    assert granted.returncode == 0, granted.stderr
+    applied = run_cli("provision", name, "--tags", "preflight", "-o", "json", env=env, timeout=600)
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    key = cluster_dir(env, name) / "id_ed25519"
+    away = key.with_name("id_ed25519.away")
+    as_bob = {**env, "GPUPROV_IDENTITY": str(bob)}
+
+    def on_bobs_machine(check) -> None:
+        _close_masters(name)  # no connection the maker's key opened carries bob's commands
+        key.rename(away)
+        try:
+            check()
+        finally:
+            away.rename(key)
+
+    def logs_in() -> None:
+        proc = run_cli("exec", name, "--", "sh", "-c", "grep -c ' gpuprov-access:bob$' .ssh/authorized_keys",
+                       env=as_bob)
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(proc.stdout.splitlines()) == [f"{n} | 1" for n in nodes], proc.stdout
+        one = run_cli("ssh", name, nodes[1], "--", "hostname -s", env=as_bob)
+        assert one.returncode == 0 and one.stdout.strip() == nodes[1], one.stderr
+        assert run_cli("exec", name, "--", "true", env=env).returncode != 0  # no key of his named
+
+    on_bobs_machine(logs_in)
+    assert run_cli("access", "revoke", name, "--as", "bob", env=env).returncode == 0
+    applied = run_cli("provision", name, "--tags", "preflight", "-o", "json", env=env, timeout=600)
+    assert applied.returncode == 0, applied.stderr[-2000:]
+
+    def refused() -> None:
+        proc = run_cli("exec", name, "--", "true", env=as_bob)
+        assert proc.returncode != 0 and all(n in proc.stderr for n in nodes), proc.stderr
+        assert run_cli("ssh", name, nodes[0], "--", "true", env=as_bob).returncode != 0
+
+    on_bobs_machine(refused)
+    assert run_cli("exec", name, "--", "true", env=env).returncode == 0  # the maker's key still logs in
+
+
 def _close_masters(name: str) -> None:
     """Close the cluster's multiplexed SSH connections (opened earlier, after a checked key),
     so that the next command makes a fresh connection and meets the node's key as it is now."""

@@ -151,8 +151,14 @@ def test_up_declares_the_dynamic_nodes_powered_down_and_serves_them(cluster, env
     assert "dynamic nodes: up to 2 (max-count 3), powered down after 1 idle min" in text, text
 
 
-def test_a_job_resumes_two_dynamic_nodes_and_they_power_down_when_idle(cluster, env) -> None:
+def test_a_job_resumes_two_dynamic_nodes_and_they_power_down_when_idle(cluster, env, tmp_path) -> None:
     name, controller, _ = cluster
+    # An operator's key granted after the image was baked (issue 57): a node booted from the
+    # image gets it, as a play would give it (no `provision` between: the service reads the
+    # record at each resume).
+    alice = tmp_path / "alice_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(alice)], check=True)
+    assert run_cli("access", "grant", name, "--key", f"{alice}.pub", "--as", "alice", env=env).returncode == 0
     started = time.monotonic()
     job = _on(controller, f"cd /tmp && sbatch --parsable --wait -N2 --exclude={controller} -o /tmp/ela-%j.out "
                           "--wrap 'srun hostname -s'", user="gpuprov", timeout=400).strip()
@@ -169,6 +175,10 @@ def test_a_job_resumes_two_dynamic_nodes_and_they_power_down_when_idle(cluster, 
     assert not _docker("port", f"gpuprov-{first}").strip()
     assert _docker("exec", f"gpuprov-{first}", "readlink", "/etc/systemd/system/slurmctld.service").strip() == \
         "/dev/null"
+    # (the bake leaves the image no authorized_keys of its node: alice's is the one line)
+    keys = _docker("exec", f"gpuprov-{first}", "cat", "/home/gpuprov/.ssh/authorized_keys").splitlines()
+    blob = alice.with_suffix(".pub").read_text().split()[1]
+    assert keys == [f"ssh-ed25519 {blob} gpuprov-access:alice"], keys
     # Idle for a minute, then powered down: the containers go, Slurm shows them powered down.
     gone = _wait(lambda: not _docker("ps", "-aq", "--filter", f"name=^gpuprov-{name}-dy-").strip(), 300, 5)
     assert gone, _docker("ps", "-a", "--filter", f"name=^gpuprov-{name}-dy-")

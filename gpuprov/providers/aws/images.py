@@ -86,7 +86,7 @@ def locks_of(image_ids: set[str], region: str | None) -> dict[str, str]:
 
 def _clean(node: NodeRecord, files: ClusterFiles, report: Reporter) -> None:
     """Run the fixed clean-up script on the node as root, over its pinned SSH."""
-    command = ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.key)),
+    command = ["ssh", "-p", str(node.ssh_port), *ssh_options(files.known_hosts, node_key(node, files.login_key)),
                "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ControlMaster=no", "-o", "ControlPath=none",
                # Options end here; the remote command is a constant.
                "--", f"{node.user}@{node.address}", "sudo -n /bin/sh -s"]

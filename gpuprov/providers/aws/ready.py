@@ -27,7 +27,7 @@ def wait_ready(nodes: list[NodeRecord], files: ClusterFiles, report: Reporter) -
             tail = console_tail(node)
             raise GpuprovError(f"{exc}; {tail}" if tail else str(exc)) from None
         new = hostkeys.hand_over(
-            node, files.key, files.known_hosts, bootstrap_key(node, files),
+            node, files.login_key, files.known_hosts, bootstrap_key(node, files),
             hostkeys.own_key_file(files, node), timeout=max(5.0, deadline - time.monotonic()),
         )
         if new:

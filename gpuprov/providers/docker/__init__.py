@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -199,7 +200,7 @@ class DockerProvider(Provider):
         self, spec: ClusterSpec, nodes: list[NodeRecord], files: ClusterFiles, report: Reporter
     ) -> list[NodeRecord]:
         self._pin(nodes, files)
-        ssh.each_node(nodes, lambda n: ssh.wait_ssh(n, files.key, files.known_hosts))
+        ssh.each_node(nodes, lambda n: ssh.wait_ssh(n, files.login_key, files.known_hosts))
         for n in nodes:
             report(f"{n.name}: SSH ready on 127.0.0.1:{n.ssh_port} (host key pinned)")
         return nodes
@@ -288,9 +289,11 @@ class DockerProvider(Provider):
     def power_address(self) -> str:
         return bridge_gateway()
 
-    def power_up(self, cluster: str, node: str, image: str, controller: NodeRecord, munge_key: Path) -> None:
+    def power_up(self, cluster: str, node: str, image: str, controller: NodeRecord, munge_key: Path,
+                 access: Sequence[Mapping[str, str]] = ()) -> None:
         power.remove([node])  # a container left by a resume that failed goes first
-        power.boot(cluster, node, image, power.address_of(str(controller.extra.get("container") or "")), munge_key)
+        power.boot(cluster, node, image, power.address_of(str(controller.extra.get("container") or "")), munge_key,
+                   login=(NODE_USER, access))
 
     def power_down(self, nodes: list[str]) -> list[str]:
         return power.remove(nodes)

@@ -14,9 +14,13 @@ the dynamic label, so it is never one of the nodes gpuprov bootstraps (Slurm own
 
 from __future__ import annotations
 
+import io
 import ipaddress
+import tarfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpuprov import ssh
 from gpuprov.errors import GpuprovError
 from gpuprov.providers.docker.engine import DYNAMIC_LABEL, LABEL, NODE_LABEL, docker
 from gpuprov.providers.docker.nodes import SYSTEMD_FLAGS, _tar, _user_ids
@@ -42,9 +46,13 @@ def address_of(container: str) -> str:
     raise GpuprovError(f"{container} has no address on a Docker network (is it running?)")
 
 
-def boot(cluster: str, node: str, image: str, controller_addr: str, munge_key: Path) -> str:
+def boot(cluster: str, node: str, image: str, controller_addr: str, munge_key: Path,
+         login: tuple[str, Sequence[Mapping[str, str]]] | None = None) -> str:
     """Create and start ``node`` (a dynamic node of ``cluster``) from ``image``; its container's
-    name. The image must be one baked from a node of the cluster (slurmd and munge installed)."""
+    name. The image must be one baked from a node of the cluster (slurmd and munge installed).
+    ``login``: the login user and the operators' keys as the cluster's record has them now, put
+    in that user's authorized_keys as a play would (gpuprov.ssh.with_access): a key revoked
+    since the image was baked does not log in to a node booted from it."""
     files = elastic.node_files(controller_addr, container=True)  # refuses a bad address first
     key = munge_key.read_bytes()
     cname = container_of(node)
@@ -59,12 +67,30 @@ def boot(cluster: str, node: str, image: str, controller_addr: str, munge_key: P
                                "from a node of the Slurm cluster (`gpuprov image bake`)") from None
         docker("cp", "-a", "-", f"{cname}:/", input=_tar(
             [(path.lstrip("/"), data, mode, 0, 0) for path, data, mode in files]
-            + [(elastic.MUNGE_KEY.lstrip("/"), key, 0o400, uid, gid)], links=((SLURMCTLD_UNIT, "/dev/null"),)))
+            + [(elastic.MUNGE_KEY.lstrip("/"), key, 0o400, uid, gid)] + _access_files(cname, login),
+            links=((SLURMCTLD_UNIT, "/dev/null"),)))
         docker("start", cname)
     except GpuprovError:
         docker("rm", "-f", "-v", cname, check=False)
         raise
     return cname
+
+
+def _access_files(cname: str, login: tuple[str, Sequence[Mapping[str, str]]] | None) -> list[
+        tuple[str, bytes, int, int, int]]:
+    """The login user's authorized_keys as the image has it, with the operators' keys applied."""
+    if not login or not login[1]:
+        return []
+    user, access = login
+    uid, gid = _user_ids(cname, user)
+    path = f"home/{user}/.ssh/authorized_keys"
+    proc = docker("cp", f"{cname}:/{path}", "-", check=False)
+    text = ""
+    if proc.returncode == 0:
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+            member = tar.extractfile("authorized_keys")
+            text = member.read().decode() if member is not None else ""
+    return [(path, ssh.with_access(text, access).encode(), 0o600, uid, gid)]
 
 
 def remove(nodes: list[str]) -> list[str]:

@@ -132,7 +132,7 @@ class StaticProvider(Provider):
             keys[(n.address, n.ssh_port)] = key
         ssh.pin_host_keys(files.known_hosts, keys)
 
-        ssh.each_node(nodes, lambda n: ssh.wait_ssh(n, ssh.node_key(n, files.key), files.known_hosts, timeout=10))
+        ssh.each_node(nodes, lambda n: ssh.wait_ssh(n, ssh.node_key(n, files.login_key), files.known_hosts, timeout=10))
         if spec.os is not None:
             releases = ssh.each_node(nodes, lambda n: _ssh_read(n, files, "cat /etc/os-release", "/etc/os-release"))
             for n, text in zip(nodes, releases, strict=True):
@@ -222,7 +222,7 @@ def _ssh_read(node: NodeRecord, files: ClusterFiles, command: str, what: str) ->
     """``command``'s output on the host, over SSH with the pinned key: a fixed command, nothing
     from the hosts file reaches it but the login."""
     proc = subprocess.run(
-        ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.key)),
+        ["ssh", "-p", str(node.ssh_port), *ssh.ssh_options(files.known_hosts, ssh.node_key(node, files.login_key)),
          "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", f"{node.user}@{node.address}", command],
         capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=60,
     )
