@@ -61,8 +61,8 @@ def operator(tmp_path: Path, who: str, state: str = STATE) -> dict[str, str]:
             "USER": who, "LOGNAME": who, "GPUPROV_STATE": state, "GPUPROV_STATE_LEASE_S": "2"}
 
 
-def gp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GPUPROV, *args], env=env, capture_output=True, text=True, timeout=120,
+def gp(env: dict[str, str], *args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GPUPROV, *args], env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=ROOT)
 
 
@@ -298,3 +298,44 @@ def test_the_requests_each_state_operation_makes(tmp_path: Path, front: Front,
     for i in range(9):
         Store().create_cluster(f"more-{i}", "static", {})
     assert sent(lambda: Store().list_clusters()) == 11
+
+
+def test_a_pushed_cluster_is_provisioned_by_a_granted_operator_with_his_own_key(tmp_path: Path, front: Front) -> None:
+    """On a real local node: alice makes a cluster on her machine and pushes it to the team's
+    bucket; bob, with his own state directory and his own key (granted by alice, applied by her
+    next `provision`), provisions it and runs commands on it, with the host keys the bucket
+    shared; once his key is revoked and that applied, his commands are refused."""
+    alice, bob = operator(tmp_path, "alice"), operator(tmp_path, "bob")
+    assert gp(alice, "state", "bucket", STATE).returncode == 0
+    local = {**alice, "GPUPROV_STATE": "local"}
+    name = f"team-{os.urandom(3).hex()}"
+    try:
+        made = gp(local, "up", "--provider", "docker", "--count", "1", "--name", name, "--no-bootstrap")
+        assert made.returncode == 0, made.stderr
+        pushed = gp(local, "state", "push", name, "--to", STATE)
+        assert pushed.returncode == 0, pushed.stderr
+        key = tmp_path / "bob" / "id_ed25519"
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bob@laptop", "-f", str(key)], check=True)
+        assert gp(bob, "settings", "--set", f"identity={key}").returncode == 0  # bob's own machine's setting
+        assert gp(alice, "access", "grant", name, "--key", f"{key}.pub", "--as", "bob").returncode == 0
+        applied = gp(alice, "provision", name, "--tags", "preflight", timeout=600)
+        assert applied.returncode == 0, applied.stderr[-2000:]
+        # Bob: no key of the cluster's on his machine; his own logs in, on the host keys alice pinned.
+        assert not (Path(bob["GPUPROV_HOME"]) / "clusters" / name / "id_ed25519").exists()
+        his = gp(bob, "provision", name, "--tags", "preflight", "-o", "json", timeout=600)
+        assert his.returncode == 0, his.stderr[-2000:]
+        assert json.loads(his.stdout)["ok"] is True
+        ran = gp(bob, "exec", name, "--", "sh", "-c", "grep -c ' gpuprov-access:bob$' .ssh/authorized_keys")
+        assert ran.returncode == 0 and ran.stdout.split() == [f"{name}-node-1", "|", "1"], ran.stderr
+        assert not list((Path(bob["GPUPROV_HOME"]) / "clusters" / name).glob("id_ed25519*"))
+        # Revoked, and applied by alice: bob is refused.
+        assert gp(alice, "access", "revoke", name, "--as", "bob").returncode == 0
+        applied = gp(alice, "provision", name, "--tags", "preflight", timeout=600)
+        assert applied.returncode == 0, applied.stderr[-2000:]
+        refused = gp(bob, "exec", name, "--", "true")
+        assert refused.returncode != 0 and f"{name}-node-1" in refused.stderr, refused.stderr
+        assert gp(alice, "exec", name, "--", "true").returncode == 0
+    finally:
+        gp(alice, "down", name, "--yes", timeout=300)
+        subprocess.run(["docker", "rm", "-f", "-v", f"gpuprov-{name}-node-1"], capture_output=True, check=False)
