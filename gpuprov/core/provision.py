@@ -127,7 +127,8 @@ def run_site(
     lock = version_lock(store, cluster)
     context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
                      monitoring_host(cluster.spec))
-    extravars = playbook_vars(cluster, lock) | scheduler.play_vars(cluster, files, nodes, console.say)
+    network = provider.network_nodes(nodes, console.say) if scheduler.of(cluster).kind == "slurm" else {}
+    extravars = playbook_vars(cluster, lock) | scheduler.play_vars(cluster, files, nodes, console.say, network)
     if extravars.get("gpuprov_scheduler") == "slurm":
         # Slurm's HealthCheckProgram runs `gpuprov health`'s quick level on each node, held to
         # what `gpuprov health NAME` holds it to.

@@ -301,6 +301,12 @@ class Provider(ABC):
         the image holds them as they were when it was baked)."""
         raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")
 
+    def network_nodes(self, nodes: list[NodeRecord], say: Callable[[str], None]) -> dict[str, tuple[str, ...]]:
+        """{node name: its network nodes, top layer first} where the provider knows where its
+        nodes sit in its network (EC2's instance topology), for Slurm's topology.conf
+        (gpuprov.slurm.topology); {} where it does not (the nodes are placed by group or zone)."""
+        return {}
+
     def power_down(self, nodes: list[str]) -> list[str]:
         """Remove dynamic nodes ``nodes``; the names of those that would not go."""
         raise NotSupported(f"dynamic nodes are not supported by the {self.name} provider")

@@ -23,7 +23,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.results.shapes import SlurmNode, SlurmStatus
-from gpuprov.slurm import elastic, munge
+from gpuprov.slurm import elastic, munge, topology
 from gpuprov.slurm.scheduler_choice import NODE_NAME, Scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
@@ -70,10 +70,11 @@ def controller_of(cluster: ClusterRecord, chosen: Scheduler | None = None) -> st
 
 
 def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
-              say: Any = None) -> dict[str, Any]:
+              say: Any = None, network: dict[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
     """The slurm play's variables for a run on ``nodes``. slurm.conf lists the play's hosts, so
     Slurm is configured only by a run on every node of the cluster; a run on some of them (new
-    nodes of `up`, a replacement) leaves it as it is and says so."""
+    nodes of `up`, a replacement) leaves it as it is and says so. ``network``: each node's
+    network nodes where its provider knows them (Provider.network_nodes), for topology.conf."""
     chosen = of(cluster)
     if chosen.kind != "slurm":
         return {"gpuprov_scheduler": "none"}
@@ -83,9 +84,27 @@ def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecor
                 f"`gpuprov provision {cluster.name}` adds them to Slurm")
         return {"gpuprov_scheduler": "none"}
     key = munge.ensure_key(files.dir / MUNGE_KEY)
+    dynamic = dynamic_vars(cluster, files, chosen)
     return {"gpuprov_scheduler": "slurm", "gpuprov_slurm_controller": controller_of(cluster, chosen),
             "gpuprov_slurm_controller_only": chosen.controller_only, "gpuprov_slurm_munge_key": str(key),
-            **dynamic_vars(cluster, files, chosen)}
+            "gpuprov_slurm_topology": topology_vars(cluster, [d["name"] for d in
+                                                             dynamic.get("gpuprov_slurm_dynamic_nodes", [])],
+                                                    network or {}),
+            **dynamic}
+
+
+def topology_vars(cluster: ClusterRecord, dynamic: list[str],
+                  network: dict[str, tuple[str, ...]]) -> list[dict[str, Any]]:
+    """topology.conf's switches (gpuprov.slurm.topology) for the cluster's nodes: by their
+    ``network`` nodes where known, else as their records place them (placement group, zone); a
+    dynamic node is placed as the node it is made like."""
+    places = [topology.Place(n.name, network.get(n.name, ()), str(n.extra.get("placement_group") or ""), n.zone)
+              for n in cluster.nodes]
+    if dynamic:
+        like = next(p for p in places if p.node == template_node(cluster))
+        places += [topology.Place(name, like.network_nodes, like.group, like.zone) for name in dynamic]
+    return [{"name": sw.name, "nodes": sw.nodes, "switches": sw.switches}
+            for sw in topology.switches(cluster.name, places)]
 
 
 def template_node(cluster: ClusterRecord, chosen: Scheduler | None = None) -> str:

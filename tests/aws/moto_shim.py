@@ -17,6 +17,8 @@ moto server and adds:
 - injected faults: an error for an action (optionally only in one zone, only
   N times), and a hold after RunInstances so a test can kill the client;
 - per-zone capacity (``capacity``), which TerminateInstances gives back, as on EC2;
+- DescribeInstanceTopology (moto has none): the network nodes a test gives each instance
+  (``topology``), answered in EC2's shape for the instances asked;
 - optionally (``nodes``: ``ec2_nodes.Ec2Nodes``), instances that are real nodes: each
   launched instance boots a systemd node container running its user-data, its public
   address is the node's, TerminateInstances removes it, GetConsoleOutput reads it,
@@ -85,6 +87,7 @@ class Shim:
     # MinCount is InsufficientInstanceCapacity, else at most what is left); no entry: unlimited.
     capacity: dict[str, int] = field(default_factory=dict)
     placed: dict[str, str] = field(default_factory=dict)  # instance id -> zone, where capacity is counted
+    topology: dict[str, list[str]] = field(default_factory=dict)  # instance id -> its network nodes, top first
 
     # -- what tests read -----------------------------------------------------------
     def actions(self, service: str = "ec2", include_dry_run: bool = False) -> list[str]:
@@ -107,6 +110,7 @@ class Shim:
         self.ssm_parameters.clear()
         self.capacity.clear()
         self.placed.clear()
+        self.topology.clear()
         self.idempotent_tokens = False
         self.hold_after_run = False
         self.held.clear()
@@ -144,6 +148,12 @@ class Shim:
             return self._placement(action, params)
         if action == "RunInstances":
             return self._run(method, path, headers, body, params)
+        if action == "DescribeInstanceTopology" and not dry:
+            asked = [v for k, v in params.items() if re.fullmatch(r"InstanceId\.\d+", k)]
+            items = "".join(f"<item><instanceId>{iid}</instanceId><networkNodeSet>"
+                            + "".join(f"<item>{nn}</item>" for nn in self.topology[iid])
+                            + "</networkNodeSet></item>" for iid in asked if iid in self.topology)
+            return 200, {"Content-Type": "text/xml"}, _ok(action, f"<instanceSet>{items}</instanceSet>")
         if action == "GetConsoleOutput" and self.nodes is not None and not dry:
             return 200, {"Content-Type": "text/xml"}, self.nodes.console(params.get("InstanceId", ""))
         tag_later = None

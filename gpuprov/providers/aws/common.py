@@ -127,6 +127,8 @@ def node_record(instance: dict[str, Any], cluster: str, region: str) -> NodeReco
             "private_ip": instance.get("PrivateIpAddress", ""),
             "spot": instance.get("InstanceLifecycle") == "spot",
             "image": instance.get("ImageId", ""),
+            # its cluster placement group ("" where none): a switch of topology.conf (gpuprov.slurm.topology)
+            "placement_group": (instance.get("Placement") or {}).get("GroupName", ""),
             # EC2's LaunchTime, for `status`'s cost so far (gpuprov.pricing.cost).
             "launched": _iso(instance.get("LaunchTime")),
         },

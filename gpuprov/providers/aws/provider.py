@@ -8,6 +8,7 @@ describe -> terminate (teardown.py). What plan prepared travels in ``Plan.detail
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpuprov import paths
@@ -23,6 +24,7 @@ from gpuprov.providers.aws import (
     s3,
     s3_named,
     teardown,
+    topology,
 )
 from gpuprov.providers.aws.common import members, node_record, read_record, region_of, update_record
 from gpuprov.providers.aws.options import AwsOptions, of
@@ -79,6 +81,9 @@ class AwsProvider(Provider):
         if running and files.dir.is_dir():
             ready.pin(running, files, strict=False)
         return nodes
+
+    def network_nodes(self, nodes: list[NodeRecord], say: Callable[[str], None]) -> dict[str, tuple[str, ...]]:
+        return topology.network_nodes(nodes, say)
 
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
         return teardown.destroy(name, region_of(known, files), report, [n.id for n in known],
