@@ -536,3 +536,15 @@ def test_gres_on_device_files_gives_a_job_only_its_gpu(cluster, env) -> None:
             and time.monotonic() < deadline:
         time.sleep(2)
     assert {"gres/gpu=1", f"gres/gpu:{gres_type}=1"} <= set(tres.split(",")), tres
+    # ... and `gpuprov usage` counts its GPU-hours, and the GPUs' idle hours as their own row
+    # (a job of three seconds: one GPU for 0.0008 h).
+    _on(first, f"srun -w {first} -J gres-hours --gres=gpu:1 sleep 3", user="gpuprov")
+    deadline = time.monotonic() + 60
+    while True:
+        data = json.loads(run_cli("usage", name, "-o", "json", env=env, check=True, timeout=120).stdout)
+        rows = {r["key"]: r for r in data["rows"]}
+        if rows.get("gpuprov", {}).get("gpu_hours", 0) >= 0.0008 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert rows["gpuprov"]["gpu_hours"] >= 0.0008 and data["idle"]["gpu_hours"] > 0, data
+    print(run_cli("usage", name, env=env, check=True, timeout=120).stdout)
