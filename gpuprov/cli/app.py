@@ -99,7 +99,7 @@ def up(**given: Any) -> int:
                               gpu_sharing=f.gpu_sharing),
             scheduler=Scheduler(kind=f.scheduler, controller=f.slurm_controller,
                                 controller_only=f.slurm_controller_only, max_count=f.max_count,
-                                idle_minutes=f.idle_minutes),
+                                idle_minutes=f.idle_minutes, accounting=not f.no_accounting),
         )
         return core("up").UpRequest(spec, bootstrap=not f.no_bootstrap, rollback=f.rollback, health=f.health,
                                    tags=f.tags, mode=f.bootstrap_mode, dry_run=f.dry_run,
@@ -207,22 +207,26 @@ def status(name: str, output: str) -> int:
 @click.option("--idle-minutes", type=click.IntRange(min=1, max=defaults.MAX_IDLE_MINUTES), metavar="MIN",
               help="With --max-count: a dynamic node's idle minutes before it is powered down "
               f"(default {defaults.DEFAULT_IDLE_MINUTES}).")
+@click.option("--accounting/--no-accounting", default=None,
+              help="Slurm's accounting on (slurmdbd with MariaDB on the controller, a Slurm cluster's default) or "
+              "off; recorded (default: as recorded).")
 @output_option
 def provision(name: str, check: bool, tags: str | None, full: bool, via: str, scheduler: str | None,
               slurm_controller: str | None, slurm_controller_only: bool, max_count: int | None,
-              idle_minutes: int | None, output: str) -> int:
+              idle_minutes: int | None, accounting: bool | None, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node whose manifest does not hold; safe
     to re-run."""
     if scheduler is None and (slurm_controller or slurm_controller_only):
         raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
-    if via == "pull" and (check or scheduler):
-        raise BadInput(f"--via pull cannot go with {'--check' if check else '--scheduler'}: "
+    if via == "pull" and (check or scheduler or accounting is not None):
+        flag = "--check" if check else "--scheduler" if scheduler else "--accounting/--no-accounting"
+        raise BadInput(f"--via pull cannot go with {flag}: "
                        + ("the nodes converge for real" if check else "pull never configures Slurm"))
     chosen = None if scheduler is None else Scheduler(kind=scheduler, controller=slurm_controller,
                                                       controller_only=slurm_controller_only)
     data = core("provision").provision(name, console=_console(), check=check, tags=tags,
                                        scheduler_choice=chosen, full=full, via=via,
-                                       max_count=max_count, idle_minutes=idle_minutes)
+                                       max_count=max_count, idle_minutes=idle_minutes, accounting=accounting)
     if output == "json":
         cli_output.emit_json(data)
     else:

@@ -260,6 +260,8 @@ UP_OPTIONS = [
     click.option("--idle-minutes", type=click.IntRange(min=1, max=defaults.MAX_IDLE_MINUTES), metavar="MIN",
         help="With --max-count: a dynamic node's idle minutes before it is powered down (default "
         f"{defaults.DEFAULT_IDLE_MINUTES})."),
+    click.option("--no-accounting", is_flag=True, help="With --scheduler slurm: no Slurm accounting (by default "
+        "slurmdbd with MariaDB on the controller records every job for `gpuprov usage`; docs/slurm.md)."),
     click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing."),
     click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
 ]
@@ -307,6 +309,7 @@ class UpFlags:
     slurm_controller_only: bool
     max_count: int | None
     idle_minutes: int | None
+    no_accounting: bool
     dry_run: bool
     yes: bool
     output: str

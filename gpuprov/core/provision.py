@@ -37,18 +37,19 @@ from gpuprov.state import ClusterRecord, NodeRecord, Store
 def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None,
     scheduler_choice: scheduler.Scheduler | None = None, full: bool = False, via: str = "push",
-    max_count: int | None = None, idle_minutes: int | None = None,
+    max_count: int | None = None, idle_minutes: int | None = None, accounting: bool | None = None,
 ) -> ProvisionResult:
     """site.yml on every node that answers and whose manifest does not hold (``full``: on every
     node, as `up` runs it). ``scheduler_choice``: give the cluster this scheduler first
     (recorded before the run; with ``check`` nothing is recorded, and the run plans the cluster
     as its record is). ``via``: push (Ansible from here) or pull (the nodes run it themselves:
     gpuprov.core.via_pull). ``max_count``/``idle_minutes``: give a Slurm cluster dynamic nodes
-    (gpuprov.core.elastic), kept as recorded where not given."""
+    (gpuprov.core.elastic), kept as recorded where not given; ``accounting`` likewise turns
+    Slurm's accounting on or off (gpuprov.slurm.accounting)."""
     tag_list = parse_tags(tags)
     store = store or Store()
     cluster = load(store, name)
-    scheduler_choice = elastic.merged(scheduler.of(cluster), scheduler_choice, max_count, idle_minutes)
+    scheduler_choice = elastic.merged(scheduler.of(cluster), scheduler_choice, max_count, idle_minutes, accounting)
     if scheduler_choice is not None:
         scheduler_choice.checked()
         scheduler.controller_of(cluster, scheduler_choice)  # a controller that is no node: refused now

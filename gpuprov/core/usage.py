@@ -42,6 +42,9 @@ def usage(name: str, since: datetime | None = None, until: datetime | None = Non
     if scheduler.of(cluster).kind != "slurm":
         raise BadInput(f"{name}: runs no Slurm; usage reads Slurm's accounting "
                        f"(`gpuprov provision {name} --scheduler slurm`)")
+    if not scheduler.of(cluster).accounting:
+        raise BadInput(f"{name}: recorded with --no-accounting, so Slurm records no jobs there "
+                       f"(`gpuprov provision {name} --accounting` turns it on)")
     if since is None:
         created = cost.parse_utc(cluster.created)
         since = until - timedelta(days=DEFAULT_DAYS)

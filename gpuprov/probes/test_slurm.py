@@ -1,7 +1,8 @@
 """Probes for Slurm (role slurm): the cluster's munge key in place and working, slurmctld on the
 controller and slurmd on every compute node active and at one version, the node up in `sinfo`,
-a job answering on it through `srun`, every task given the cluster's environment, and the
-node's GRES matching the GPUs on its PCI bus.
+a job answering on it through `srun`, every task given the cluster's environment, the
+node's GRES matching the GPUs on its PCI bus, and (with accounting) slurmdbd answering and its
+database kept to its host.
 
 A node of a cluster without Slurm (`up --scheduler none`, expectation "scheduler": "none")
 cannot have any of it: each probe skips there, saying so. With "scheduler": "slurm" a node
@@ -235,3 +236,45 @@ def test_gres_matches_the_gpus_on_the_pci_bus(host, slurm, report):
     assert count and int(count.group(1)) == gpus, (
         f"expected Gres=gpu:...:{gpus} ({gpus} GPU(s) on the PCI bus), found {gres.group(1) if gres else 'none'}")
     report(f"Gres={gres.group(1)}, {gpus} GPU(s) on the PCI bus")
+
+
+DBD_CONF = "/etc/slurm/slurmdbd.conf"
+MARIADB_PORT = 3306
+
+
+def _conf_value(text: str, key: str) -> str:
+    found = re.search(rf"^\s*{key}\s*=\s*(\S+)", text, re.M | re.I)
+    return found.group(1) if found else ""
+
+
+def test_accounting_records_to_slurmdbd(host, slurm, report):
+    """With accounting (slurm.conf's AccountingStorageType is slurmdbd): slurmdbd answers this
+    node and knows the cluster; on the dbd host (it has slurmdbd.conf), slurmdbd and MariaDB run,
+    slurmdbd.conf is 0600 slurm's (it holds the database password) and MariaDB listens on
+    loopback alone."""
+    conf = read_text(host, CONF) or ""
+    if _conf_value(conf, "AccountingStorageType") != "accounting_storage/slurmdbd":
+        pytest.skip(f"no accounting on this cluster ({CONF}: AccountingStorageType "
+                    f"{_conf_value(conf, 'AccountingStorageType') or 'unset'})")
+    cluster = _conf_value(conf, "ClusterName").lower()
+    listed = host.run("sacctmgr --noheader --parsable2 list cluster format=cluster")
+    assert listed.rc == 0 and cluster in listed.stdout.split(), (
+        f"expected slurmdbd to answer `sacctmgr list cluster` with {cluster!r}, found rc {listed.rc}: "
+        f"{(listed.stdout + listed.stderr).strip()[-300:]}")
+    stat = file_stat(host, DBD_CONF)
+    if stat is None:
+        report(f"slurmdbd ({_conf_value(conf, 'AccountingStorageHost')}) knows cluster {cluster}")
+        return
+    require_systemd(host)
+    for unit in ("slurmdbd", "mariadb"):
+        service = unit_state(host, unit)
+        assert service.is_enabled and service.is_running, f"expected {unit} enabled and running, found {service}"
+    assert (stat.mode, stat.user) == (0o600, "slurm"), (
+        f"expected {DBD_CONF} 0600 owned by slurm (it holds the database password), found "
+        f"{oct(stat.mode)} {stat.user}")
+    listening = host.run(f"ss -ltnH 'sport = :{MARIADB_PORT}'").stdout.split("\n")
+    local = [line.split()[3] for line in listening if line.strip()]
+    assert local and all(a.startswith(("127.", "[::1]")) for a in local), (
+        f"expected MariaDB on loopback alone, found it listening on {local or 'nothing'}")
+    report(f"slurmdbd and MariaDB running here, cluster {cluster} known, {DBD_CONF} 0600 slurm, "
+           f"MariaDB on {', '.join(local)}")

@@ -72,6 +72,10 @@ class SlurmCluster:
     # The lock's GPU sharing (mig:LAYOUT, shard:N, mps, none) and a MIG layout's instances per GPU.
     gpu_sharing: str = "none"
     gpu_sharing_instances: Mapping[str, int] | None = None
+    # Accounting: slurmdbd's host (its address, else its name; "" for no accounting) and the
+    # fairshare weight of the multifactor priority.
+    accounting_host: str = ""
+    fairshare_weight: int = 10000
 
     def description(self) -> dict[str, Any]:
         """The mapping the role's filters take."""
@@ -84,15 +88,21 @@ class SlurmCluster:
             "dynamic_nodes": [vars(n) for n in self.dynamic_nodes],
             "power": vars(self.power) if self.power else {},
             "gpu_sharing": {"sharing": self.gpu_sharing, "instances": dict(self.gpu_sharing_instances or {})},
+            "accounting": ({"host": self.accounting_host, "fairshare_weight": self.fairshare_weight}
+                           if self.accounting_host else {}),
         }
 
 
-def _call(name: str, *args: Any) -> Any:
-    module = rules()
+def call_rule(module: ModuleType, error: type[Exception], name: str, *args: Any) -> Any:
+    """A rule of a role's filter plugin, its refusal (``error``) made BadInput: one line, exit 2."""
     try:
         return getattr(module, name)(*args)
-    except module.SlurmConfError as exc:
+    except error as exc:
         raise BadInput(f"slurm: {exc}") from None
+
+
+def _call(name: str, *args: Any) -> Any:
+    return call_rule(rules(), rules().SlurmConfError, name, *args)
 
 
 def _description(cluster: SlurmCluster | Mapping[str, Any]) -> Mapping[str, Any]:

@@ -20,10 +20,15 @@ def new_key() -> bytes:
 
 
 def write_key(path: Path, key: bytes) -> Path:
-    """Write ``key`` to ``path``, mode 0600, atomically: a new temporary file in the same
-    directory (created 0600, never wider, named afresh), synced, then renamed over ``path``."""
+    """Write ``key`` to ``path``, mode 0600, atomically (write_private)."""
     if len(key) < MIN_KEY_BYTES:
         raise GpuprovError(f"a munge key of {len(key)} bytes: munged needs at least {MIN_KEY_BYTES}")
+    return write_private(path, key)
+
+
+def write_private(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path``, mode 0600, atomically: a new temporary file in the same
+    directory (created 0600, never wider, named afresh), synced, then renamed over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # A name of its own (mkstemp: O_EXCL, mode 0600): a stale temporary file left by a process
@@ -32,7 +37,7 @@ def write_key(path: Path, key: bytes) -> Path:
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(key)
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o600)

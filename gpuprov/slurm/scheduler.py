@@ -5,7 +5,8 @@ the slurm play (playbooks/slurm.yml) reads.
 The munge key is made here, by gpuprov, never by a node: 1024 random bytes in the cluster's
 private directory (0700, beside its SSH key), mode 0600 (gpuprov.slurm.munge). The role copies
 it to each node over the pinned SSH connection (no_log); the key's bytes are never a variable,
-so they are in no extravars file, run artifact, log or state row.
+so they are in no extravars file, run artifact, log or state row. The accounting database's
+password (gpuprov.slurm.accounting) is made and kept the same way, and passed as its file's path.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.results.shapes import SlurmNode, SlurmStatus
-from gpuprov.slurm import elastic, munge, topology
+from gpuprov.slurm import accounting, elastic, munge, topology
 from gpuprov.slurm.scheduler_choice import NODE_NAME, Scheduler
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
@@ -50,7 +51,7 @@ def record(store: Store, cluster: ClusterRecord, chosen: Scheduler) -> ClusterRe
     controller_of(cluster, chosen)
     options = {k: v for k, v in (cluster.spec.get("options") or {}).items()
                if k not in ("scheduler", "slurm_controller", "slurm_controller_only", "slurm_max_count",
-                            "slurm_idle_minutes")}
+                            "slurm_idle_minutes", "slurm_accounting")}
     store.set_spec(cluster.name, {**cluster.spec, "options": {**options, **chosen.checked().as_options()}})
     found = store.get_cluster(cluster.name)
     assert found is not None
@@ -90,7 +91,7 @@ def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecor
             "gpuprov_slurm_topology": topology_vars(cluster, [d["name"] for d in
                                                              dynamic.get("gpuprov_slurm_dynamic_nodes", [])],
                                                     network or {}),
-            **dynamic}
+            **accounting_vars(files, chosen), **dynamic}
 
 
 def topology_vars(cluster: ClusterRecord, dynamic: list[str],
@@ -105,6 +106,16 @@ def topology_vars(cluster: ClusterRecord, dynamic: list[str],
         places += [topology.Place(name, like.network_nodes, like.group, like.zone) for name in dynamic]
     return [{"name": sw.name, "nodes": sw.nodes, "switches": sw.switches}
             for sw in topology.switches(cluster.name, places)]
+
+
+def accounting_vars(files: ClusterFiles, chosen: Scheduler) -> dict[str, Any]:
+    """The slurm play's accounting: on (slurmdbd and MariaDB on the controller), with the path of
+    the cluster's database password file (made once, like the munge key), unless the cluster was
+    recorded with --no-accounting."""
+    if not chosen.accounting:
+        return {"gpuprov_slurm_accounting": False}
+    password = accounting.ensure_password(files.dir / accounting.PASSWORD_FILE)
+    return {"gpuprov_slurm_accounting": True, "gpuprov_slurm_accounting_password": str(password)}
 
 
 def template_node(cluster: ClusterRecord, chosen: Scheduler | None = None) -> str:

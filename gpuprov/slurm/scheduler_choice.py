@@ -1,7 +1,8 @@
 """What a command asks of a cluster's scheduler (`--scheduler`, `--slurm-controller`,
-`--slurm-controller-only`, `--max-count`, `--idle-minutes`), typed and checked: a leaf, so the
-command line builds it (gpuprov.slurm.scheduler keeps it with the cluster and serves it to the
-slurm play; gpuprov.slurm.elastic checks the dynamic nodes against the cluster)."""
+`--slurm-controller-only`, `--max-count`, `--idle-minutes`, `--no-accounting`), typed and
+checked: a leaf, so the command line builds it (gpuprov.slurm.scheduler keeps it with the
+cluster and serves it to the slurm play; gpuprov.slurm.elastic checks the dynamic nodes
+against the cluster)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Scheduler:
     controller_only: bool = False  # the controller runs no slurmd
     max_count: int | None = None  # static and dynamic nodes together; None: no dynamic nodes
     idle_minutes: int | None = None  # a dynamic node's idle time before it is powered down
+    accounting: bool = True  # slurmdbd with MariaDB on the controller (--no-accounting: none)
 
     def checked(self) -> Scheduler:
         """BadInput (one line) for a choice that cannot be: an unknown scheduler, a controller
@@ -34,6 +36,8 @@ class Scheduler:
         if self.kind != "slurm" and (self.max_count is not None or self.idle_minutes is not None):
             raise BadInput(f"--max-count and --idle-minutes: dynamic nodes are Slurm's (--scheduler slurm); "
                            f"this cluster's scheduler is {self.kind}")
+        if self.kind != "slurm" and not self.accounting:
+            raise BadInput("--no-accounting goes with --scheduler slurm (accounting is Slurm's)")
         if self.max_count is None and self.idle_minutes is not None:
             raise BadInput("--idle-minutes goes with --max-count (the dynamic nodes it powers down)")
         if self.controller is not None and not NODE_NAME.fullmatch(self.controller):
@@ -46,7 +50,8 @@ class Scheduler:
         return cls(kind=options.get("scheduler") or defaults.DEFAULT_SCHEDULER,
                    controller=options.get("slurm_controller"),
                    controller_only=bool(options.get("slurm_controller_only")),
-                   max_count=options.get("slurm_max_count"), idle_minutes=options.get("slurm_idle_minutes"))
+                   max_count=options.get("slurm_max_count"), idle_minutes=options.get("slurm_idle_minutes"),
+                   accounting=options.get("slurm_accounting", True) is not False)
 
     def as_options(self) -> dict[str, Any]:
         """How a cluster's record keeps it (its spec's options)."""
@@ -55,4 +60,5 @@ class Scheduler:
         return {"scheduler": self.kind, **({"slurm_controller": self.controller} if self.controller else {}),
                 **({"slurm_controller_only": True} if self.controller_only else {}),
                 **({"slurm_max_count": self.max_count} if self.max_count is not None else {}),
-                **({"slurm_idle_minutes": self.idle_minutes} if self.idle_minutes is not None else {})}
+                **({"slurm_idle_minutes": self.idle_minutes} if self.idle_minutes is not None else {}),
+                **({"slurm_accounting": False} if not self.accounting else {})}

@@ -3,8 +3,8 @@ controller answers from a real recording (tests/fixtures/recordings/sacct-two-no
 FIXTURE is the SSH hop alone (gpuprov.slurm.scheduler.on_controller answered from the recorded
 sinfo and sacct, and each node's Slurm name read as its own), so that the command's own path
 (the record, the window, the rules, the prices or why there are none, the table and the JSON) is
-what runs. The arithmetic is tests/unit/test_slurm_usage.py's; accounting on a real cluster is
-not built yet (docs/slurm.md, "Accounting and usage")."""
+what runs. The arithmetic is tests/unit/test_slurm_usage.py's; accounting on a real cluster,
+read by `gpuprov usage`, is tests/e2e/test_slurm_e2e.py's (docs/slurm.md, "Accounting")."""
 
 from __future__ import annotations
 
@@ -98,3 +98,13 @@ def test_accounting_that_is_off_is_one_line_exit_1(capsys, rack, monkeypatch) ->
     code, out, err = invoke(capsys, "usage", "rack", *WINDOW)
     assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "Slurm accounting storage is disabled" in err and "Accounting and usage" in err
+
+
+def test_a_cluster_recorded_without_accounting_is_one_line_exit_2_and_asks_nothing(capsys, rack) -> None:
+    store = Store()
+    store.set_spec("rack", {**store.get_cluster("rack").spec,
+                            "options": {"scheduler": "slurm", "slurm_controller": "acctnode", "slurm_accounting": False}})
+    code, out, err = invoke(capsys, "usage", "rack", *WINDOW)
+    assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1, err
+    assert "rack: recorded with --no-accounting" in err and "--accounting" in err
+    assert rack == []

@@ -79,7 +79,10 @@ def fleet(env, repo, tmp_path_factory):
         assert proc.returncode == 0, proc.stdout[-4000:]
         # driver.yml refreshed the fixture repository's lists only (the node image ships none):
         # the slurm role finds Debian's lists lacking its packages and refreshes them itself.
-        proc = run_cli("provision", name, "--scheduler", "slurm", "--tags", "slurm", env=env, timeout=900)
+        # No accounting (slurmdbd and MariaDB): the rolls prove draining, not accounting (the suite's
+        # time; tests/e2e/test_slurm_e2e.py proves accounting).
+        proc = run_cli("provision", name, "--scheduler", "slurm", "--no-accounting", "--tags", "slurm", env=env,
+                       timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         yield name, [f"{name}-node-{i}" for i in (1, 2, 3)]
     finally:

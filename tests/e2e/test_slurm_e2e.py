@@ -6,8 +6,11 @@ play writes. What it proves: both nodes idle in `sinfo` with the CPUs and memory
 `srun -N2` answering from both, a two-node batch job seeing the NCCL environment, one munge key
 made by gpuprov (identical on both nodes, 0400 munge, its bytes nowhere in gpuprov's state or run
 artifacts), bad scheduler input refused with one line and nothing recorded, a node whose
-slurm.conf serves another cluster refused before anything is recorded or changed, and (last, a
-labelled FIXTURE of device files) GRES giving a job only the GPU it was given.
+slurm.conf serves another cluster refused before anything is recorded or changed, Slurm's
+accounting (on by default: slurmdbd with MariaDB on the controller) recording two users' jobs
+for `sacct` and `gpuprov usage` through a second provision and restarts, its database password
+in no other file, and (last, a labelled FIXTURE of device files) GRES giving a job only the GPU
+it was given, its GPU in the job's accounting TRES.
 """
 
 from __future__ import annotations
@@ -150,6 +153,100 @@ cd /tmp && sbatch --parsable --wait -N2 -o /tmp/job-%j.out /tmp/envjob.sh""", us
     leaks = [str(p) for p in home.rglob("*") if p.is_file() and p != key_file
              and any(t in p.read_bytes() for t in texts)]
     assert leaks == [], leaks
+
+
+# A second user of the cluster (the nodes' own user is gpuprov), the same uid on every node, in an
+# account of its own made with sacctmgr as docs/slurm.md shows.
+OTHER_USER, OTHER_UID, ACCOUNT = "alice", 2001, "research"
+# The accounting test's jobs as sacct recorded them, read again after a later provision.
+RECORDED: dict[str, list[str]] = {}
+# (a start time: sacct's default window starts at today's midnight, which a run may cross)
+SACCT = ("sacct --allusers -X --noheader --parsable2 --starttime=2020-01-01 "
+         "--format=JobID,User,Account,State,AllocTRES")
+
+
+def _sacct(node: str, jobs: list[str], timeout: float = 60.0) -> dict[str, list[str]]:
+    """sacct's record of ``jobs`` ({job: [user, account, state, AllocTRES]}), once every one of
+    them is there and finished (slurmctld hands a job's end to slurmdbd a moment after)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = {r[0]: r[1:] for r in (line.split("|") for line in _on(node, SACCT).splitlines()) if r[0] in jobs}
+        if (set(rows) == set(jobs) and all(r[2] == "COMPLETED" for r in rows.values())) or time.monotonic() > deadline:
+            return rows
+        time.sleep(2)
+
+
+def test_accounting_records_each_users_jobs_through_provision_and_restarts(cluster, env) -> None:
+    """Issue 59: accounting is on by default. slurmdbd and MariaDB run on the controller alone
+    (MariaDB on loopback, slurmdbd.conf 0600 slurm); jobs of two users (the nodes' gpuprov and
+    alice, in an account made with sacctmgr) are in `sacct` with their TRES, and `gpuprov usage`
+    shows both users' hours (a local cluster: hours, no price); the records stay through a
+    second `provision` and a restart of MariaDB and slurmdbd; the database password (made by
+    gpuprov, 0600) is in no other file under the state directory, no run artifact, and on the
+    nodes in slurmdbd.conf alone."""
+    name, nodes = cluster
+    first, second = nodes
+    assert _on(first, "systemctl is-active slurmdbd mariadb").split() == ["active", "active"]
+    assert _on(second, "systemctl is-active slurmdbd mariadb || true").split() == ["inactive", "inactive"]
+    assert _on(first, "stat -c '%a %U' /etc/slurm/slurmdbd.conf").strip() == "600 slurm"
+    assert _on(second, "test -e /etc/slurm/slurmdbd.conf && echo there || echo none").strip() == "none"
+    listening = [line.split()[3] for line in _on(first, "ss -ltnH 'sport = :3306'").splitlines()]
+    assert listening and all(a.startswith("127.0.0.1:") for a in listening), listening
+    conf = _on(first, "scontrol show config")
+    assert "accounting_storage/slurmdbd" in conf and "jobacct_gather/cgroup" in conf and "priority/multifactor" in conf
+    assert _on(first, "sacctmgr --noheader --parsable2 list cluster format=cluster").split() == [name.lower()]
+
+    for node in nodes:
+        _on(node, f"id -u {OTHER_USER} >/dev/null 2>&1 || useradd -m -u {OTHER_UID} {OTHER_USER}")
+    _on(first, f"sacctmgr -i add account {ACCOUNT} Description=research Organization=lab >/dev/null; "
+               f"sacctmgr -i add user {OTHER_USER} DefaultAccount={ACCOUNT} >/dev/null")
+    # Side by side (one CPU of each node each): gpuprov's job on both nodes, alice's two on one each.
+    mine = _on(first, "cd /tmp && sbatch --parsable -N2 -o /dev/null --wrap 'sleep 4'", user="gpuprov").strip()
+    theirs = [_on(first, f"cd /tmp && sbatch --parsable -N1 -o /dev/null --wrap 'sleep {s}'",
+                  user=OTHER_USER).strip() for s in (3, 5)]
+    rows = _sacct(first, [mine, *theirs])
+    assert {j: r[:3] for j, r in rows.items()} == {
+        mine: ["gpuprov", "", "COMPLETED"], **{j: [OTHER_USER, ACCOUNT, "COMPLETED"] for j in theirs}}, rows
+    assert "node=2" in rows[mine][3] and all("node=1" in rows[j][3] and "cpu=" in rows[j][3] for j in theirs), rows
+
+    def hours_by_user() -> dict[str, tuple[int, float]]:
+        data = json.loads(run_cli("usage", name, "-o", "json", env=env, check=True, timeout=120).stdout)
+        assert data["controller"] == first and data["by"] == "user", data
+        assert all(p["usd_per_hour"] is None and p["why"] for p in data["prices"].values()), data["prices"]
+        return {r["key"]: (r["jobs"], r["node_hours"]) for r in data["rows"]}
+
+    before = hours_by_user()
+    assert before[OTHER_USER][0] == 2 and before["gpuprov"][0] >= 1, before
+    assert before[OTHER_USER][1] > 0 and before["gpuprov"][1] > 0, before
+
+    # The records stay through a restart of MariaDB and slurmdbd (and through the next test's
+    # provision: test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays reads them after it).
+    # (slurmdbd listens a moment after systemd says it started)
+    _on(first, "systemctl restart mariadb && systemctl restart slurmdbd && for _ in $(seq 30); do "
+               "sacctmgr --noheader list cluster >/dev/null 2>&1 && exit 0; sleep 1; done; exit 1")
+    assert _sacct(first, [mine, *theirs]) == rows
+    assert {u: jobs for u, (jobs, _) in hours_by_user().items()} == {u: jobs for u, (jobs, _) in before.items()}
+    RECORDED.update(rows)
+    # What a person sees (shown by `pytest -rP`): sacct's records and `gpuprov usage`'s table.
+    print(_on(first, SACCT.replace("--noheader ", "")))
+    print(run_cli("usage", name, env=env, check=True, timeout=120).stdout)
+
+    # The password: gpuprov's own file (0600), nowhere else under the state directory (the runs'
+    # artifacts included), and on the nodes in slurmdbd.conf alone.
+    home = Path(env["GPUPROV_HOME"])
+    pass_file = home / "clusters" / name / "slurmdbd.pass"
+    assert pass_file.stat().st_mode & 0o777 == 0o600
+    password = pass_file.read_bytes()
+    assert len(password) == 43
+    texts = [password, password[:20], password[20:], base64.b64encode(password)[:24], password.hex().encode()[:40]]
+    leaks = [str(p) for p in home.rglob("*") if p.is_file() and p != pass_file
+             and any(t in p.read_bytes() for t in texts)]
+    assert leaks == [], leaks
+    assert any((home / "clusters" / name).rglob("job_events/*.json")), "no run artifacts were looked at"
+    where = "/etc /var/log /var/lib/mysql /root /home /tmp /var/tmp"
+    for node, found in ((first, ["/etc/slurm/slurmdbd.conf"]), (second, [])):
+        seen = _on(node, f"grep -rlF -- '{password.decode()}' {where} 2>/dev/null || true").split()
+        assert seen == found, (node, seen)
 
 
 def test_each_node_runs_gpuprovs_quick_health_itself(cluster, env) -> None:
@@ -329,7 +426,8 @@ def test_a_node_is_drained_by_its_own_health_and_resumed_when_it_passes(cluster,
 
 def test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays(cluster, env) -> None:
     """`status` asks the controller; a node a person drained keeps its state and reason through
-    a `provision` (gpuprov resumes only what it drained itself)."""
+    a `provision` (gpuprov resumes only what it drained itself), and the accounting database its
+    records (issue 59)."""
     name, nodes = cluster
     first, second = nodes
     _on(first, f"scontrol update nodename={second} state=drain reason='by hand'")
@@ -341,6 +439,7 @@ def test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays(cluster, env
     table = run_cli("status", name, env=env, check=True).stdout
     assert f"{second} drained (by hand)" in table
     run_cli("provision", name, "--tags", "slurm", env=env, timeout=600, check=True)
+    assert RECORDED and _sacct(first, list(RECORDED)) == RECORDED
     # The node's health program (as slurmd runs it): every check passes, and still a node a
     # person drained is not resumed.
     _on(second, "/usr/local/sbin/gpuprov-slurm-health")
@@ -421,7 +520,7 @@ def test_gres_on_device_files_gives_a_job_only_its_gpu(cluster, env) -> None:
     assert _wait_state(first, first, "idle")[0] == "idle"
 
     _on(first, f"cat > /tmp/open-devices.py <<'EOS'\n{OPEN_DEVICES}EOS")
-    one = _on(first, f"srun -w {first} --gres=gpu:1 {IN_JOB}", user="gpuprov").splitlines()
+    one = _on(first, f"srun -w {first} -J gres-one --gres=gpu:1 {IN_JOB}", user="gpuprov").splitlines()
     assert one == ["CUDA_VISIBLE_DEVICES=0",
                    "/dev/nvidia0 ENXIO No such device or address",
                    "/dev/nvidia1 EPERM Operation not permitted"], one
@@ -429,3 +528,23 @@ def test_gres_on_device_files_gives_a_job_only_its_gpu(cluster, env) -> None:
     assert both == ["CUDA_VISIBLE_DEVICES=0,1",
                     "/dev/nvidia0 ENXIO No such device or address",
                     "/dev/nvidia1 ENXIO No such device or address"], both
+    # Accounting (issue 59) keeps the job's GPU as TRES: gres/gpu and its type (slurm.conf's
+    # AccountingStorageTRES follows the nodes' GPU model).
+    assert f"AccountingStorageTRES=gres/gpu,gres/gpu:{gres_type}" in _on(first, "cat /etc/slurm/slurm.conf")
+    deadline = time.monotonic() + 60
+    while (tres := _on(first, "sacct -X -n -P -S 2020-01-01 --name=gres-one --format=AllocTRES").strip()) == "" \
+            and time.monotonic() < deadline:
+        time.sleep(2)
+    assert {"gres/gpu=1", f"gres/gpu:{gres_type}=1"} <= set(tres.split(",")), tres
+    # ... and `gpuprov usage` counts its GPU-hours, and the GPUs' idle hours as their own row
+    # (a job of three seconds: one GPU for 0.0008 h).
+    _on(first, f"srun -w {first} -J gres-hours --gres=gpu:1 sleep 3", user="gpuprov")
+    deadline = time.monotonic() + 60
+    while True:
+        data = json.loads(run_cli("usage", name, "-o", "json", env=env, check=True, timeout=120).stdout)
+        rows = {r["key"]: r for r in data["rows"]}
+        if rows.get("gpuprov", {}).get("gpu_hours", 0) >= 0.0008 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert rows["gpuprov"]["gpu_hours"] >= 0.0008 and data["idle"]["gpu_hours"] > 0, data
+    print(run_cli("usage", name, env=env, check=True, timeout=120).stdout)

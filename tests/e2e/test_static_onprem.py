@@ -143,7 +143,8 @@ def test_slurm_on_existing_hosts_knows_them_by_their_own_names(env, machines, tm
                         [{"instance_type": "docker-node"}, {"instance_type": "docker-node"}])
     name = f"sl-{secrets.token_hex(3)}"
     up = run_cli("up", "--provider", "static", "--hosts", str(hosts), "--name", name, "--source", "distro",
-                 "--scheduler", "slurm", "--slurm-controller", "rack-2", "--no-bootstrap", "-o", "json", env=env)
+                 "--scheduler", "slurm", "--slurm-controller", "rack-2", "--no-accounting", "--no-bootstrap", "-o",
+                 "json", env=env)
     try:
         assert up.returncode == 0, up.stderr
         prov = run_cli("provision", name, "--tags", "slurm", env=env, timeout=900)

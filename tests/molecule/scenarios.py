@@ -49,6 +49,9 @@ DEBIAN12_ONLY = {
     "nccl_tests:default": "builds NVIDIA's nccl-tests against the lock's NCCL and MPI: Debian 13's NCCL line "
                           "(2.22.3, CUDA 12.4) pins no nccl-tests release",
     "nvidia_driver:default": _E2E.format(what="R550 driver with its DKMS build"),
+    "slurm:accounting": "slurmdbd and MariaDB from the distribution by the same tasks as Slurm's own packages; "
+                        "Debian 13's Slurm is the default scenario's (its MariaDB 11.8 and slurmdbd 24.11.5 are "
+                        "claimed, not proven here)",
     "nvidia_fabricmanager:default": "fabric manager comes from NVIDIA's repository layout (the FIXTURE repository "
                                     "here): the same packages and unit on every Debian",
 }
@@ -83,6 +86,12 @@ EXTENDED = {
     "spot_interruption:default": "the spot watcher on Debian 12: in `make test` tests/aws/test_ec2_headline.py's four "
                                  "spot nodes install it and one notices an interruption through IMDSv2, and "
                                  "tests/e2e/test_pull_aws_e2e.py converges its play; left out on 2026-12-02 (CI's time)",
+    "slurm:accounting": "slurmdbd with MariaDB by the slurm role on Debian 12: tests/e2e/test_slurm_e2e.py converges "
+                        "it for real in `make test` (two nodes, accounting on by default: jobs of two users "
+                        "recorded with their TRES, the records kept through a second provision and a restart of "
+                        "slurmdbd and MariaDB, converged again with the manifest's run); its own converge, "
+                        "idempotence and check run by hand (`molecule test -s accounting`) and in "
+                        "`make test-extended`",
     "slurm:default": "the slurm role on Debian 12: in `make test` tests/e2e/test_slurm_e2e.py converges it on two "
                      "nodes and runs jobs across them, and tests/e2e/test_patch_e2e.py converges it on a three-node "
                      "fleet and drains and resumes through it; left out on 2026-12-02 (CI's time)",

@@ -31,6 +31,12 @@ Dynamic nodes (``dynamic_nodes``: entries of the same shape, without ``addr``) a
               "resume_program": "/usr/local/sbin/resume", "suspend_program": "/usr/local/sbin/suspend",
               "resume_fail_program": "/usr/local/sbin/resume-failed", "slurm_version": "22.05.8"}
 
+Accounting (``accounting``: absent or ``{}`` for none): slurmdbd on ``host`` (its address, or
+its name where it has none), fairshare weighed by ``fairshare_weight`` (see
+``accounting_lines``)::
+
+    "accounting": {"host": "10.0.0.5", "fairshare_weight": 10000}
+
 Every name and value is checked before a line is written: a value that could end a line, start
 a comment or add a parameter (newline, ``#``, ``=``, space, comma where Slurm splits on it) is
 refused with ``SlurmConfError`` naming it, never escaped or dropped.
@@ -325,6 +331,7 @@ def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
         "health_check_program": _text(program, "health_check_program", _PATH) if program else "",
         "health_check_interval": _int(description.get("health_check_interval", 300),
                                       "health_check_interval", 1, 86400),
+        "accounting": _accounting(description.get("accounting")),
     }
 
 
@@ -366,8 +373,7 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
         "# with the distribution's libpmix (Open MPI on Debian 12 is built against the same).",
         "MpiDefault=pmix",
         "JobCompType=jobcomp/none",
-        "AccountingStorageType=accounting_storage/none",
-        "JobAcctGatherType=jobacct_gather/none",
+        *accounting_lines(c),
     ]
     if c["task_prolog"]:
         lines.append(f"TaskProlog={c['task_prolog']}")
@@ -391,6 +397,59 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
         lines.append(f"PartitionName={name} Nodes={','.join(n['name'] for n in members)} "
                      f"Default={'YES' if index == 0 else 'NO'} MaxTime=INFINITE State=UP DefMemPerCPU={per_cpu}")
     return _lines("\n".join(lines) + "\n", "slurm.conf")
+
+
+# --- Accounting: slurmdbd ------------------------------------------------------------------
+_MAX_WEIGHT = 1_000_000  # PriorityWeight* are 32-bit; a sane ceiling
+
+
+def _accounting(raw: Any) -> dict[str, Any] | None:
+    """The cluster's accounting: slurmdbd's host (an address or a host name) and the fairshare
+    weight; None for none."""
+    if not raw:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SlurmConfError(f"accounting: expected a mapping, got {raw!r}")
+    host = _addr(raw.get("host"), "accounting host")
+    if not host:
+        raise SlurmConfError("accounting: no host (the node slurmdbd runs on)")
+    return {"host": host,
+            "fairshare_weight": _int(raw.get("fairshare_weight", 10000), "accounting fairshare_weight", 0, _MAX_WEIGHT)}
+
+
+def _gpu_tres(c: Mapping[str, Any]) -> list[str]:
+    """The GPU TRES accounting keeps: gres/gpu, each GPU type (a model, or a MIG profile) of its
+    own, and shards or MPS shares where the cluster's GPUs are shared so."""
+    sharing = c["gpu_sharing"]
+    every = [*c["nodes"], *c["dynamic_nodes"]]
+    if sharing["mode"] == "mig":
+        types = set(sharing["instances"]) if any(n["gpus"] for n in every) else set()
+    else:
+        types = {n["gres_type"] for n in every if n["gpus"] and n["gres_type"]}
+    extra = {"shard": ["gres/shard"], "mps": ["gres/mps"]}.get(sharing["mode"], [])
+    return ["gres/gpu", *(f"gres/gpu:{t}" for t in sorted(types)), *extra]
+
+
+def accounting_lines(c: Mapping[str, Any]) -> list[str]:
+    """slurm.conf's accounting lines. None: no accounting (Slurm's own defaults, as before).
+    With it: jobs recorded by slurmdbd (every job's user, account, nodes, GPUs as TRES, times),
+    its resources gathered through the job's cgroup (ProctrackType is proctrack/cgroup), and
+    the multifactor priority with fairshare (a user or account that used less waits less;
+    age keeps a waiting job from starving). Jobs of users the database does not know still run
+    (no AccountingStorageEnforce) and are recorded under their user."""
+    acct = c.get("accounting")
+    if acct is None:
+        return ["AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none"]
+    return [
+        "# Accounting: slurmdbd (its own slurmdbd.conf and database) records every job.",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={acct['host']}",
+        f"AccountingStorageTRES={','.join(_gpu_tres(c))}",
+        "JobAcctGatherType=jobacct_gather/cgroup",
+        "PriorityType=priority/multifactor",
+        f"PriorityWeightFairshare={acct['fairshare_weight']}",
+        "PriorityWeightAge=1000",
+    ]
 
 
 # --- Dynamic nodes: Slurm's power saving ---------------------------------------------------
