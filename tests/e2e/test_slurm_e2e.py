@@ -125,6 +125,13 @@ def test_slurm_runs_jobs_across_both_nodes_with_the_fabric_environment(cluster, 
     answered = _on(first, "srun -N2 hostname -s", user="gpuprov").split()
     assert sorted(answered) == sorted(nodes)
 
+    # The topology Slurm schedules by (issue 59): local nodes are under one switch, their zone's,
+    # so a job asking for one switch gets both.
+    assert _on(first, "scontrol show config | grep '^TopologyPlugin '").split("=", 1)[1].strip() == "topology/tree"
+    assert _on(first, "scontrol show topology").split()[0] == "SwitchName=zone-local"
+    answered = _on(first, "srun -N2 --switches=1 hostname -s", user="gpuprov").split()
+    assert sorted(answered) == sorted(nodes)
+
     # A batch job sees the NCCL settings the rdma play wrote to /etc/nccl.conf, on both nodes.
     wanted = _on(first, "grep -E '^NCCL_SOCKET_IFNAME=' /etc/nccl.conf").strip()
     assert wanted

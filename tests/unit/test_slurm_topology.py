@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpuprov.slurm import topology
 from gpuprov.slurm.topology import Place
 
@@ -63,3 +65,47 @@ def test_a_name_that_would_be_syntax_is_never_written() -> None:
     # an answer's other shapes are left, not guessed
     assert topology.from_instance_topology({"Instances": [{"InstanceId": "i-1", "NetworkNodes": "nn-1"}]},
                                            {"i-1": "n1"}) == {}
+
+
+# --- the role's side: topology.conf and slurm.conf's plugin line ---------------------------------
+def _role():
+    from gpuprov import paths
+
+    return paths.role_module("gpuprov_slurm_topology_rules", "slurm", "filter_plugins", "gpuprov_slurm_topology.py")
+
+
+def _description(switches: list[dict]) -> dict:
+    node = {"cpus": 8, "sockets": 1, "cores_per_socket": 8, "threads_per_core": 1, "memtotal_mb": 32000,
+            "gpus": 0, "partition": "p"}
+    return {"cluster_name": "c", "controller": "c-node-1", "controller_addr": "10.0.0.5",
+            "nodes": [{**node, "name": f"c-node-{i}", "addr": f"10.0.0.{4 + i}"} for i in (1, 2, 3)],
+            "topology": switches}
+
+
+def test_the_role_writes_what_gpuprov_builds_and_names_the_plugin_in_slurm_conf() -> None:
+    from gpuprov.slurm import conf
+
+    places = [Place("c-node-1", group="g1"), Place("c-node-2", group="g1"), Place("c-node-3", group="g2")]
+    built = [{"name": sw.name, "nodes": sw.nodes, "switches": sw.switches} for sw in topology.switches("c", places)]
+    text = _role().topology_conf(_description(built))
+    assert text.splitlines()[1:] == topology.conf_lines(topology.switches("c", places))
+    assert "TopologyPlugin=topology/tree" in conf.slurm_conf(_description(built)).splitlines()
+    assert not any(line.startswith("TopologyPlugin") for line in conf.slurm_conf(_description([])).splitlines())
+
+
+def test_the_role_refuses_a_topology_it_cannot_write_safely() -> None:
+    role = _role()
+    leaf = {"name": "s1", "nodes": ["c-node-1", "c-node-2", "c-node-3"]}
+    for bad, words in (
+        ([{"name": "s1 Nodes=x", "nodes": ["c-node-1"]}], "a switch needs a name"),
+        ([{**leaf, "nodes": ["c-node-1", "c-node-2", "c-node-3", "c-node-9"]}], "c-node-9 is no node"),
+        ([{**leaf, "nodes": ["c-node-1", "c-node-2"]}], "c-node-3 under no switch"),
+        ([leaf, {"name": "s2", "nodes": ["c-node-1"]}], "c-node-1 is under more than one switch"),
+        ([leaf, {"name": "top", "switches": ["s9"]}], "s9 is no switch"),
+        ([{"name": "a", "switches": ["b"], "nodes": ["c-node-1", "c-node-2", "c-node-3"]},
+          {"name": "b", "switches": ["a"]}], "under itself"),
+        ([leaf, leaf], "named twice"),
+        ([{**leaf, "nodes": ["c-node-1\nSwitchName=x"]}], "expected a list of names"),
+    ):
+        with pytest.raises(role.SlurmTopologyError, match=words):
+            role.topology_conf(_description(bad))

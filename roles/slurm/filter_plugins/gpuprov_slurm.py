@@ -332,6 +332,7 @@ def cluster(description: Mapping[str, Any]) -> dict[str, Any]:
         "health_check_interval": _int(description.get("health_check_interval", 300),
                                       "health_check_interval", 1, 86400),
         "accounting": _accounting(description.get("accounting")),
+        "topology": bool(description.get("topology")),
     }
 
 
@@ -374,6 +375,8 @@ def slurm_conf(description: Mapping[str, Any]) -> str:
         "MpiDefault=pmix",
         "JobCompType=jobcomp/none",
         *accounting_lines(c),
+        # topology.conf's switches (`sbatch --switches=N`), where the description gives any.
+        *(["TopologyPlugin=topology/tree"] if c["topology"] else []),
     ]
     if c["task_prolog"]:
         lines.append(f"TaskProlog={c['task_prolog']}")
