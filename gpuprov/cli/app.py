@@ -24,6 +24,7 @@ from gpuprov.cli.monitor import monitor
 from gpuprov.cli.options import UpFlags, debug_anywhere, output_option, refuse_empty_values, up_options
 from gpuprov.cli.patch import patch
 from gpuprov.cli.registry import core
+from gpuprov.cli.slurm import slurm
 from gpuprov.cli.ssh import ssh_cmd, ssh_config_cmd
 from gpuprov.cli.stack import cuda_for_install, stack, types
 from gpuprov.cli.team import access, state, unlock
@@ -138,7 +139,10 @@ def _launch_confirmation(yes: bool) -> Callable[[Any], bool]:
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--region", help="aws: where to look by tag when local state has lost the cluster.")
-def down(name: str, yes: bool, region: str | None) -> int:
+@click.option("--keep-accounting", is_flag=True, help="A Slurm cluster with accounting: first export every job's "
+              "sacct line and a mysqldump of its accounting database into clusters/NAME/accounting-STAMP/ (kept); "
+              "a failed export removes nothing.")
+def down(name: str, yes: bool, region: str | None, keep_accounting: bool) -> int:
     """Remove a cluster's nodes (static: forget them; the machines are not touched).
 
     aws: terminates the instances, waits, then deletes the cluster's elastic
@@ -151,7 +155,7 @@ def down(name: str, yes: bool, region: str | None) -> int:
             raise BadInput(f"refusing to take '{name}' down without --yes (no terminal to ask)")
         return click.confirm(question, default=False, err=True)
 
-    core("down").down(name, console=_console(), confirm=confirm, region=region)
+    core("down").down(name, console=_console(), confirm=confirm, region=region, keep_accounting=keep_accounting)
     return 0
 
 
@@ -356,6 +360,7 @@ cli.add_command(usage_cmd)
 cli.add_command(state)
 cli.add_command(unlock)
 cli.add_command(access)
+cli.add_command(slurm)
 refuse_empty_values(cli)
 
 

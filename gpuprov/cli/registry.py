@@ -27,7 +27,7 @@ Command = Literal[
     "exec", "ssh", "ssh-config", "image bake", "image list", "image delete", "monitor", "patch",
     "patch --onto-image", "power-service", "usage", "settings --set", "state bucket", "state push", "state pull",
     "unlock",
-    "access grant", "access revoke", "access list",
+    "access grant", "access revoke", "access list", "slurm account add", "slurm account list",
 ]
 
 COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
@@ -59,6 +59,8 @@ COMMANDS: Final[Mapping[Command, str]] = MappingProxyType({
     "access grant": "gpuprov.core.access",
     "access revoke": "gpuprov.core.access",
     "access list": "gpuprov.core.access",
+    "slurm account add": "gpuprov.core.slurm_accounts",
+    "slurm account list": "gpuprov.core.slurm_accounts",
 })
 
 

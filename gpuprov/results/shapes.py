@@ -420,6 +420,21 @@ class MonitorResult:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SlurmAccount:
+    account: str
+    users: list[str]  # its users' associations, sorted (none: the account alone)
+
+
+@dataclass(frozen=True)
+class SlurmAccounts:
+    """`gpuprov slurm account list`: the accounts and users Slurm's accounting knows."""
+
+    cluster: str
+    controller: str
+    accounts: list[SlurmAccount]
+
+
 SHAPES: dict[str, Any] = {  # what each command prints with `-o json` (docs/json-output.md)
     "up": UpResult,
     "list": list[ClusterRow],
@@ -431,4 +446,5 @@ SHAPES: dict[str, Any] = {  # what each command prints with `-o json` (docs/json
     "health": HealthResult,
     "monitor": MonitorResult,
     "usage": UsageResult,
+    "slurm": SlurmAccounts,
 }

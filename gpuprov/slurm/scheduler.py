@@ -206,6 +206,14 @@ def on_controller(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeR
     return _on_controller(cluster, files, nodes, argv)
 
 
+def controller_command(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
+                       argv: tuple[str, ...]) -> tuple[str, list[str] | str]:
+    """(controller, the ssh command running fixed words ``argv`` on it over its pinned
+    connection), or (controller, why there is none): for a command whose output is streamed
+    to a file (gpuprov.core.slurm_accounts' export)."""
+    return _controller_command(cluster, files, nodes, argv)
+
+
 def slurm_status(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> SlurmStatus | None:
     """Each node's Slurm state and reason, asked of the controller over its pinned SSH
     connection (None where the cluster runs no Slurm; ``error`` where the controller did not

@@ -98,7 +98,7 @@ def _resolve(words: list[str]) -> tuple[tuple[str, ...], list[str]] | None:
     words = [w for w in words if w not in GLOBAL]
     if not words:
         return (), []
-    for size in (2, 1):
+    for size in (3, 2, 1):  # `gpuprov slurm account add`: a group's group
         if tuple(words[:size]) in COMMANDS:
             return tuple(words[:size]), words[size:]
     return None

@@ -256,6 +256,28 @@ def test_accounting_records_each_users_jobs_through_provision_and_restarts(clust
         assert seen == found, (node, seen)
 
 
+def test_slurm_account_add_makes_an_account_with_users_once_and_lists_it(cluster, env) -> None:
+    """Issue 59: `gpuprov slurm account add` runs sacctmgr on the controller over the pinned SSH
+    (an account and two users' associations, the real Slurm's), a second run says each is there
+    and changes nothing, `slurm account list -o json` reads them back; a bad name is refused
+    before anything runs."""
+    name, nodes = cluster
+    bad = run_cli("slurm", "account", "add", name, "vision", "--user", "alice;id", env=env)
+    assert bad.returncode == 2 and "not a Slurm user name" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    added = run_cli("slurm", "account", "add", name, "vision", "--user", OTHER_USER, "--user", "gpuprov",
+                    env=env, check=True, timeout=120)
+    assert "account vision added" in added.stderr and f"user {OTHER_USER} added to account vision" in added.stderr
+    users = _on(nodes[0], "sacctmgr -n -P list associations account=vision format=user").split()
+    assert sorted(u for u in users if u) == sorted([OTHER_USER, "gpuprov"]), users
+    again = run_cli("slurm", "account", "add", name, "vision", "--user", OTHER_USER, env=env, check=True, timeout=120)
+    assert "account vision is there already" in again.stderr and "nothing changed" in again.stderr, again.stderr
+    listed = json.loads(run_cli("slurm", "account", "list", name, "-o", "json", env=env, check=True,
+                                timeout=120).stdout)
+    accounts = {a["account"]: a["users"] for a in listed["accounts"]}
+    assert listed["controller"] == nodes[0] and accounts["vision"] == sorted([OTHER_USER, "gpuprov"]), listed
+    assert OTHER_USER in accounts.get(ACCOUNT, []), listed
+
+
 def test_each_node_runs_gpuprovs_quick_health_itself(cluster, env) -> None:
     """The health program's quick level is gpuprov's own (the zipapp gpuprov built for the run,
     byte for byte), run on the node with the node's python3 and no site-packages, held to what
@@ -580,8 +602,8 @@ def test_status_shows_each_nodes_slurm_state_and_a_hand_drain_stays(cluster, env
 # 195:0 and 195:1 (/dev/nvidia0, /dev/nvidia1: the NVIDIA driver's major number, no driver
 # behind them), and the slurm play is run by hand (the cluster's own inventory, ansible.cfg and
 # vars.yml that gpuprov wrote) with the node's census given as 2 GPUs of the recorded H100's
-# model instead of read from its PCI bus. This is the module's last test: the cluster is torn
-# down after it, so nothing is restored.
+# model instead of read from its PCI bus. Only the export of `down --keep-accounting` comes after
+# it (the cluster goes there), so nothing is restored.
 FIXTURE_GPUS = 2
 # Run inside the job: each device opened, and what the kernel answered.
 OPEN_DEVICES = """import errno, os, sys
@@ -677,3 +699,29 @@ def test_gres_on_device_files_gives_a_job_only_its_gpu(cluster, env) -> None:
         time.sleep(2)
     assert rows["gpuprov"]["gpu_hours"] >= 0.0008 and data["idle"]["gpu_hours"] > 0, data
     print(run_cli("usage", name, env=env, check=True, timeout=120).stdout)
+
+
+def test_down_keep_accounting_exports_every_job_and_the_database_first(cluster, env) -> None:
+    """Issue 59 (the module's last test: the cluster goes here, and the fixture's own `down`
+    finds nothing left). `down --keep-accounting` exports every job's sacct line and a
+    mysqldump of slurm_acct_db (root over MariaDB's socket, streamed over SSH) into
+    clusters/NAME/accounting-STAMP/ (0700, kept after down): the jobs the earlier tests ran are
+    in it, the dump holds the tables, and no file of it holds the database password."""
+    name, _ = cluster
+    home = Path(env["GPUPROV_HOME"])
+    password = (home / "clusters" / name / "slurmdbd.pass").read_bytes()
+    down = run_cli("down", name, "--keep-accounting", "--yes", env=env, timeout=300)
+    assert down.returncode == 0, down.stderr
+    (kept,) = (home / "clusters" / name).iterdir()
+    assert kept.name.startswith("accounting-") and f"its accounting is kept in {kept}" in down.stderr, down.stderr
+    assert kept.stat().st_mode & 0o777 == 0o700
+    assert {p.name: p.stat().st_mode & 0o777 for p in kept.iterdir()} == {"sacct.txt": 0o600,
+                                                                          "slurm_acct_db.sql": 0o600}
+    lines = (kept / "sacct.txt").read_text().splitlines()
+    assert lines[0] == "JobID|User|Account|Partition|NodeList|NNodes|AllocTRES|Start|End|ElapsedRaw|State", lines[:2]
+    jobs = {line.split("|")[0]: line.split("|")[1] for line in lines[1:]}
+    assert RECORDED and {j: jobs.get(j) for j in RECORDED} == {j: r[0] for j, r in RECORDED.items()}, jobs
+    dump = (kept / "slurm_acct_db.sql").read_bytes()
+    assert dump.count(b"CREATE TABLE") >= 5 and b"_job_table` (" in dump, dump[:400]
+    assert [p.name for p in kept.iterdir() if password in p.read_bytes()] == []
+    assert run_cli("status", name, env=env).returncode == 2

@@ -252,6 +252,9 @@ def _built() -> dict[str, Any]:
             idle=costs.UsageIdle(gpu_hours=0.13, usd=None, why="existing hosts: no price"),
             total=costs.UsageTotal(gpu_hours=0.1444, usd=None),
             prices={"n1": costs.UsagePrice(usd_per_hour=None, source=None, why="existing hosts: no price")}),
+        "slurm": results.SlurmAccounts(cluster="c", controller="n1", accounts=[
+            results.SlurmAccount(account="research", users=["alice", "bob"]),
+            results.SlurmAccount(account="root", users=[])]),
         "verify": VerifyResult(cluster="c", ok=False, hosts={"n1": [ProbeRow("gpu", "fail", "0 GPUs")]},
                                summary=VerifySummary(pass_=3, fail=1, skip=2)),
         "patch": PatchResult(
