@@ -127,7 +127,7 @@ HEALTHY = {
         "munge_key_is_0400_and_owned_by_munge", "munge_encodes_and_decodes_a_credential",
         "slurmctld_active_on_the_controller", "slurmd_active_on_a_compute_node", "slurm_daemons_run_one_version",
         "node_takes_work_in_sinfo", "srun_runs_a_task_on_this_node", "every_task_gets_the_clusters_environment",
-        "gres_matches_the_gpus_on_the_pci_bus")},
+        "gres_matches_the_gpus_on_the_pci_bus", "accounting_records_to_slurmdbd")},
 }
 
 # Each edited node: exactly these probes differ from the healthy node, with these details.
