@@ -277,6 +277,30 @@ UNIT_TOOK: dict[str, float] = {}
 WORKER_TOOK: dict[str, float] = {}
 UNIT_SPAN: dict[str, tuple[float, float, str]] = {}  # unit: (first start, last stop, worker), epoch s
 UNIT_OF: dict[str, str] = {}
+# CPU-seconds each unit's own processes used on this machine (the pytest worker and every child it
+# waited for: ansible-playbook and its forks, molecule, docker's client, moto), from os.times()
+# around each phase of each test. The nodes' CPU is their containers' (cgroups), not in these:
+# benchmarks/container_cpu.py samples it beside a run.
+UNIT_CPU: dict[str, float] = {}
+_CPU_MARK: list[float] = []
+
+
+def _cpu_now() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _CPU_MARK[:] = [_cpu_now()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    now = _cpu_now()
+    spent = now - _CPU_MARK[0] if _CPU_MARK else 0.0
+    _CPU_MARK[:] = [now]
+    outcome.get_result().user_properties.append(("cpu_s", round(spent, 3)))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -288,6 +312,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not at or "]" in group:  # no xdist group suffix (--dist loadgroup adds "@UNIT")
         group = UNIT_OF.get(report.nodeid, report.nodeid.split("::", 1)[0])
     UNIT_TOOK[group] = UNIT_TOOK.get(group, 0.0) + report.duration
+    UNIT_CPU[group] = UNIT_CPU.get(group, 0.0) + sum(
+        v for k, v in getattr(report, "user_properties", ()) if k == "cpu_s")
     worker = getattr(getattr(report, "node", None), "gateway", None)
     key = getattr(worker, "id", "this process")
     WORKER_TOOK[key] = WORKER_TOOK.get(key, 0.0) + report.duration
@@ -317,6 +343,12 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{unit} {took:.0f}")
     for worker, took in sorted(WORKER_TOOK.items()):
         terminalreporter.write_line(f"# {worker}: {took / 60:.1f} min of tests")
+    if any(UNIT_CPU.values()):
+        terminalreporter.section("CPU-seconds per unit on this side (its processes, not its nodes; 20 and more)")
+        for unit, cpu in sorted(UNIT_CPU.items(), key=lambda kv: -kv[1]):
+            if cpu >= 20:
+                terminalreporter.write_line(f"{unit} {cpu:.0f}")
+        terminalreporter.write_line(f"# all units: {sum(UNIT_CPU.values()):.0f} CPU-s")
     from tests.suite_budget import cpu_share, cpu_times, report, speed_probe, timeline
 
     started = terminalreporter.config.stash.get(_STARTED, None)
