@@ -65,6 +65,7 @@ from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-e
     run_hook,
     what_of,
 )
+from gpuprov.core.provision import run_site
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.health import run as health_run
 from gpuprov.health.facts import Expect
@@ -74,7 +75,7 @@ from gpuprov.providers import ClusterFiles
 from gpuprov.results.shapes import LockMove, PatchHost, PatchResult, serialise
 from gpuprov.settings import playbook_vars
 from gpuprov.slurm import scheduler
-from gpuprov.slurm.drain import GRACE_S, OWN, SlurmDrains, slurm_names
+from gpuprov.slurm.drain import GRACE_S, HELD, OWN, SlurmDrains, slurm_names
 from gpuprov.state import NodeRecord, Store
 
 
@@ -106,6 +107,9 @@ class Roll:
     ok: bool = False
     health: str = "quick"  # the health gate's level (`--health`), or "off"
     slurm: SlurmDrains | None = None  # a Slurm cluster's drains (gpuprov.slurm.drain)
+    # The GPU sharing moves on a Slurm cluster: each patched node stays drained until Slurm's
+    # configuration has the new sharing on every node (slurm_follows).
+    hold: bool = False
     pull: via_pull.Round | None = None  # `--via pull`: the rounds' context (gpuprov.core.patch_pull.begin)
     rows: dict[str, list[Any]] = field(default_factory=dict)  # pull: the probe rows of the last round
 
@@ -155,8 +159,17 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
             reach(roll, nodes)
             if roll.by_name:
                 todo = plan(roll)
-                if not req.check and slurm and todo:
+                follows = slurm and sharing_moves(req, old, lock)
+                if follows and req.via == "pull":
+                    roll.say(f"{name}: the GPU sharing moves: once the roll ends, `gpuprov provision {name} "
+                             "--tags slurm --full --via pull` writes it into Slurm's configuration")
+                    follows = False
+                elif follows and req.check:
+                    roll.say(f"{name}: then Slurm's configuration (slurm.conf, gres.conf) on every node takes the "
+                             "new GPU sharing; the nodes patched stay drained until it has")
+                if not req.check and slurm and (todo or follows):
                     roll.slurm = slurm_drains(roll, cluster, run_id)
+                    roll.hold = follows
                     # The probes after a batch find its nodes drained by this roll (not a fault).
                     new_expect = {h: {**e, "slurm_drained_by": OWN} for h, e in new_expect.items()}
                 if not req.check:
@@ -165,6 +178,11 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
                     roll.ok = not stopped and not roll.down
                     if roll.ok:
                         _store_lock(store, name, old, lock)
+                        if follows:
+                            roll.ok = slurm_follows(roll, store, provider, nodes)
+                    elif follows and any(s.get("held") for s in roll.hosts.values()):
+                        roll.say(f"  the nodes patched stay drained ({HELD}): once the failed node is fixed, the "
+                                 "same `gpuprov patch` finishes the roll and resumes them")
             return roll.result()
         finally:
             done = serialise(roll.result())
@@ -176,6 +194,30 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
                             "batch": req.batch, "check": req.check,
                             "health": roll.health, "via": req.via}})
             roll.say(f"  artifacts: {roll.run_dir}")
+
+
+def sharing_moves(req: Request, old: LockData, lock: LockData) -> bool:
+    """Whether this patch changes how the GPUs are shared (what Slurm's GRES are made of)."""
+    return req.gpu_sharing is not None and (old.get("gpu_sharing") or "none") != (lock.get("gpu_sharing") or "none")
+
+
+def slurm_follows(roll: Roll, store: Store, provider: Any, nodes: list[NodeRecord]) -> bool:
+    """After a roll that moved the GPU sharing on a Slurm cluster: slurm.conf and gres.conf
+    written from the new lock on every node (the slurm play; a file every node holds the same,
+    which no batch can move alone), then each node held for it resumed. False when that play
+    fails: the held nodes stay drained, and the next run of the same patch finishes it."""
+    assert roll.slurm is not None
+    roll.say(f"{roll.name}: Slurm: slurm.conf and gres.conf with the new GPU sharing on every node")
+    outcome = run_site(store, load(store, roll.name), provider, roll.made_files, nodes, console=roll.console,
+                       tags=["slurm"], slurm_checked=True, say_next=False)
+    if not outcome.ok:
+        errors = "; ".join(f"{h}: {e}" for h, e in sorted(outcome.errors.items())) or "the slurm play failed"
+        roll.say(f"  Slurm's configuration did not take the new GPU sharing ({errors}); the nodes patched stay "
+                 f"drained ({HELD}): run the same `gpuprov patch` again once that is fixed")
+        return False
+    resumed = roll.slurm.resume_held()
+    roll.say(f"  Slurm has the new GPU sharing; resumed: {', '.join(resumed) or 'none was held'}")
+    return True
 
 
 def reach(roll: Roll, nodes: list[NodeRecord]) -> None:
@@ -364,6 +406,9 @@ def finish(roll: Roll, host: str) -> bool:
     if roll.slurm is not None:
         if state["status"] == "failed":
             roll.slurm.failed(host, state["error"])
+        elif roll.hold:
+            roll.slurm.hold(host)
+            state["held"] = True
         else:
             roll.slurm.resume(host)
     if state["status"] == "failed":
@@ -372,7 +417,8 @@ def finish(roll: Roll, host: str) -> bool:
     roll.say(f"  {host}: {state['status']}"
              + (f" ({'; '.join(state['moved'])})" if state.get("moved") else "")
              + (" - rebooted" if state["rebooted"] else "")
-             + (f" - no reboot: {state['reboot_skipped']}" if state.get("reboot_skipped") else ""))
+             + (f" - no reboot: {state['reboot_skipped']}" if state.get("reboot_skipped") else "")
+             + (" - held drained until Slurm has the new GPU sharing" if state.get("held") else ""))
     return True
 
 

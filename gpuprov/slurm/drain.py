@@ -17,6 +17,10 @@ patch, and resumed after it once healthy.
   is resumed (``State=RESUME``).
 - **Failed**: a node that failed its play, its probes or its health gate stays drained, its
   Reason ``gpuprov patch failed: <what failed>``; the next roll that patches it resumes it.
+- **Held** (a roll that moves the GPU sharing): a patched node stays drained, its Reason
+  ``gpuprov patch: held for Slurm's GPU sharing: ...``, until slurm.conf and gres.conf on every
+  node have the new sharing (a file all nodes hold the same, which no batch can move alone);
+  then every node held so, by this roll or an earlier one that stopped, is resumed.
 
 Every command is fixed words run on the controller over its pinned SSH connection (``sudo -n``:
 gpuprov's login user on every node has passwordless sudo); the only other words are the node's
@@ -44,6 +48,7 @@ GRACE_S = 1800  # the default time a drained node's running jobs get to end
 POLL_S = 3.0
 OWN = "gpuprov patch"  # every Reason a roll writes starts with it
 FAILED = f"{OWN} failed"
+HELD = f"{OWN}: held for Slurm's GPU sharing"
 # The Reason the slurm role's health program (roles/slurm/files/gpuprov-slurm-health) drains with.
 HEALTH = "gpuprov health: "
 REASON_MAX = 240
@@ -127,6 +132,32 @@ class SlurmDrains:
                 self._note(host, f"not resumed: {state}" + (f" ({reason})" if reason else ""))
         except GpuprovError as exc:
             self._note(host, f"not resumed: {exc}")
+
+    def hold(self, host: str) -> None:
+        """A patched node whose GPUs now share as Slurm does not know yet: kept drained, the
+        Reason saying so (a node someone else drained keeps theirs)."""
+        if host in self.kept:
+            return
+        try:
+            self._update(host, "DRAIN", f"{HELD}: {self.run}")
+            self._note(host, "held drained until Slurm has the new GPU sharing")
+        except GpuprovError as exc:
+            self._note(host, f"could not be held: {exc}")
+
+    def resume_held(self) -> list[str]:
+        """Every node held for the GPU sharing (by this roll or an earlier one), resumed: the
+        nodes resumed."""
+        resumed = []
+        for host in self.names:
+            try:
+                state, reason = self.state(host)
+                if "drain" in state and reason.startswith(HELD):
+                    self._update(host, "RESUME")
+                    self._note(host, "resumed (Slurm has the new GPU sharing)")
+                    resumed.append(host)
+            except GpuprovError as exc:
+                self._note(host, f"not resumed: {exc}")
+        return resumed
 
     def failed(self, host: str, error: str) -> None:
         """A node that failed: it stays drained, the Reason saying why (a node someone else

@@ -18,6 +18,7 @@ without waiting (the branch move).
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import sys
@@ -248,6 +249,36 @@ def test_a_noop_patch_changes_nothing(env, repo, fleet):
     assert data["ok"] and data["batches"] == []
     assert {h["status"] for h in data["hosts"].values()} == {"unchanged"}
     assert {n: state(n) for n in nodes} == before
+
+
+def test_a_new_gpu_sharing_moves_into_slurms_configuration_on_every_node(env, repo, fleet):
+    """Issue 58: `patch --gpu-sharing shard:2` on the Slurm fleet, one batch of the three nodes.
+    Each is drained and patched (the gpu_sharing role's node program and units go on; these
+    nodes have no GPU, so it has no instance to make), passes its probes and stays drained,
+    held, while Slurm's configuration has the old sharing; the lock moves, the slurm play writes
+    the new sharing into slurm.conf on every node (GresTypes=gpu,shard), Slurm takes it, and
+    then every held node is resumed. (Until this test, a patch of the sharing alone stopped at
+    node_patch's "something to move" assertion on every node.)"""
+    name, nodes = fleet
+    proc, data, _ = patch(env, repo, name, "--gpu-sharing", "shard:2", "--batch", "3")
+    assert proc.returncode == 0 and data["ok"], proc.stderr[-3000:]
+    assert data["batches"] == [nodes]
+    for node in nodes:
+        host = data["hosts"][node]
+        assert host["status"] == "patched", host
+        assert host["slurm"] == ("drained; held drained until Slurm has the new GPU sharing; "
+                                 "resumed (Slurm has the new GPU sharing)"), host
+    assert f"{nodes[0]}: patched - held drained until Slurm has the new GPU sharing" in proc.stderr
+    said = proc.stderr.splitlines()
+    slurm_step = said.index(f"{name}: Slurm: slurm.conf and gres.conf with the new GPU sharing on every node")
+    assert slurm_step > max(i for i, line in enumerate(said) if "held drained until" in line)
+    assert f"Slurm has the new GPU sharing; resumed: {', '.join(nodes)}" in proc.stderr
+    for node in nodes:
+        assert "GresTypes=gpu,shard" in sh(node, "cat /etc/slurm/slurm.conf").split(), node
+    assert re.search(r"^GresTypes\s*=\s*gpu,shard$", sh(nodes[0], "scontrol show config"), re.M)
+    assert json.loads(run_cli("status", name, "-o", "json", env=env).stdout)["stack"]["gpu_sharing"] == "shard:2"
+    for node in nodes:
+        assert slurm_state(node, nodes[0])[0] == "idle", node
 
 
 @pytest.mark.extended(why=(
