@@ -164,7 +164,7 @@ UNIT_SECONDS = {
     GROWN_UNIT: 285,  # placed by place_grown_unit, not by this figure
     "tests/e2e/test_elastic_e2e.py": 230,  # most of it Slurm's waits
     "tests/e2e/test_cluster_faults.py": 215,  # with an operator's own key (issue 57)
-    "tests/e2e/test_slurm_e2e.py": 240,  # accounting, topology, spot requeue, accounts (issues 56, 59)
+    "tests/e2e/test_slurm_e2e.py": 250,  # accounting, topology, spot requeue, accounts, a controller reboot (56, 59)
     "tests/aws/test_ec2_headline.py": 140,
     "tests/roles/test_repo_trust.py": 127,
     "tests/e2e/test_pull_aws_e2e.py": 92,
