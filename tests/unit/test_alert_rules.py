@@ -63,7 +63,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
 
 def test_the_seeds_alert_is_85_degrees_for_5_minutes() -> None:
     rule = _alerts()["GpuTemperatureHigh"]
-    assert rule["expr"].strip() == "DCGM_FI_DEV_GPU_TEMP > 85" and rule["for"] == "5m"
+    assert rule["expr"].strip() == "max by (instance, gpu) (DCGM_FI_DEV_GPU_TEMP) > 85" and rule["for"] == "5m"
 
 
 def test_critical_xids_are_gpuprovs_reset_reboot_and_isolate_xids() -> None:
@@ -76,9 +76,26 @@ def test_critical_xids_are_gpuprovs_reset_reboot_and_isolate_xids() -> None:
 
 def test_a_broken_rule_fails_the_rule_tests(promtool: str, tmp_path: Path) -> None:
     """The rule tests can fail: the same tests against a rule moved to 95 °C do."""
-    broken = RULES.read_text().replace("DCGM_FI_DEV_GPU_TEMP > 85", "DCGM_FI_DEV_GPU_TEMP > 95")
+    broken = RULES.read_text().replace("(DCGM_FI_DEV_GPU_TEMP) > 85", "(DCGM_FI_DEV_GPU_TEMP) > 95")
     assert broken != RULES.read_text()
     (tmp_path / RULES.name).write_text(broken)
     shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
     proc = _run(promtool, "test", "rules", RULE_TESTS.name, cwd=tmp_path)
     assert proc.returncode != 0 and "GpuTemperatureHigh" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_rules_that_count_mig_instances_as_gpus_fail_the_mig_cases(promtool: str, tmp_path: Path) -> None:
+    """The MIG cases can fail: read per series (as before MIG was looked at), the hot GPU with
+    three instances is three alerts, and the GPU whose seven instances became one is missing."""
+    per_series = RULES.read_text().replace("max by (instance, gpu) (DCGM_FI_DEV_GPU_TEMP) > 85",
+                                           "DCGM_FI_DEV_GPU_TEMP > 85")
+    per_series = per_series.replace("count by (instance) (max by (instance, gpu) (DCGM_FI_DEV_GPU_TEMP))",
+                                    "count by (instance) (DCGM_FI_DEV_GPU_TEMP)")
+    assert per_series.count("count by (instance) (DCGM_FI_DEV_GPU_TEMP)") == 2
+    (tmp_path / RULES.name).write_text(per_series)
+    shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
+    proc = _run(promtool, "test", "rules", RULE_TESTS.name, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "a hot GPU with three MIG instances is one alert" in out, out
+    assert "a MIG layout change is no GPU missing" in out, out
