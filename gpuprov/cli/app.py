@@ -100,7 +100,7 @@ def up(**given: Any) -> int:
                               gpu_sharing=f.gpu_sharing),
             scheduler=Scheduler(kind=f.scheduler, controller=f.slurm_controller,
                                 controller_only=f.slurm_controller_only, max_count=f.max_count,
-                                idle_minutes=f.idle_minutes, accounting=not f.no_accounting),
+                                idle_minutes=f.idle_minutes, accounting=not f.no_accounting, dbd=f.slurm_dbd),
         )
         return core("up").UpRequest(spec, bootstrap=not f.no_bootstrap, rollback=f.rollback, health=f.health,
                                    tags=f.tags, mode=f.bootstrap_mode, dry_run=f.dry_run,
@@ -214,20 +214,24 @@ def status(name: str, output: str) -> int:
 @click.option("--accounting/--no-accounting", default=None,
               help="Slurm's accounting on (slurmdbd with MariaDB on the controller, a Slurm cluster's default) or "
               "off; recorded (default: as recorded).")
+@click.option("--slurm-dbd", metavar="NODE", help="With --scheduler slurm: the node slurmdbd and MariaDB run on "
+              "(default: the controller; recorded, and not moved once the database is there).")
 @output_option
 def provision(name: str, check: bool, tags: str | None, full: bool, via: str, scheduler: str | None,
               slurm_controller: str | None, slurm_controller_only: bool, max_count: int | None,
-              idle_minutes: int | None, accounting: bool | None, output: str) -> int:
+              idle_minutes: int | None, accounting: bool | None, slurm_dbd: str | None, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node whose manifest does not hold; safe
     to re-run."""
     if scheduler is None and (slurm_controller or slurm_controller_only):
         raise BadInput("--slurm-controller and --slurm-controller-only go with --scheduler slurm")
+    if scheduler is None and slurm_dbd:
+        raise BadInput("--slurm-dbd goes with --scheduler slurm")
     if via == "pull" and (check or scheduler or accounting is not None):
         flag = "--check" if check else "--scheduler" if scheduler else "--accounting/--no-accounting"
         raise BadInput(f"--via pull cannot go with {flag}: "
                        + ("the nodes converge for real" if check else "pull never configures Slurm"))
     chosen = None if scheduler is None else Scheduler(kind=scheduler, controller=slurm_controller,
-                                                      controller_only=slurm_controller_only)
+                                                      controller_only=slurm_controller_only, dbd=slurm_dbd)
     data = core("provision").provision(name, console=_console(), check=check, tags=tags,
                                        scheduler_choice=chosen, full=full, via=via,
                                        max_count=max_count, idle_minutes=idle_minutes, accounting=accounting)

@@ -262,6 +262,8 @@ UP_OPTIONS = [
         f"{defaults.DEFAULT_IDLE_MINUTES})."),
     click.option("--no-accounting", is_flag=True, help="With --scheduler slurm: no Slurm accounting (by default "
         "slurmdbd with MariaDB on the controller records every job for `gpuprov usage`; docs/slurm.md)."),
+    click.option("--slurm-dbd", metavar="NODE", help="With --scheduler slurm: the node slurmdbd and MariaDB run on "
+        "(default: the controller)."),
     click.option("--dry-run", is_flag=True, help="Check and show the plan; create nothing."),
     click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
 ]
@@ -310,6 +312,7 @@ class UpFlags:
     max_count: int | None
     idle_minutes: int | None
     no_accounting: bool
+    slurm_dbd: str | None
     dry_run: bool
     yes: bool
     output: str

@@ -40,8 +40,8 @@ def down(
     if keep_accounting:
         slurm_accounts.refuse_without_accounting(cluster, "--keep-accounting")
     elif has_accounting(cluster):
-        console.say(f"{name}: its Slurm accounting database (every job's record) goes with the controller "
-                    f"{scheduler.controller_of(cluster)}; `gpuprov down {name} --keep-accounting` exports it first")
+        console.say(f"{name}: its Slurm accounting database (every job's record) goes with its node "
+                    f"{scheduler.dbd_of(cluster)}; `gpuprov down {name} --keep-accounting` exports it first")
     provider = get_provider(cluster.provider)
     # Nodes `up --keep-failed` set aside are removed with the cluster (those still there).
     nodes = [*cluster.nodes, *kept_alive(provider, cluster)]

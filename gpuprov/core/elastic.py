@@ -52,22 +52,26 @@ def merged(recorded: Scheduler, given: Scheduler | None, max_count: int | None,
            idle_minutes: int | None, accounting: bool | None = None) -> Scheduler | None:
     """The choice a `provision` makes: ``given`` (its --scheduler flags) or the recorded one,
     with --max-count/--idle-minutes and --accounting/--no-accounting where given (kept as
-    recorded where not); None where the command changes nothing."""
+    recorded where not); the accounting's node (--slurm-dbd) kept as recorded unless given.
+    None where the command changes nothing."""
     if given is None and max_count is None and idle_minutes is None and accounting is None:
         return None
     base = given or recorded
     keep = base.kind == "slurm" and recorded.kind == "slurm"
     if accounting is None:
         accounting = recorded.accounting if keep else base.accounting
+    # A node given is kept (and checked); the recorded one only while accounting stays on.
+    dbd = given.dbd if given is not None and given.dbd is not None else (
+        recorded.dbd if keep and accounting else None)
     if max_count is None and idle_minutes is None:
         if keep:
             return Scheduler(base.kind, base.controller, base.controller_only, recorded.max_count,
-                             recorded.idle_minutes, accounting)
+                             recorded.idle_minutes, accounting, dbd)
         return Scheduler(base.kind, base.controller, base.controller_only, base.max_count, base.idle_minutes,
-                         accounting)
+                         accounting, dbd)
     return Scheduler(base.kind, base.controller, base.controller_only,
                      max_count if max_count is not None else recorded.max_count,
-                     idle_minutes if idle_minutes is not None else recorded.idle_minutes, accounting)
+                     idle_minutes if idle_minutes is not None else recorded.idle_minutes, accounting, dbd)
 
 
 # -- the power service --------------------------------------------------------------------------

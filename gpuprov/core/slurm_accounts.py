@@ -100,12 +100,13 @@ def export(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
     target = files.dir / f"{EXPORT_PREFIX}{stamp}"
     target.mkdir(mode=0o700)
     os.chmod(target, 0o700)
-    controller = scheduler.controller_of(cluster)
+    controller, dbd = scheduler.controller_of(cluster), scheduler.dbd_of(cluster)
     try:
-        for argv, file_name, what in ((rules.SACCT_ALL, SACCT_FILE, "every job's sacct line"),
-                                      (rules.MYSQLDUMP, DUMP_FILE, f"a mysqldump of {rules.DATABASE}")):
-            console.say(f"{cluster.name}: exporting {what} from {controller} into {target / file_name}")
-            _stream(cluster, files, nodes, argv, target / file_name)
+        for argv, file_name, what, on in (
+                (rules.SACCT_ALL, SACCT_FILE, "every job's sacct line", controller),
+                (rules.MYSQLDUMP, DUMP_FILE, f"a mysqldump of {rules.DATABASE}", dbd)):
+            console.say(f"{cluster.name}: exporting {what} from {on} into {target / file_name}")
+            _stream(cluster, files, nodes, argv, target / file_name, on_dbd=on != controller)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)  # half an export is none
         raise
@@ -113,8 +114,9 @@ def export(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
 
 
 def _stream(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord], argv: tuple[str, ...],
-            path: Path) -> None:
-    controller, cmd = scheduler.controller_command(cluster, files, nodes, argv)
+            path: Path, on_dbd: bool = False) -> None:
+    command = scheduler.dbd_command if on_dbd else scheduler.controller_command
+    controller, cmd = command(cluster, files, nodes, argv)
     program = argv[2] if argv[0] == "sudo" else argv[0]
     if isinstance(cmd, str):
         raise GpuprovError(f"{program}: {cmd}")

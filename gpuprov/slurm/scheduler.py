@@ -47,11 +47,18 @@ def of(cluster: ClusterRecord) -> Scheduler:
 
 
 def record(store: Store, cluster: ClusterRecord, chosen: Scheduler) -> ClusterRecord:
-    """``chosen`` written into the cluster's record (after checking its controller is a node)."""
+    """``chosen`` written into the cluster's record (after checking its controller and its
+    accounting's node are nodes, and that the accounting database stays where it is)."""
     controller_of(cluster, chosen)
+    dbd_of(cluster, chosen)
+    was = of(cluster)
+    if was.kind == "slurm" and was.accounting and chosen.kind == "slurm" and chosen.accounting \
+            and dbd_of(cluster, was) != dbd_of(cluster, chosen):
+        raise BadInput(f"cluster '{cluster.name}' keeps its accounting database on {dbd_of(cluster, was)}; moving it "
+                       "to another node is not built (`gpuprov down NAME --keep-accounting` exports it)")
     options = {k: v for k, v in (cluster.spec.get("options") or {}).items()
                if k not in ("scheduler", "slurm_controller", "slurm_controller_only", "slurm_max_count",
-                            "slurm_idle_minutes", "slurm_accounting")}
+                            "slurm_idle_minutes", "slurm_accounting", "slurm_dbd")}
     store.set_spec(cluster.name, {**cluster.spec, "options": {**options, **chosen.checked().as_options()}})
     found = store.get_cluster(cluster.name)
     assert found is not None
@@ -68,6 +75,16 @@ def controller_of(cluster: ClusterRecord, chosen: Scheduler | None = None) -> st
     if not names:
         raise BadInput(f"cluster '{cluster.name}' has no nodes to run Slurm on")
     return chosen.controller or names[0]
+
+
+def dbd_of(cluster: ClusterRecord, chosen: Scheduler | None = None) -> str:
+    """The node slurmdbd and MariaDB run on: the one asked for (--slurm-dbd), else the controller."""
+    chosen = chosen or of(cluster)
+    names = [n.name for n in cluster.nodes]
+    if chosen.dbd is not None and chosen.dbd not in names:
+        raise BadInput(f"--slurm-dbd {chosen.dbd}: no node of cluster '{cluster.name}' has that name "
+                       f"({', '.join(names) or 'it has none'})")
+    return chosen.dbd or controller_of(cluster, chosen)
 
 
 def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
@@ -91,7 +108,7 @@ def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecor
             "gpuprov_slurm_topology": topology_vars(cluster, [d["name"] for d in
                                                              dynamic.get("gpuprov_slurm_dynamic_nodes", [])],
                                                     network or {}),
-            **accounting_vars(files, chosen), **dynamic}
+            **accounting_vars(cluster, files, chosen), **dynamic}
 
 
 def topology_vars(cluster: ClusterRecord, dynamic: list[str],
@@ -108,14 +125,15 @@ def topology_vars(cluster: ClusterRecord, dynamic: list[str],
             for sw in topology.switches(cluster.name, places)]
 
 
-def accounting_vars(files: ClusterFiles, chosen: Scheduler) -> dict[str, Any]:
-    """The slurm play's accounting: on (slurmdbd and MariaDB on the controller), with the path of
-    the cluster's database password file (made once, like the munge key), unless the cluster was
-    recorded with --no-accounting."""
+def accounting_vars(cluster: ClusterRecord, files: ClusterFiles, chosen: Scheduler) -> dict[str, Any]:
+    """The slurm play's accounting: on (slurmdbd and MariaDB on the controller, or the node of
+    --slurm-dbd), with the path of the cluster's database password file (made once, like the
+    munge key), unless the cluster was recorded with --no-accounting."""
     if not chosen.accounting:
         return {"gpuprov_slurm_accounting": False}
     password = accounting.ensure_password(files.dir / accounting.PASSWORD_FILE)
-    return {"gpuprov_slurm_accounting": True, "gpuprov_slurm_accounting_password": str(password)}
+    return {"gpuprov_slurm_accounting": True, "gpuprov_slurm_accounting_password": str(password),
+            "gpuprov_slurm_dbd_host": dbd_of(cluster, chosen)}
 
 
 def template_node(cluster: ClusterRecord, chosen: Scheduler | None = None) -> str:
@@ -166,12 +184,13 @@ SINFO = ("sinfo", "--noheader", "--Node", "--format=%N|%T|%E")
 
 
 def _controller_command(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
-                        argv: tuple[str, ...]) -> tuple[str, list[str] | str]:
+                        argv: tuple[str, ...], of_node: Any = None) -> tuple[str, list[str] | str]:
     """(controller, the ssh command running ``argv`` on it over its pinned connection), or
-    (controller, why there is none)."""
+    (controller, why there is none); ``of_node``: another Slurm node than the controller (a
+    function of the cluster and its choice: dbd_of)."""
     chosen = of(cluster)
     try:
-        controller = controller_of(cluster, chosen)
+        controller = (of_node or controller_of)(cluster, chosen)
     except BadInput as exc:
         return chosen.controller or "", str(exc)
     node = next((n for n in nodes if n.name == controller), None)
@@ -212,6 +231,12 @@ def controller_command(cluster: ClusterRecord, files: ClusterFiles, nodes: list[
     connection), or (controller, why there is none): for a command whose output is streamed
     to a file (gpuprov.core.slurm_accounts' export)."""
     return _controller_command(cluster, files, nodes, argv)
+
+
+def dbd_command(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
+                argv: tuple[str, ...]) -> tuple[str, list[str] | str]:
+    """As controller_command, on the node the accounting database runs on (dbd_of)."""
+    return _controller_command(cluster, files, nodes, argv, of_node=dbd_of)
 
 
 def slurm_status(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> SlurmStatus | None:

@@ -1,5 +1,5 @@
 """What a command asks of a cluster's scheduler (`--scheduler`, `--slurm-controller`,
-`--slurm-controller-only`, `--max-count`, `--idle-minutes`, `--no-accounting`), typed and
+`--slurm-controller-only`, `--max-count`, `--idle-minutes`, `--no-accounting`, `--slurm-dbd`), typed and
 checked: a leaf, so the command line builds it (gpuprov.slurm.scheduler keeps it with the
 cluster and serves it to the slurm play; gpuprov.slurm.elastic checks the dynamic nodes
 against the cluster)."""
@@ -25,6 +25,7 @@ class Scheduler:
     max_count: int | None = None  # static and dynamic nodes together; None: no dynamic nodes
     idle_minutes: int | None = None  # a dynamic node's idle time before it is powered down
     accounting: bool = True  # slurmdbd with MariaDB on the controller (--no-accounting: none)
+    dbd: str | None = None  # the node slurmdbd and MariaDB run on; None: the controller
 
     def checked(self) -> Scheduler:
         """BadInput (one line) for a choice that cannot be: an unknown scheduler, a controller
@@ -42,6 +43,13 @@ class Scheduler:
             raise BadInput("--idle-minutes goes with --max-count (the dynamic nodes it powers down)")
         if self.controller is not None and not NODE_NAME.fullmatch(self.controller):
             raise BadInput(f"--slurm-controller {self.controller!r}: not a node name")
+        if self.dbd is not None:
+            if self.kind != "slurm":
+                raise BadInput("--slurm-dbd goes with --scheduler slurm")
+            if not self.accounting:
+                raise BadInput("--slurm-dbd names where Slurm's accounting runs: it cannot go with --no-accounting")
+            if not NODE_NAME.fullmatch(self.dbd):
+                raise BadInput(f"--slurm-dbd {self.dbd!r}: not a node name")
         return self
 
     @classmethod
@@ -51,7 +59,8 @@ class Scheduler:
                    controller=options.get("slurm_controller"),
                    controller_only=bool(options.get("slurm_controller_only")),
                    max_count=options.get("slurm_max_count"), idle_minutes=options.get("slurm_idle_minutes"),
-                   accounting=options.get("slurm_accounting", True) is not False)
+                   accounting=options.get("slurm_accounting", True) is not False,
+                   dbd=options.get("slurm_dbd"))
 
     def as_options(self) -> dict[str, Any]:
         """How a cluster's record keeps it (its spec's options)."""
@@ -61,4 +70,5 @@ class Scheduler:
                 **({"slurm_controller_only": True} if self.controller_only else {}),
                 **({"slurm_max_count": self.max_count} if self.max_count is not None else {}),
                 **({"slurm_idle_minutes": self.idle_minutes} if self.idle_minutes is not None else {}),
-                **({"slurm_accounting": False} if not self.accounting else {})}
+                **({"slurm_accounting": False} if not self.accounting else {}),
+                **({"slurm_dbd": self.dbd} if self.dbd else {})}

@@ -1,8 +1,8 @@
 """`--no-accounting` on `up` and `--accounting/--no-accounting` on `provision` (issue 59), read by
 the real command line: what reaches the commands' cores, the refusals (one line, exit 2, nothing
 made), and the calls of the e2e units whose clusters run Slurm without accounting
-(tests/e2e/test_elastic_e2e.py, test_patch_e2e.py, test_static_onprem.py), parsed as they are
-written there."""
+(tests/e2e/test_elastic_e2e.py, test_static_onprem.py) or with it on a node of their choosing
+(test_patch_e2e.py: --slurm-dbd), parsed as they are written there."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 ELASTIC_UP = ["up", "--provider", "docker", "--count", "1", "--name", "ela-x", "--scheduler", "slurm",
               "--max-count", "3", "--idle-minutes", "1", "--no-accounting", "--tags", "rdma,slurm",
               "--health", "off", "--no-verify", "-o", "json"]
-PATCH_PROVISION = ["provision", "fleet-x", "--scheduler", "slurm", "--no-accounting", "--tags", "slurm"]
+PATCH_PROVISION = ["provision", "fleet-x", "--scheduler", "slurm", "--slurm-dbd", "fleet-x-node-3", "--tags", "slurm"]
 STATIC_UP = ["up", "--provider", "static", "--hosts", "HOSTS", "--name", "sl-x", "--source", "distro",
              "--scheduler", "slurm", "--slurm-controller", "rack-2", "--no-accounting", "--no-bootstrap", "-o",
              "json"]
@@ -71,8 +71,9 @@ def test_provision_passes_accounting_only_where_given(capsys, gpuprov_home: Path
 
 def test_the_patch_units_provision_parses(capsys, gpuprov_home: Path, seen) -> None:
     code, _, _ = invoke(capsys, *PATCH_PROVISION)
-    assert code == 2 and seen["provision"]["accounting"] is False
+    assert code == 2 and seen["provision"]["accounting"] is None  # on, as a Slurm cluster's default
     assert seen["provision"]["scheduler_choice"].kind == "slurm"
+    assert seen["provision"]["scheduler_choice"].dbd == "fleet-x-node-3"
 
 
 @pytest.mark.parametrize(("args", "words"), [

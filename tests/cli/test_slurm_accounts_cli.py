@@ -152,7 +152,7 @@ def test_the_export_is_kept_after_down_and_private(capsys, asked, monkeypatch, g
 def test_down_says_the_database_goes_with_the_controller(capsys, asked) -> None:
     code, _, err = invoke(capsys, "down", "rack", "--yes")
     assert code == 0, err
-    assert "rack: its Slurm accounting database (every job's record) goes with the controller rack-1" in err
+    assert "rack: its Slurm accounting database (every job's record) goes with its node rack-1" in err
     assert "`gpuprov down rack --keep-accounting` exports it first" in err
     code, _, err = invoke(capsys, "down", "noacct", "--yes")
     assert code == 0 and "accounting" not in err

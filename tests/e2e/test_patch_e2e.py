@@ -80,10 +80,11 @@ def fleet(env, repo, tmp_path_factory):
         assert proc.returncode == 0, proc.stdout[-4000:]
         # driver.yml refreshed the fixture repository's lists only (the node image ships none):
         # the slurm role finds Debian's lists lacking its packages and refreshes them itself.
-        # No accounting (slurmdbd and MariaDB): the rolls prove draining, not accounting (the suite's
-        # time; tests/e2e/test_slurm_e2e.py proves accounting).
-        proc = run_cli("provision", name, "--scheduler", "slurm", "--no-accounting", "--tags", "slurm", env=env,
-                       timeout=900)
+        # Accounting on the third node (--slurm-dbd, issue 59): its database is rolled over like
+        # any node, and the last test reads it (tests/e2e/test_slurm_e2e.py proves accounting on
+        # the controller, the default).
+        proc = run_cli("provision", name, "--scheduler", "slurm", "--slurm-dbd", f"{name}-node-3", "--tags", "slurm",
+                       env=env, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         yield name, [f"{name}-node-{i}" for i in (1, 2, 3)]
     finally:
@@ -349,3 +350,30 @@ def test_kernel_guard_refuses_a_next_kernel_without_module(env, repo, fleet):
     # Nothing to move on the other two, but the roll stopped: a node it never reached is
     # not-started, whatever the plan predicted (trust review finding 13).
     assert {data["hosts"][n]["status"] for n in nodes[:2]} == {"not-started"}
+
+
+def test_accounting_on_its_own_node_keeps_the_rolls_jobs_and_is_exported_from_there(env, fleet, tmp_path):
+    """Issue 59, `--slurm-dbd`: slurmdbd and MariaDB run on the fleet's third node alone; every
+    node's slurm.conf sends accounting there; the jobs of the rolls above (drained, waited for,
+    patched under, the third node itself rolled over) are in `sacct` on the controller; and `down
+    --keep-accounting` dumps the database on the third node (sacct's lines from the controller)
+    before it removes the cluster."""
+    name, nodes = fleet
+    first, third = nodes[0], nodes[2]
+    assert sh(third, "systemctl is-active slurmdbd mariadb").split() == ["active", "active"]
+    assert sh(first, "systemctl is-active slurmdbd mariadb").split() == ["inactive", "inactive"]
+    assert sh(first, "test -e /etc/slurm/slurmdbd.conf && echo there || echo none").strip() == "none"
+    address = sh(third, "ip -4 -o addr show dev eth0").split()[3].split("/")[0]
+    for node in nodes:
+        assert f"AccountingStorageHost={address}" in sh(node, "cat /etc/slurm/slurm.conf").split(), node
+    # (root's are the health program's and the probes' own steps; the nodes' user's, the rolls' jobs)
+    jobs = sh(first, "sacct -a -X -n -P -S 2020-01-01 --format=JobID,User,State").split()
+    assert any(j.split("|")[1] == "gpuprov" for j in jobs), jobs
+    proc = run_cli("down", name, "--keep-accounting", "--yes", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"exporting a mysqldump of slurm_acct_db from {third}" in proc.stderr
+    assert f"exporting every job's sacct line from {first}" in proc.stderr
+    kept = next((Path(env["GPUPROV_HOME"]) / "clusters" / name).glob("accounting-*"))
+    assert "CREATE TABLE" in (kept / "slurm_acct_db.sql").read_text()
+    assert len((kept / "sacct.txt").read_text().splitlines()) == len(jobs) + 1  # and its header
+
