@@ -65,26 +65,27 @@ def record(store: Store, cluster: ClusterRecord, chosen: Scheduler) -> ClusterRe
     return found
 
 
+def _asked_node(cluster: ClusterRecord, flag: str, asked: str | None) -> str | None:
+    """``asked`` (a node name given with ``flag``), checked to be one of the cluster's nodes."""
+    names = [n.name for n in cluster.nodes]
+    if asked is not None and asked not in names:
+        raise BadInput(f"{flag} {asked}: no node of cluster '{cluster.name}' has that name "
+                       f"({', '.join(names) or 'it has none'})")
+    if not names:
+        raise BadInput(f"cluster '{cluster.name}' has no nodes to run Slurm on")
+    return asked
+
+
 def controller_of(cluster: ClusterRecord, chosen: Scheduler | None = None) -> str:
     """The controller's node name: the one asked for, else the cluster's first node."""
     chosen = chosen or of(cluster)
-    names = [n.name for n in cluster.nodes]
-    if chosen.controller is not None and chosen.controller not in names:
-        raise BadInput(f"--slurm-controller {chosen.controller}: no node of cluster '{cluster.name}' "
-                       f"has that name ({', '.join(names) or 'it has none'})")
-    if not names:
-        raise BadInput(f"cluster '{cluster.name}' has no nodes to run Slurm on")
-    return chosen.controller or names[0]
+    return _asked_node(cluster, "--slurm-controller", chosen.controller) or cluster.nodes[0].name
 
 
 def dbd_of(cluster: ClusterRecord, chosen: Scheduler | None = None) -> str:
     """The node slurmdbd and MariaDB run on: the one asked for (--slurm-dbd), else the controller."""
     chosen = chosen or of(cluster)
-    names = [n.name for n in cluster.nodes]
-    if chosen.dbd is not None and chosen.dbd not in names:
-        raise BadInput(f"--slurm-dbd {chosen.dbd}: no node of cluster '{cluster.name}' has that name "
-                       f"({', '.join(names) or 'it has none'})")
-    return chosen.dbd or controller_of(cluster, chosen)
+    return _asked_node(cluster, "--slurm-dbd", chosen.dbd) or controller_of(cluster, chosen)
 
 
 def play_vars(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
