@@ -145,6 +145,20 @@ def installed_version(host: Any, package: str) -> str | None:
     return version if out.rc == 0 and state == "installed" and version else None
 
 
+def held_packages(host: Any) -> frozenset[str]:
+    """The packages held on the node: dpkg's selection ``hold``, what ``apt-mark hold`` sets and
+    ``apt-mark showhold`` lists (without loading apt's cache), read once per node and session."""
+    return once(host, "held", lambda: _held_packages(host))
+
+
+def _held_packages(host: Any) -> frozenset[str]:
+    out = host.run("dpkg-query -W -f '${db:Status-Want} ${Package}\\n'")
+    if out.rc != 0:
+        raise AssertionError(f"expected dpkg-query to list the node's packages, it said: {out.stderr.strip()}")
+    rows = (line.split(" ", 1) for line in out.stdout.splitlines())
+    return frozenset(row[1] for row in rows if len(row) == 2 and row[0] == "hold")
+
+
 def require_systemd(host: Any) -> None:
     """Fail with the reason, not a shell error, on a node whose PID 1 is not systemd: gpuprov's
     roles run services and units (sd_booted(3): systemd booted the node when

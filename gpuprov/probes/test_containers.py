@@ -9,7 +9,7 @@ import re
 import pytest
 
 from gpuprov.lock.lock_data import LockData
-from gpuprov.probes.nodefacts import installed_version, read_text, require_systemd, unit_state
+from gpuprov.probes.nodefacts import held_packages, installed_version, read_text, require_systemd, unit_state
 from gpuprov.probes.test_gpu import _gpus_expected
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -75,7 +75,7 @@ def test_container_toolkit_matches_the_lock(host, expect, report):
     found = {p: installed_version(host, p) for p in TOOLKIT_PACKAGES}
     wrong = {p: v for p, v in found.items() if not (v or "").startswith(f"{version}-")}
     assert not wrong, f"expected {TOOLKIT_PACKAGES} at {version}, found {wrong}"
-    held = set(host.run("apt-mark showhold").stdout.split())
+    held = held_packages(host)
     loose = sorted(set(TOOLKIT_PACKAGES) - held)
     assert not loose, f"expected the toolkit held, not held: {loose}"
     report(f"nvidia-container-toolkit {found['nvidia-container-toolkit']}, held")

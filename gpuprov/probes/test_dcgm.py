@@ -15,7 +15,14 @@ import yaml
 
 from gpuprov import paths, platforms
 from gpuprov.defaults import DEFAULT_OS
-from gpuprov.probes.nodefacts import installed_version, nvidia_pci, read_text, require_systemd, unit_state
+from gpuprov.probes.nodefacts import (
+    held_packages,
+    installed_version,
+    nvidia_pci,
+    read_text,
+    require_systemd,
+    unit_state,
+)
 
 pytestmark = pytest.mark.dcgm
 
@@ -115,7 +122,7 @@ def test_dcgm_matches_the_lock_and_is_held(host, expect, report):
     version = installed_version(host, package)
     assert version and fnmatch(version, pattern), (
         f"expected {package} at {pattern} (DCGM {lock['dcgm']}, the lock's), found {version}")
-    held = set(host.run("apt-mark showhold").stdout.split())
+    held = held_packages(host)
     assert package in held, f"expected {package} held (it moves only with the lock), not held"
     report(f"{package} {version}, held")
 

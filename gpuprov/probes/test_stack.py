@@ -11,6 +11,7 @@ import pytest
 from gpuprov.lock import cuda_lines
 from gpuprov.lock.lock_data import LockData
 from gpuprov.probes.nodefacts import (
+    held_packages,
     in_container,
     installed_kernels,
     installed_version,
@@ -39,7 +40,7 @@ def test_gpu_packages_are_held(host, expect, report):
         f"dpkg-query -W -f='${{Status}}\\t${{Package}}\\n' {GPU_PACKAGE_PATTERNS} 2>/dev/null"
         " | awk -F'\\t' '$1 ~ / installed$/ { print $2 }'"
     ).stdout.split()
-    held = set(host.run("apt-mark showhold").stdout.split())
+    held = held_packages(host)
     loose = sorted(set(installed) - held)
     assert installed, "expected NVIDIA packages installed, found none"
     assert not loose, f"expected every NVIDIA/CUDA package held, not held: {loose}"
@@ -234,7 +235,7 @@ def test_nccl_matches_the_lock(host, expect, report):
     found = {p: installed_version(host, p) for p in ("libnccl2", "libnccl-dev")}
     wrong = {p: v for p, v in found.items() if v != want}
     assert not wrong, f"expected libnccl2 and libnccl-dev at {want} (NCCL {lock['nccl']}), found {wrong}"
-    held = set(host.run("apt-mark showhold").stdout.split())
+    held = held_packages(host)
     assert "libnccl2" in held, "expected libnccl2 held (it moves only with the lock), it is not"
     report(f"libnccl2 and libnccl-dev {want}, held")
 
@@ -262,7 +263,7 @@ def nccl_from_distro(host, lock: LockData, report) -> None:
     found = {p: installed_version(host, p) for p in packages["nccl"]}
     wrong = {p: v for p, v in found.items() if v != want}
     assert not wrong, f"expected {', '.join(found)} at {want} (NCCL {lock['nccl']}), found {wrong}"
-    held = set(host.run("apt-mark showhold").stdout.split())
+    held = held_packages(host)
     loose = sorted(set(found) - held)
     assert not loose, f"expected {', '.join(found)} held (they move only with the lock), not held: {loose}"
     number = nccl_loads(host, lock)
