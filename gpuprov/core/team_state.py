@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from gpuprov import identity
 from gpuprov.clock import utc_text
@@ -142,6 +143,16 @@ def _who(name: str, what: str) -> dict[str, object]:
     return {"pid": os.getpid(), "command": ["gpuprov", "state", what, name], "since": utc_text()}
 
 
+# How many renewals of the same holder's lease `unlock` follows before it gives up (a holder
+# renews at a third of its lease: a few renewals are seconds of a loaded machine).
+RENEWALS_FOLLOWED = 5
+
+
+def _holder_of(lock: dict[str, Any]) -> tuple[object, object, object]:
+    """Who holds a lock, whatever its lease: a renewal changes the lease, not these."""
+    return lock.get("pid"), lock.get("by"), lock.get("since")
+
+
 def unlock(name: str, force: bool, console: Console) -> None:
     """`unlock NAME`: a lock whose lease ran out is removed; a live one only with ``force``,
     naming the command it breaks. The local state's lock is the kernel's (it ends with its
@@ -158,9 +169,27 @@ def unlock(name: str, force: bool, console: Console) -> None:
     if live(held) and not force:
         raise GpuprovError(f"cluster '{name}' is locked: {holder_text(held)}; `gpuprov unlock {name} --force` "
                            "breaks it (that command then writes nothing more to the record)")
-    try:
-        store.delete(store.key_of("locks", name), etag=etag)
-    except Conflict:
-        raise GpuprovError(f"cluster '{name}': its lock changed while unlocking; nothing broken, look again") from None
+    # A live holder renews its lease while this runs: the lock changes, its holder does not. The
+    # delete is conditional on what was read; a renewal by the same holder is read again and
+    # followed (a few times), a lock that changed hands is never broken.
+    for _ in range(RENEWALS_FOLLOWED):
+        try:
+            store.delete(store.key_of("locks", name), etag=etag)
+            break
+        except Conflict:
+            again = read_lock(store, name)
+            if again is None:
+                console.say(f"cluster '{name}': its holder released the lock meanwhile")
+                return
+            etag, renewed = again
+            if _holder_of(renewed) != _holder_of(held):
+                raise GpuprovError(f"cluster '{name}': its lock changed hands while unlocking (now "
+                                   f"{holder_text(renewed)}); nothing broken, look again") from None
+            if live(renewed) and not force:
+                raise GpuprovError(f"cluster '{name}' is locked: {holder_text(renewed)} renewed its lease; "
+                                   f"`gpuprov unlock {name} --force` breaks it") from None
+            held = renewed
+    else:
+        raise GpuprovError(f"cluster '{name}': its lock changed while unlocking; nothing broken, look again")
     kind = "broke the live lock" if live(held) else "removed the expired lock"
     console.say(f"cluster '{name}': {kind} of {holder_text(held)}")

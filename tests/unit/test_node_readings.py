@@ -14,6 +14,7 @@ import testinfra
 from gpuprov.probes.nodefacts import (
     exists,
     file_stat,
+    held_packages,
     installed_version,
     once,
     parse_unit,
@@ -85,3 +86,41 @@ def test_a_fact_is_read_once_per_host() -> None:
     assert once(host, "pci", lambda: calls.append(1) or 8) == 8
     assert once(host, "pci", lambda: calls.append(1) or 0) == 8
     assert calls == [1]
+
+
+def test_held_packages_are_what_apt_mark_showhold_lists_on_this_machine() -> None:
+    """dpkg's selection `hold` read in one dpkg-query is apt-mark's own list (apt-mark is not
+    asked by the probes: it loads apt's whole cache for it)."""
+    if HOST.run("command -v apt-mark").rc != 0:
+        pytest.skip("this machine has no apt-mark to compare with")
+    assert held_packages(HOST) == frozenset(HOST.run("apt-mark showhold").stdout.split())
+
+
+class _Answer:
+    def __init__(self, stdout: str, rc: int = 0, stderr: str = "") -> None:
+        self.stdout, self.rc, self.stderr = stdout, rc, stderr
+
+
+class _Node:
+    """FIXTURE: a node answering dpkg-query with the lines dpkg writes for the format the probe
+    asks (want, then the package's name), as on a converged node: two held, one not."""
+
+    def __init__(self, answer: _Answer) -> None:
+        self.answer, self.asked = answer, 0
+
+    def run(self, command: str, *args: str) -> _Answer:
+        assert command.startswith("dpkg-query -W -f '${db:Status-Want} ${Package}")
+        self.asked += 1
+        return self.answer
+
+
+def test_held_packages_are_read_once_per_node_and_only_hold_counts() -> None:
+    node = _Node(_Answer("hold nvidia-driver-535\ninstall libnccl2\nhold libnccl2-dev\ndeinstall old\n"))
+    assert held_packages(node) == {"nvidia-driver-535", "libnccl2-dev"}
+    assert held_packages(node) == {"nvidia-driver-535", "libnccl2-dev"}
+    assert node.asked == 1
+
+
+def test_held_packages_fail_with_dpkgs_words_when_it_cannot_answer() -> None:
+    with pytest.raises(AssertionError, match="database locked"):
+        held_packages(_Node(_Answer("", rc=2, stderr="dpkg-query: database locked")))
