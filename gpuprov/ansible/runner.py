@@ -139,6 +139,72 @@ def known_tags() -> frozenset[str]:
     return frozenset(t for t in found if validate.TAG.fullmatch(t)) - {"never", "always"}
 
 
+def _tag_list(node: dict[str, Any]) -> set[str]:
+    tags = node.get("tags")
+    if isinstance(tags, str):
+        return {t.strip() for t in tags.split(",")}
+    if isinstance(tags, list):
+        return {str(t) for t in tags}
+    return set()
+
+
+@cache
+def _site_plays() -> tuple[tuple[str, frozenset[str]], ...]:
+    """site.yml's plays in its order: (the imported playbook's file name, its plays' own tags)."""
+    import yaml
+
+    out = []
+    for entry in yaml.safe_load((paths.playbooks_dir() / "site.yml").read_text()):
+        name = entry["ansible.builtin.import_playbook"]
+        plays = yaml.safe_load((paths.playbooks_dir() / name).read_text())
+        out.append((name, frozenset(t for play in plays for t in _tag_list(play))))
+    return tuple(out)
+
+
+@cache
+def _tags_below_plays() -> frozenset[str]:
+    """The tags set anywhere but on a play itself: the roles' tasks and handlers, the plays'
+    own tasks and role entries (``always`` among them)."""
+    import yaml
+
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            found.update(_tag_list(node))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for file in [*paths.roles_dir().glob("*/tasks/*.yml"), *paths.roles_dir().glob("*/handlers/*.yml")]:
+        walk(yaml.safe_load(file.read_text()))
+    for name, _ in _site_plays():
+        for play in yaml.safe_load((paths.playbooks_dir() / name).read_text()):
+            walk([value for key, value in play.items() if key != "tags"])
+    return frozenset(found)
+
+
+def site_plays_for(playbook: Path, tags: Sequence[str]) -> list[Path] | None:
+    """The playbooks of site.yml whose plays carry one of ``tags``, in site.yml's order: what a
+    run of site.yml with ``--tags`` runs, without the other plays. ansible-playbook parses every
+    play it is given, and runs each role's argument validation and base facts (tagged
+    ``always``) in every play, asked for or not: three CPU-seconds a run and one more per node
+    for nothing (docs/performance-history.md, 2026-12-07 (5)). None where that would not be the
+    same run: another playbook, no tags, or a tag that is set below a play too."""
+    if playbook.resolve() != (paths.playbooks_dir() / "site.yml").resolve() or not tags:
+        return None
+    asked = set(tags)
+    if asked & _tags_below_plays():
+        return None
+    chosen = [name for name, play_tags in _site_plays() if play_tags & asked]
+    covered = set().union(*(play_tags for _, play_tags in _site_plays() if play_tags & asked))
+    if not chosen or not asked <= covered:
+        return None
+    return [paths.playbooks_dir() / name for name in chosen]
+
+
 def parse_tags(tags: str | None) -> list[str]:
     """``--tags a,b`` as a list of tags the playbooks define; BadInput otherwise."""
     if tags is None:
@@ -224,10 +290,19 @@ def run_playbook(
         if variables:
             vars_file = write_extravars(run_dir / EXTRAVARS_FILE, variables)
             args += ["-e", f"@{vars_file}"]
+        # site.yml with --tags: only the plays asked for, each playbook on the command line (one
+        # ansible-playbook run, facts kept from play to play as in site.yml). ansible-playbook
+        # takes them as its last arguments, after the inventory: ansible-runner puts its own
+        # inventory argument before the playbook, so the inventory is given here.
+        plays = site_plays_for(playbook, tags)
+        inventory: str | None = str(files.inventory)
+        if plays:
+            args += ["-i", str(files.inventory), *map(str, plays[:-1])]
+            playbook, inventory = plays[-1], None
         runner = ansible_runner.interface.init_runner(
             private_data_dir=str(run_dir),
             playbook=str(playbook),
-            inventory=str(files.inventory),
+            inventory=inventory,
             envvars=base_env,
             # A list joined with shlex.join comes back from ansible-runner's
             # shlex.split as exactly the same list: no argument is re-split.

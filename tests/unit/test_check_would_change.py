@@ -49,7 +49,9 @@ PLAY = """
 """
 
 
-def _cluster(tmp_path: Path) -> tuple[ClusterFiles, Path]:
+def local_cluster(tmp_path: Path) -> tuple[ClusterFiles, Path]:
+    """A cluster of this machine (localhost, a local connection) with the ansible.cfg gpuprov
+    writes, and a playbook directory beside it with gpuprov's callback plugins."""
     files = ClusterFiles(tmp_path / "cluster")
     files.dir.mkdir()
     files.inventory.write_text(json.dumps({"all": {"hosts": {"localhost": {
@@ -79,7 +81,7 @@ def _run(files: ClusterFiles, playbook: Path, tmp_path: Path, kind: str, check: 
 
 
 def test_check_counts_and_names_what_the_real_run_then_changes(tmp_path: Path) -> None:
-    files, playbook = _cluster(tmp_path)
+    files, playbook = local_cluster(tmp_path)
     planned, run_dir = _run(files, playbook, tmp_path, "check", check=True)
     assert planned.would_change == {"localhost": ["A managed file", "Hold a package by hand",
                                                   "One command per item"]}
