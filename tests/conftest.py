@@ -77,15 +77,30 @@ def no_aws(gpuprov_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The environment for an end-to-end module: its own state directory, real engines."""
     require_docker()
     home = tmp_path_factory.mktemp("gpuprov-home")
     # Baked images are local to the engine, not to a state directory: each module bakes into
-    # a repository of its own, so no other module (or a run beside this one) boots from them.
-    return {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1",
-            "GPUPROV_ANSIBLE_STRATEGY": SUITE_STRATEGY,
-            "GPUPROV_BAKED_REPO": f"gpuprov-test/baked-{secrets.token_hex(4)}"}
+    # a repository of its own, so no other module (or a run beside this one) boots from them,
+    # and removes them when it ends (about 640 MB each: a run's images left behind filled the
+    # disk of the machine CI runs on, run after run).
+    repo = f"gpuprov-test/baked-{secrets.token_hex(4)}"
+    yield {**os.environ, "GPUPROV_HOME": str(home), "ANSIBLE_NOCOLOR": "1",
+           "GPUPROV_ANSIBLE_STRATEGY": SUITE_STRATEGY, "GPUPROV_BAKED_REPO": repo}
+    from tests.e2e.scratch_image import handed_over
+
+    if not handed_over(repo):  # the from-scratch unit's image, still the grown unit's to use
+        remove_images(repo)
+
+
+def remove_images(repo: str) -> None:
+    """Every image of the Docker repository ``repo`` (a module's baked images), by id."""
+    listed = subprocess.run(["docker", "images", "--quiet", "--no-trunc", repo],
+                            capture_output=True, text=True, check=False)
+    ids = sorted(set(listed.stdout.split()))
+    if ids:
+        subprocess.run(["docker", "image", "rm", "--force", *ids], capture_output=True, check=False)
 
 
 def require_docker() -> None:

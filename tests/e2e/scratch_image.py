@@ -20,13 +20,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import GROWN_UNIT, SCRATCH_UNIT, run_cli
+from tests.conftest import GROWN_UNIT, SCRATCH_UNIT, remove_images, run_cli
 from tests.e2e.nodes import cleanup_labels
 
 __all__ = ["GROWN_UNIT", "SCRATCH_UNIT"]
@@ -70,10 +69,21 @@ def wait_for(deadline_s: float = WAIT_S) -> dict[str, Any]:
     return record
 
 
-def remove_image(ref: str | None) -> None:
-    if ref:
-        subprocess.run(["docker", "image", "rm", "-f", ref], capture_output=True, check=False)
+def remove_image(record: dict[str, Any] | None) -> None:
+    """The from-scratch image and every other image its repository got (the grown unit bakes
+    there too), and the hand-over."""
+    if record:
+        remove_images(record["repo"])
     handoff_file().unlink(missing_ok=True)
+
+
+def handed_over(repo: str) -> bool:
+    """Whether ``repo``'s images are the grown unit's now (its hand-over is there): the
+    from-scratch unit's module then leaves them to it (tests/conftest.py's ``env``)."""
+    try:
+        return json.loads(handoff_file().read_text()).get("repo") == repo
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def passed_probes(verified: dict[str, Any]) -> list[str]:

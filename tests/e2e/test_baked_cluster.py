@@ -48,7 +48,7 @@ def scratch(env: dict[str, str], request: pytest.FixtureRequest):
     try:
         yield record
     finally:
-        remove_image(record["ref"])
+        remove_image(record)
 
 
 @pytest.fixture(scope="module")

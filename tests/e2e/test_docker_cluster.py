@@ -57,7 +57,7 @@ def scratch(env: dict[str, str], request: pytest.FixtureRequest):
         run_cli("down", name, "--yes", env=env)
         cleanup_labels(name)
         if record and not grown_here:
-            remove_image(record["ref"])
+            remove_image(record)
 
 
 def test_up_launches_and_bootstraps(scratch) -> None:
