@@ -1,0 +1,171 @@
+"""The EC2 side of a dynamic node's resume and suspend (gpuprov.providers.aws.power, issue 56),
+against the emulated EC2 (moto behind the shim, which answers a zone with no capacity as EC2
+does): one instance from the cluster's launch template and baked image, tagged as that
+dynamic node; a zone with no capacity skipped and resting, then asked again; every zone
+refused named with EC2's code; a suspend that terminates only the cluster's dynamic nodes;
+and every call allowed by docs/aws-iam-policy-power.json for a role tagged with the cluster
+(IAM's context for each resource read from what EC2 holds: the image's owner and lock tag,
+the instance's tags)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpuprov.providers.aws import power
+from tests.aws import iam
+from tests.aws.conftest import MOTO_AMI, REGION
+from tests.aws.moto_shim import Fault
+from tests.conftest import ROOT
+
+POLICY = json.loads((ROOT / "docs" / "aws-iam-policy-power.json").read_text())
+CLUSTER = "train"
+ITYPE = "p4d.24xlarge"
+
+
+@pytest.fixture
+def ec2(shim) -> Any:
+    import boto3
+
+    return boto3.client("ec2", region_name=REGION)
+
+
+def _tagged(kind: str, cluster: str, **more: str) -> list[dict[str, Any]]:
+    tags = [{"Key": "gpuprov:cluster", "Value": cluster}, *({"Key": k, "Value": v} for k, v in more.items())]
+    return [{"ResourceType": kind, "Tags": tags}]
+
+
+@pytest.fixture
+def plan(ec2, shim) -> power.Plan:
+    """A cluster as `up --max-count` leaves it for the service: its launch template (tagged for
+    it), a baked image of the account (tagged with its lock), the zones' default subnets."""
+    group = ec2.create_security_group(GroupName=f"gpuprov-{CLUSTER}", Description="gpuprov",
+                                      TagSpecifications=_tagged("security-group", CLUSTER))["GroupId"]
+    template = ec2.create_launch_template(
+        LaunchTemplateName=f"gpuprov-{CLUSTER}-dynamic",
+        LaunchTemplateData={"InstanceType": ITYPE, "SecurityGroupIds": [group],
+                            "MetadataOptions": {"HttpTokens": "required"}},
+        TagSpecifications=_tagged("launch-template", CLUSTER))["LaunchTemplate"]["LaunchTemplateId"]
+    source = ec2.run_instances(ImageId=MOTO_AMI, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    image = ec2.create_image(InstanceId=source, Name=f"gpuprov-baked-{CLUSTER}",
+                             TagSpecifications=[{"ResourceType": "image",
+                                                 "Tags": [{"Key": "gpuprov:lock", "Value": "0a1b2c3d"}]}])["ImageId"]
+    ec2.terminate_instances(InstanceIds=[source])
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets()["Subnets"] if s["DefaultForAz"]}
+    zones = sorted(subnets)[:3]
+    shim.calls.clear()
+    return power.Plan(CLUSTER, template, image, ITYPE, {z: subnets[z] for z in zones})
+
+
+def _instance(ec2, ident: str) -> dict[str, Any]:
+    return ec2.describe_instances(InstanceIds=[ident])["Reservations"][0]["Instances"][0]
+
+
+def _tags(resource: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in resource.get("Tags") or []}
+
+
+def _refused_by_policy(ec2, shim) -> list[str]:
+    """Each authorization of the logged mutating calls that the power policy does not allow,
+    for a role tagged with the cluster; the context of a resource EC2 holds is read from it."""
+    principal = {"aws:PrincipalTag/gpuprov:cluster": CLUSTER, "aws:PrincipalAccount": iam.ACCOUNT}
+    refused = []
+    for call in iam.mutating(shim.calls):
+        auths = iam.authorizations(call, CLUSTER)
+        if call.action == "RunInstances":
+            template = call.params["LaunchTemplate.LaunchTemplateId"]
+            held = ec2.describe_launch_templates(LaunchTemplateIds=[template])["LaunchTemplates"][0]
+            auths.append(iam.Authorization("ec2:RunInstances", iam.arn("launch-template", template),
+                                           {f"aws:ResourceTag/{k}": v for k, v in _tags(held).items()}))
+        for auth in auths:
+            kind, _, ident = auth.resource.rpartition(":")[2].partition("/")
+            context = dict(auth.context)
+            if kind == "image":
+                (image,) = ec2.describe_images(ImageIds=[ident])["Images"]
+                context = {"ec2:Owner": image["OwnerId"], **{f"aws:ResourceTag/{k}": v for k, v in _tags(image).items()}}
+            elif kind == "instance" and ident != "*" and call.action == "TerminateInstances":
+                context = {f"aws:ResourceTag/{k}": v for k, v in _tags(_instance(ec2, ident)).items()}
+            if not iam.allowed_by(POLICY, iam.Authorization(auth.action, auth.resource, {**principal, **context})):
+                refused.append(f"{call.action}: {auth.action} on {auth.resource} with {context}")
+    return refused
+
+
+def test_a_resume_launches_one_tagged_instance_from_the_template_and_image(ec2, shim, plan) -> None:
+    rests = power.Rests()
+    got = power.resume(ec2, plan, f"{CLUSTER}-dy-1", rests, now=1000.0, token="r1-dy-1")
+    assert isinstance(got, power.Started) and got.zone == next(iter(plan.subnets)), got
+    instance = _instance(ec2, got.instance)
+    assert instance["ImageId"] == plan.image and instance["InstanceType"] == ITYPE
+    assert instance["SubnetId"] == plan.subnets[got.zone]
+    wanted = {"gpuprov:cluster": CLUSTER, "gpuprov:node": f"{CLUSTER}-dy-1", "gpuprov:power": "dynamic"}
+    assert wanted.items() <= _tags(instance).items(), _tags(instance)
+    (run,) = shim.run_calls()
+    assert run.params["LaunchTemplate.LaunchTemplateId"] == plan.launch_template
+    assert run.params["MinCount"] == run.params["MaxCount"] == "1"
+    assert run.params["MetadataOptions.HttpTokens"] == "required"
+    assert power.running(ec2, CLUSTER) == {f"{CLUSTER}-dy-1": [got.instance]}
+    assert _refused_by_policy(ec2, shim) == []
+
+
+def test_a_zone_without_capacity_rests_and_the_next_zone_launches(ec2, shim, plan, tmp_path) -> None:
+    first, second, _ = plan.subnets
+    shim.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", zone=first))
+    rests = power.Rests.load(tmp_path / "rests.json")
+    got = power.resume(ec2, plan, f"{CLUSTER}-dy-1", rests, now=1000.0, token="r1-dy-1")
+    assert isinstance(got, power.Started) and got.zone == second, got
+    # The first zone rests: the next resume does not ask it, and a restarted service knows.
+    again = power.resume(ec2, plan, f"{CLUSTER}-dy-2", power.Rests.load(tmp_path / "rests.json"),
+                         now=1000.0 + power.REST_S - 1, token="r2-dy-2")
+    assert isinstance(again, power.Started) and again.zone == second
+    zones = [c.params["Placement.AvailabilityZone"] for c in shim.run_calls()]
+    assert zones == [first, second, second], zones
+    # Its rest over, the zone is asked again, and has capacity now.
+    shim.faults[0].times = 0
+    later = power.resume(ec2, plan, f"{CLUSTER}-dy-3", rests, now=1000.0 + power.REST_S + 1, token="r3-dy-3")
+    assert isinstance(later, power.Started) and later.zone == first, later
+    assert _refused_by_policy(ec2, shim) == []
+
+
+def test_no_zone_with_capacity_refuses_the_node_with_ec2s_code(ec2, shim, plan) -> None:
+    for zone in plan.subnets:
+        shim.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", zone=zone))
+    rests = power.Rests()
+    got = power.resume(ec2, plan, f"{CLUSTER}-dy-1", rests, now=1000.0, token="r1-dy-1")
+    assert isinstance(got, power.Refused) and got.code == "InsufficientInstanceCapacity", got
+    assert str(got) == f"no capacity for {ITYPE}: " + "; ".join(f"{z} InsufficientInstanceCapacity"
+                                                                    for z in plan.subnets)
+    # Every zone resting: the next resume asks EC2 nothing and says so.
+    shim.calls.clear()
+    resting = power.resume(ec2, plan, f"{CLUSTER}-dy-2", rests, now=1001.0, token="r2-dy-2")
+    assert isinstance(resting, power.Refused) and resting.code == "" and shim.run_calls() == []
+    assert str(resting).startswith(f"no capacity for {ITYPE}: {next(iter(plan.subnets))} resting 599 s")
+    assert power.running(ec2, CLUSTER) == {}
+
+
+def test_a_refusal_that_is_not_capacity_is_raised(ec2, shim, plan) -> None:
+    shim.faults.append(Fault("RunInstances", "VcpuLimitExceeded"))
+    with pytest.raises(Exception, match="VcpuLimitExceeded"):
+        power.resume(ec2, plan, f"{CLUSTER}-dy-1", power.Rests(), now=1000.0, token="r1-dy-1")
+    assert len(shim.run_calls()) == 1  # not tried in the next zone
+
+
+def test_a_suspend_terminates_only_the_named_dynamic_nodes_of_the_cluster(ec2, shim, plan) -> None:
+    rests = power.Rests()
+    one, two = (power.resume(ec2, plan, f"{CLUSTER}-dy-{i}", rests, now=1000.0, token=f"r-dy-{i}") for i in (1, 2))
+    static = ec2.run_instances(ImageId=plan.image, MinCount=1, MaxCount=1,
+                               TagSpecifications=_tagged("instance", CLUSTER))["Instances"][0]["InstanceId"]
+    other = ec2.run_instances(ImageId=plan.image, MinCount=1, MaxCount=1,
+                              TagSpecifications=_tagged("instance", "other", **{"gpuprov:power": "dynamic",
+                                                                                "gpuprov:node": f"{CLUSTER}-dy-1"})
+                              )["Instances"][0]["InstanceId"]
+    shim.calls.clear()
+    assert power.suspend(ec2, CLUSTER, [f"{CLUSTER}-dy-1"]) == [one.instance]
+    assert _instance(ec2, one.instance)["State"]["Name"] in ("shutting-down", "terminated")
+    for kept in (two.instance, static, other):
+        assert _instance(ec2, kept)["State"]["Name"] in ("pending", "running"), kept
+    assert power.running(ec2, CLUSTER) == {f"{CLUSTER}-dy-2": [two.instance]}
+    assert power.suspend(ec2, CLUSTER, [f"{CLUSTER}-dy-1"]) == []  # already gone: nothing to do
+    assert power.suspend(ec2, CLUSTER, []) == []
+    assert _refused_by_policy(ec2, shim) == []
