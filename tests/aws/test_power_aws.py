@@ -169,3 +169,117 @@ def test_a_suspend_terminates_only_the_named_dynamic_nodes_of_the_cluster(ec2, s
     assert power.suspend(ec2, CLUSTER, [f"{CLUSTER}-dy-1"]) == []  # already gone: nothing to do
     assert power.suspend(ec2, CLUSTER, []) == []
     assert _refused_by_policy(ec2, shim) == []
+
+
+def _scontrol(tmp_path) -> tuple[str, Any]:
+    """FIXTURE: scontrol on PATH that logs its arguments (the controller's is real Slurm's, in
+    tests/e2e/test_elastic_e2e.py): (the PATH to use, the log)."""
+    import os
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "scontrol.log"
+    script = bin_dir / "scontrol"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    script.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}", log
+
+
+def test_the_controllers_service_takes_the_power_programs_requests(ec2, shim, plan, tmp_path, monkeypatch) -> None:
+    """The service on the controller (gpuprov.slurm.power_aws_node) with slurmctld's own power
+    program (roles/slurm/files/gpuprov-slurm-power) sending it signed requests: two dynamic nodes
+    resumed, a third that no zone can take set DOWN with EC2's code, one suspended, one whose
+    resume timed out set DOWN and terminated; a request signed with another key refused."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from gpuprov.slurm import power_aws_node
+
+    path, log = _scontrol(tmp_path)
+    monkeypatch.setenv("PATH", path)
+    key = tmp_path / "power.key"
+    key.write_bytes(b"k" * 32)
+    config = tmp_path / "power-aws.json"
+    config.write_text(json.dumps({
+        "cluster": CLUSTER, "region": REGION, "launch_template": plan.launch_template, "image": plan.image,
+        "instance_type": ITYPE, "subnets": [[z, s] for z, s in plan.subnets.items()], "count": 3, "port": 0,
+        "key_file": str(key), "rests": str(tmp_path / "rests.json")}))
+    stop, urls = threading.Event(), []
+    service = threading.Thread(target=power_aws_node.serve, args=(config, stop, ec2),
+                               kwargs={"on_listening": urls.append}, daemon=True)
+    service.start()
+
+    def program(action: str, hostlist: str, key_file: str = str(key)) -> subprocess.CompletedProcess[str]:
+        link = tmp_path / f"gpuprov-slurm-{action}"
+        if not link.exists():
+            link.symlink_to(ROOT / "roles" / "slurm" / "files" / "gpuprov-slurm-power")
+        program_config = tmp_path / "gpuprov-power.json"
+        program_config.write_text(json.dumps({"url": urls[0], "key_file": key_file}))
+        return subprocess.run([sys.executable, str(link), "--config", str(program_config), hostlist],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    def until(predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.2)
+
+    try:
+        until(lambda: urls, "the service did not listen")
+        assert program("resume", f"{CLUSTER}-dy-[1-2]").returncode == 0
+        until(lambda: len(power.running(ec2, CLUSTER)) == 2, "two dynamic nodes not launched")
+        for zone in plan.subnets:
+            shim.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", zone=zone))
+        assert program("resume", f"{CLUSTER}-dy-3").returncode == 0
+        until(lambda: log.exists(), "the third node was not set DOWN")
+        (down,) = [json.loads(line) for line in log.read_text().splitlines()]
+        assert down[:3] == ["update", f"NodeName={CLUSTER}-dy-3", "State=DOWN"], down
+        assert down[3].startswith(f"Reason=gpuprov: resume failed: no capacity for {ITYPE}: "
+                                  f"{next(iter(plan.subnets))} InsufficientInstanceCapacity"), down
+        assert program("suspend", f"{CLUSTER}-dy-1").returncode == 0
+        until(lambda: list(power.running(ec2, CLUSTER)) == [f"{CLUSTER}-dy-2"], "dy-1 not terminated")
+        assert program("resume-failed", f"{CLUSTER}-dy-2").returncode == 0
+        until(lambda: power.running(ec2, CLUSTER) == {}, "dy-2 not terminated")
+        last = json.loads(log.read_text().splitlines()[-1])
+        assert last == ["update", f"NodeName={CLUSTER}-dy-2", "State=DOWN",
+                        "Reason=gpuprov: did not register within ResumeTimeout"], last
+        other = tmp_path / "other.key"
+        other.write_bytes(b"x" * 32)
+        refused = program("resume", f"{CLUSTER}-dy-1", key_file=str(other))
+        assert refused.returncode == 1 and "refused (403" in refused.stderr, refused.stderr
+        # Nothing outside the cluster's dynamic nodes: a static node's name is refused too.
+        assert program("suspend", f"{CLUSTER}-node-1").returncode == 1
+    finally:
+        stop.set()
+        service.join(timeout=10)
+    assert _refused_by_policy(ec2, shim) == []
+
+
+GOOD = {"cluster": CLUSTER, "region": REGION, "launch_template": "lt-0123456789abcdef0", "image": "ami-0123456789abcdef0",
+        "instance_type": ITYPE, "subnets": [["us-east-1a", "subnet-0123456789abcdef0"]], "count": 2, "port": 0,
+        "key_file": "/etc/slurm/gpuprov-power.key", "rests": "/var/lib/gpuprov/power-rests.json"}
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"launch_template": "lt-0123\nState=DOWN"}, "launch_template"),
+    ({"image": "ami-../../etc"}, "image"),
+    ({"cluster": "Train Cluster"}, "cluster"),
+    ({"subnets": [["us-east-1a", "subnet-0123 --x"]]}, "subnets"),
+    ({"subnets": []}, "subnets"),
+    ({"count": True}, "count"),
+    ({"key_file": "power.key"}, "key_file"),
+])
+def test_the_services_configuration_is_checked_before_any_value_is_used(tmp_path, change, named) -> None:
+    from gpuprov.errors import GpuprovError
+    from gpuprov.slurm import power_aws_node
+
+    path = tmp_path / "power-aws.json"
+    path.write_text(json.dumps(GOOD))
+    assert power_aws_node.load(path) == GOOD
+    path.write_text(json.dumps({**GOOD, **change}))
+    with pytest.raises(GpuprovError, match=f": {named}: "):
+        power_aws_node.load(path)
