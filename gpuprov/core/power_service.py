@@ -29,7 +29,8 @@ from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers import get as get_provider
 from gpuprov.settings import access_keys
-from gpuprov.slurm import drain, munge, power_http, scheduler
+from gpuprov.slurm import munge, power_http, scheduler
+from gpuprov.slurm.power_rules import orphans, serving, unhealthy
 from gpuprov.state import Store
 
 # The log (power.log, the service's output where gpuprov started it) is kept to this size: past
@@ -144,16 +145,6 @@ def reconcile_every() -> float:
     return value
 
 
-def orphans(running: list[str], states: dict[str, str], suspects: set[str]) -> tuple[list[str], set[str]]:
-    """Of the dynamic nodes running, those Slurm says are powered down (``~`` and neither
-    powering up ``#`` nor down ``%``) or does not list at all: (the orphans, seen so at this
-    check and the one before; the suspects, seen so now). A node resumes as POWERING_UP before
-    its program runs and powers down only after its container is gone, so two checks in a row
-    (RECONCILE_S apart) that find it so are no race."""
-    now = {n for n in running if n not in states or ("~" in states[n] and not {"#", "%"} & set(states[n]))}
-    return sorted(now & suspects), now
-
-
 def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]) -> set[str]:
     """Remove the dynamic nodes that run with no Slurm node behind them (orphans), saying so."""
     try:
@@ -178,13 +169,6 @@ def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]
         return suspects
 
 
-def unhealthy(running: list[str], nodes: dict[str, Any]) -> list[str]:
-    """The dynamic nodes running that their own health program drained (Reason ``gpuprov
-    health: ...``) and that run no job any more (sinfo's ``drained``, not ``draining``)."""
-    return [n for n in running if n in nodes and nodes[n].state == "drained"
-            and nodes[n].reason.startswith(drain.HEALTH)]
-
-
 def _power_down_unhealthy(cluster: Any, files: ClusterFiles, running: list[str], nodes: dict[str, Any]) -> None:
     """A dynamic node drained by its own health is powered down (a fresh one boots from the
     image for the next job), never left drained holding a slot: said in the log."""
@@ -192,13 +176,6 @@ def _power_down_unhealthy(cluster: Any, files: ClusterFiles, running: list[str],
         why = scheduler.power_down_force(cluster, files, [node])
         _say(f"unhealthy {node}: drained by its own health ({nodes[node].reason}); "
              + ("powered down" if not why else f"not powered down: {why}"))
-
-
-def serving(state: str) -> bool:
-    """Whether a Slurm node state (sinfo's %T) is a node up and serving: registered, responding,
-    not powered down or powering, not DOWN, drained or failed."""
-    base = state.rstrip("*~#%!$@^-+").lower()
-    return not any(c in state for c in "*~#%") and base in ("idle", "allocated", "mixed", "completing")
 
 
 def _count_again(files: ClusterFiles, up: list[str]) -> None:

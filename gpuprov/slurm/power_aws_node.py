@@ -10,6 +10,12 @@ is off.
 - ``suspend``: the nodes' instances terminated.
 - ``fail`` (ResumeFailProgram: not registered within ResumeTimeout): the nodes set DOWN with
   that reason and their instances terminated.
+- Every ``check_s`` seconds (60 unless the configuration says): a dynamic node drained by its
+  own health (Reason ``gpuprov health: ...``) whose jobs have ended is powered down
+  (``State=POWER_DOWN_FORCE``: a fresh instance boots for the next job); an instance of a dynamic
+  node that Slurm has powered down or does not list, at two checks in a row, is an *orphan* and
+  is terminated. The same rules as the local nodes' service (gpuprov.core.power_service), with
+  this node's own sinfo; a check that gets no answer from sinfo judges nothing.
 
 Its configuration is one file gpuprov writes (``CONFIG``: the cluster, its launch template,
 image, type, zones' subnets, the power key's file, the port and where the zones' rests are
@@ -32,7 +38,8 @@ from gpuprov.errors import GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers.aws import api, power
 from gpuprov.slurm import elastic, power_http
-from gpuprov.slurm.scheduler import NODE_NAME, reason_text
+from gpuprov.slurm.power_rules import orphans, unhealthy
+from gpuprov.slurm.scheduler import NODE_NAME, SINFO, SlurmNode, parse_sinfo, reason_text
 
 CONFIG = Path("/etc/gpuprov/power-aws.json")
 
@@ -64,9 +71,13 @@ def load(path: Path) -> dict[str, Any]:
             or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str)
                        and _ZONE.fullmatch(p[0]) and _SUBNET.fullmatch(p[1]) for p in subnets)):
         raise GpuprovError(f"{path}: subnets: a list of [zone, subnet] pairs, in the order zones are tried")
-    for key in ("count", "port"):
+    for key in ("count", "port", "check_s"):
+        if key == "check_s" and key not in raw:
+            continue
         if not isinstance(raw.get(key), int) or isinstance(raw[key], bool) or not 0 <= raw[key] <= 65535:
             raise GpuprovError(f"{path}: {key}: not a number")
+    if raw.get("check_s", CHECK_S) < 1:
+        raise GpuprovError(f"{path}: check_s: at least 1")
     for key in ("key_file", "rests"):
         if not isinstance(raw.get(key), str) or not raw[key].startswith("/"):
             raise GpuprovError(f"{path}: {key}: not an absolute path")
@@ -77,17 +88,33 @@ def _say(line: str) -> None:
     print(printable(line), flush=True)
 
 
-def mark_down(names: list[str], reason: str) -> str:
-    """Slurm nodes ``names`` DOWN with ``reason`` (this node's scontrol, as the service's user):
-    "" once done, else why not."""
+CHECK_S = 60
+
+
+def _scontrol(names: list[str], *settings: str) -> str:
+    """``scontrol update NodeName=NAMES SETTINGS`` on this node: "" once done, else why not."""
     if not names or not all(NODE_NAME.fullmatch(n) for n in names):
         return f"not node names: {','.join(names)[:80]!r}"
-    proc = subprocess.run(["scontrol", "update", f"NodeName={','.join(names)}", "State=DOWN",
-                           f"Reason=gpuprov: {reason_text(reason)}"],
+    proc = subprocess.run(["scontrol", "update", f"NodeName={','.join(names)}", *settings],
                           capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode == 0:
         return ""
     return printable((proc.stderr or proc.stdout).strip())[:200] or f"exit {proc.returncode}"
+
+
+def slurm_nodes() -> dict[str, SlurmNode] | None:
+    """Each Slurm node's state and reason, as this node's sinfo says (None: no answer)."""
+    try:
+        proc = subprocess.run(list(SINFO), capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_sinfo(proc.stdout) if proc.returncode == 0 else None
+
+
+def mark_down(names: list[str], reason: str) -> str:
+    """Slurm nodes ``names`` DOWN with ``reason`` (this node's scontrol, as the service's user):
+    "" once done, else why not."""
+    return _scontrol(names, "State=DOWN", f"Reason=gpuprov: {reason_text(reason)}")
 
 
 class Actions:
@@ -116,6 +143,26 @@ class Actions:
             else:
                 raise GpuprovError(f"unknown action {action!r}")
 
+    def check(self, suspects: set[str]) -> set[str]:
+        """One check (module docstring): the orphans' suspects for the next check."""
+        with self.lock:
+            running = power.running(self.ec2, self.cluster)
+            if not running:
+                return set()
+            nodes = slurm_nodes()
+            if nodes is None:
+                return suspects  # nothing is judged on no answer
+            for node in unhealthy(sorted(running), nodes):
+                why = _scontrol([node], "State=POWER_DOWN_FORCE")
+                _say(f"unhealthy {node}: drained by its own health ({nodes[node].reason}); "
+                     + ("powered down" if not why else f"not powered down: {why}"))
+            found, now = orphans(sorted(running), {n: r.state for n, r in nodes.items()}, suspects)
+            for node in found:
+                gone = power.suspend(self.ec2, self.cluster, [node])
+                _say(f"orphan {node}: running while Slurm has it "
+                     + (nodes[node].state if node in nodes else "unlisted") + f"; terminated {', '.join(gone)}")
+            return now - set(found)
+
     def _resume(self, names: tuple[str, ...]) -> None:
         now = self.clock()
         for node in names:
@@ -143,5 +190,10 @@ def serve(path: Path = CONFIG, stop: threading.Event | None = None, ec2: Any = N
              f"{len(elastic.dynamic_names(config['cluster'], config['count']))} dynamic node(s)")
         if on_listening is not None:
             on_listening(service.url)
-        stop.wait()
+        suspects: set[str] = set()
+        while not stop.wait(float(config.get("check_s") or CHECK_S)):
+            try:
+                suspects = actions.check(suspects)
+            except (GpuprovError, api.ClientError) as exc:  # said; the next check tries again
+                _say(f"checking the dynamic nodes: {exc}")
     return 0

@@ -10,6 +10,7 @@ the instance's tags)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -283,3 +284,40 @@ def test_the_services_configuration_is_checked_before_any_value_is_used(tmp_path
     path.write_text(json.dumps({**GOOD, **change}))
     with pytest.raises(GpuprovError, match=f": {named}: "):
         power_aws_node.load(path)
+
+
+def test_the_controllers_check_powers_down_the_unhealthy_and_terminates_orphans(ec2, shim, plan, tmp_path,
+                                                                                monkeypatch, capsys) -> None:
+    """The service's periodic check with this machine's stand-ins for the controller's sinfo
+    (FIXTURE: it prints what the test writes, as `sinfo --Node --format=%N|%T|%E` does) and
+    scontrol: an instance whose node Slurm has powered down is terminated at the second check in
+    a row, never the first; a node drained by its own health is powered down; a node running a
+    job is left; no answer from sinfo judges nothing."""
+    import os
+    import sys
+
+    from gpuprov.slurm import power_aws_node
+
+    path, log = _scontrol(tmp_path)
+    states = tmp_path / "sinfo.txt"
+    sinfo = Path(path.split(os.pathsep)[0]) / "sinfo"
+    sinfo.write_text(f"#!{sys.executable}\nimport sys\ntext = open({str(states)!r}).read()\n"
+                     "sys.exit(1) if text == 'fail' else print(text, end='')\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", path)
+    config = {"cluster": CLUSTER, "launch_template": plan.launch_template, "image": plan.image,
+              "instance_type": ITYPE, "subnets": list(plan.subnets.items()), "rests": str(tmp_path / "rests.json")}
+    actions = power_aws_node.Actions(config, ec2)
+    for i in (1, 2, 3):
+        assert isinstance(power.resume(ec2, plan, f"{CLUSTER}-dy-{i}", actions.rests, 1000.0, f"t{i}"), power.Started)
+    states.write_text(f"{CLUSTER}-node-1|idle|none\n{CLUSTER}-dy-1|idle~|none\n"
+                      f"{CLUSTER}-dy-2|drained|gpuprov health: gpu_count: 7 of 8\n{CLUSTER}-dy-3|allocated|none\n")
+    suspects = actions.check(set())
+    assert suspects == {f"{CLUSTER}-dy-1"} and len(power.running(ec2, CLUSTER)) == 3
+    assert json.loads(log.read_text()) == ["update", f"NodeName={CLUSTER}-dy-2", "State=POWER_DOWN_FORCE"]
+    states.write_text("fail")
+    assert actions.check(suspects) == suspects and len(power.running(ec2, CLUSTER)) == 3
+    states.write_text(f"{CLUSTER}-dy-1|idle~|none\n{CLUSTER}-dy-2|idle%|none\n{CLUSTER}-dy-3|allocated|none\n")
+    assert actions.check(suspects) == set()
+    assert sorted(power.running(ec2, CLUSTER)) == [f"{CLUSTER}-dy-2", f"{CLUSTER}-dy-3"]
+    assert f"orphan {CLUSTER}-dy-1: running while Slurm has it idle~; terminated i-" in capsys.readouterr().out
