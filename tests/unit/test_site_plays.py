@@ -135,3 +135,23 @@ def test_run_playbook_runs_only_the_asked_plays_with_facts_kept_from_play_to_pla
     command = json.loads((result.artifact_dir / "command").read_text())["command"]
     assert command[-4:] == ["-i", str(files.inventory), str(book / "a.yml"), str(book / "c.yml")], command
     assert str(book / "site.yml") not in command
+
+
+def test_a_check_run_of_the_asked_plays_names_what_would_change(fresh_caches, tmp_path, monkeypatch) -> None:
+    """--check with --tags: gpuprov's check callback (beside the playbooks) still names each
+    command check mode skipped that would run, in the asked plays only."""
+    files, play = local_cluster(tmp_path)
+    book = tmp_path / "playbooks"
+    (book / "other.yml").write_text(PLAY.format(name="other", dir=tmp_path / "marks"))
+    tagged = play.read_text().replace("  gather_facts: false\n", "  gather_facts: false\n  tags: [would]\n", 1)
+    (book / "play.yml").write_text(tagged)
+    (book / "site.yml").write_text("- ansible.builtin.import_playbook: other.yml\n"
+                                   "- ansible.builtin.import_playbook: play.yml\n")
+    monkeypatch.setattr(paths, "playbooks_dir", lambda: book)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    result = run_playbook(book / "site.yml", files, ["localhost"], run_dir, title="check", check=True, tags=["would"])
+    assert result.ok, result.errors
+    assert result.would_change == {"localhost": ["A managed file", "Hold a package by hand", "One command per item"]}
+    command = json.loads((result.artifact_dir / "command").read_text())["command"]
+    assert command[-1] == str(book / "play.yml") and str(book / "other.yml") not in command
