@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov import __version__, paths
-from gpuprov.ansible.runner import extravars_yaml
+from gpuprov.ansible.runner import extravars_yaml, site_plays_for
 from gpuprov.errors import GpuprovError
 from gpuprov.lock.lock_data import LockData
 from gpuprov.manifest import record, remote
@@ -104,6 +104,11 @@ def build(*, lock: LockData, extravars: Mapping[str, Any], group: str,
         "python_min": list(PYTHON_MIN),
         "lock_hash": lock.get("hash"),
         "tags": list(tags),
+        # site.yml with --tags: the asked plays' own playbooks, run as push runs them
+        # (gpuprov.ansible.runner.site_plays_for); an agent that does not know the key runs
+        # site.yml with the same tags, the same tasks.
+        **({"plays": [p.name for p in plays]} if site and (plays := site_plays_for(
+            paths.playbooks_dir() / "site.yml", list(tags))) else {}),
         # The probes the node runs on itself after the plays: those of the plays it ran (a run of
         # some plays is judged on them, as `verify --only`), every one after the whole site.
         "probes": groups_of_plays(tags),

@@ -330,3 +330,22 @@ def test_provision_via_pull_is_refused_where_it_cannot_run_before_anything_chang
     with pytest.raises(BadInput, match="through this machine's loopback"):
         refuse(store.create_cluster("st", "static", {}), get("static"), ClusterSpec.from_record("st", "static", {}),
                [forwarded])
+
+
+def test_a_tags_bundle_names_the_asked_plays_and_the_agent_runs_only_those(built, tmp_path: Path) -> None:
+    """As push runs a site run with --tags (gpuprov.ansible.runner.site_plays_for): the bundle
+    names the asked plays' playbooks, the agent runs them in place of site.yml, and refuses a
+    name its site.yml does not import; a whole-site bundle names none."""
+    agent = load_agent("agent_for_plays")
+    manifest = json.loads(_read(built.data, "manifest.json"))
+    assert manifest["plays"] == ["spot.yml"]
+    with tarfile.open(fileobj=io.BytesIO(built.data), mode="r:gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    assert agent.plays(tmp_path, manifest) == [tmp_path / "site" / "playbooks" / "spot.yml"]
+    for bad in (["../../etc/passwd"], ["patch.yml"], "spot.yml", [7]):
+        with pytest.raises(RuntimeError, match=re.escape("not playbooks its site.yml imports")):
+            agent.plays(tmp_path, {**manifest, "plays": bad})
+    whole = bundle_mod.build(lock={"hash": "abc123"}, extravars={}, group="gpuprov_nodes", group_vars={},
+                             profiles={}, tags=())
+    assert "plays" not in json.loads(_read(whole.data, "manifest.json"))
+    assert agent.plays(tmp_path, {"tags": []}) == []

@@ -33,6 +33,7 @@ import hmac
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -294,6 +295,20 @@ def playbook(root: Path, manifest: dict) -> Path:
     return root / "site" / "playbooks" / name
 
 
+def plays(root: Path, manifest: dict) -> list[Path]:
+    """The playbooks a site run with tags runs (the bundle's "plays": files of its site/playbooks
+    that site.yml imports, by their names), or [] for the bundle's playbook itself."""
+    names = manifest.get("plays")
+    if not names or manifest.get("playbook", "site.yml") != "site.yml":
+        return []
+    book = root / "site" / "playbooks"
+    imported = set(re.findall(r"(?m)^(?:- |  )ansible\.builtin\.import_playbook: ([a-z0-9_]+\.yml)\s*$",
+                              (book / "site.yml").read_text()))
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in imported for n in names):
+        raise RuntimeError(f"the bundle's plays {str(names)[:120]!r} are not playbooks its site.yml imports")
+    return [book / name for name in names]
+
+
 def within(cmd: list[str], until: float | None, what: str, **how: object) -> int:
     """``cmd``'s exit status; past ``until`` (the run's budget) it is stopped, its children with it."""
     proc = subprocess.Popen(cmd, start_new_session=True, **how)  # type: ignore[call-overload]
@@ -310,7 +325,7 @@ def converge(root: Path, manifest: dict, env: dict[str, str], log: Path, until: 
            "sys.argv[0] = 'ansible-playbook'; main()",
            # The play variables, every string tagged !unsafe by the controller: data, never a template.
            "-i", str(root / "inventory.yml"), "-e", f"@{root / 'site' / 'vars.yml'}",
-           str(playbook(root, manifest))]
+           *map(str, plays(root, manifest) or [playbook(root, manifest)])]
     if manifest.get("tags"):
         cmd += ["--tags", ",".join(manifest["tags"])]
     if manifest.get("check") is True:  # a patch's plan: check mode, nothing changed
