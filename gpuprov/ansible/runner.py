@@ -257,6 +257,18 @@ def _cmdline(check: bool, tags: Sequence[str], limit: Sequence[str]) -> list[str
     return args
 
 
+def _playbooks(playbook: Path, tags: Sequence[str], files: ClusterFiles) -> tuple[list[str], Path, str | None]:
+    """(the arguments to add, the playbook and the inventory to hand ansible-runner). site.yml
+    with --tags: only the plays asked for, each playbook on the command line (one
+    ansible-playbook run, facts kept from play to play as in site.yml). ansible-playbook takes
+    them as its last arguments, after the inventory: ansible-runner puts its own inventory
+    argument before the playbook, so the inventory is given here."""
+    plays = site_plays_for(playbook, tags)
+    if not plays:
+        return [], playbook, str(files.inventory)
+    return ["-i", str(files.inventory), *map(str, plays[:-1])], plays[-1], None
+
+
 def run_playbook(
     playbook: Path,
     files: ClusterFiles,
@@ -290,23 +302,15 @@ def run_playbook(
         if variables:
             vars_file = write_extravars(run_dir / EXTRAVARS_FILE, variables)
             args += ["-e", f"@{vars_file}"]
-        # site.yml with --tags: only the plays asked for, each playbook on the command line (one
-        # ansible-playbook run, facts kept from play to play as in site.yml). ansible-playbook
-        # takes them as its last arguments, after the inventory: ansible-runner puts its own
-        # inventory argument before the playbook, so the inventory is given here.
-        plays = site_plays_for(playbook, tags)
-        inventory: str | None = str(files.inventory)
-        if plays:
-            args += ["-i", str(files.inventory), *map(str, plays[:-1])]
-            playbook, inventory = plays[-1], None
+        more, book, inventory = _playbooks(playbook, tags, files)
         runner = ansible_runner.interface.init_runner(
             private_data_dir=str(run_dir),
-            playbook=str(playbook),
+            playbook=str(book),
             inventory=inventory,
             envvars=base_env,
             # A list joined with shlex.join comes back from ansible-runner's
             # shlex.split as exactly the same list: no argument is re-split.
-            cmdline=shlex.join(args) if args else None,
+            cmdline=shlex.join(args + more) if args + more else None,
             event_handler=progress.handle,
             quiet=True,
             ident="ansible",
@@ -336,16 +340,8 @@ def run_playbook(
     ok = result.rc == 0 and all(
         h["failed"] == 0 and h["unreachable"] == 0 and h["tasks"] > 0 for h in hosts_summary.values()
     )
-    return PlaybookResult(
-        ok=ok,
-        rc=int(result.rc),
-        status=str(result.status),
-        hosts=hosts_summary,
-        errors=errors,
-        artifact_dir=artifact_dir,
-        results=progress.results,
-        would_change=would_change,
-    )
+    return PlaybookResult(ok=ok, rc=int(result.rc), status=str(result.status), hosts=hosts_summary, errors=errors,
+                          artifact_dir=artifact_dir, results=progress.results, would_change=would_change)
 
 
 # The check-mode callback's output (playbooks/callback_plugins/gpuprov_check.py): one JSON

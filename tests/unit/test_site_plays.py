@@ -20,7 +20,7 @@ import pytest
 from gpuprov import paths
 from gpuprov.ansible import runner
 from gpuprov.ansible.runner import run_playbook, site_plays_for
-from tests.unit.test_check_would_change import local_cluster
+from tests.unit.local_cluster import local_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "playbooks" / "site.yml"
