@@ -321,3 +321,18 @@ def test_the_controllers_check_powers_down_the_unhealthy_and_terminates_orphans(
     assert actions.check(suspects) == set()
     assert sorted(power.running(ec2, CLUSTER)) == [f"{CLUSTER}-dy-2", f"{CLUSTER}-dy-3"]
     assert f"orphan {CLUSTER}-dy-1: running while Slurm has it idle~; terminated i-" in capsys.readouterr().out
+
+
+def test_the_policy_grants_what_the_service_calls_and_nothing_more(ec2, shim, plan) -> None:
+    """The actions of docs/aws-iam-policy-power.json are exactly those the service's calls need
+    (a resume, a zone refused, the running list, a suspend): none missing, none to spare."""
+    shim.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", zone=next(iter(plan.subnets)), times=1))
+    rests = power.Rests()
+    assert isinstance(power.resume(ec2, plan, f"{CLUSTER}-dy-1", rests, now=1000.0, token="t1"), power.Started)
+    power.running(ec2, CLUSTER)
+    power.suspend(ec2, CLUSTER, [f"{CLUSTER}-dy-1"])
+    called = {f"ec2:{c.action}" for c in shim.calls if c.service == "ec2"}
+    # RunInstances with tags asks ec2:CreateTags too (tests/aws/iam.py's authorizations)
+    needed = called | {a.action for c in iam.mutating(shim.calls) for a in iam.authorizations(c, CLUSTER)}
+    granted = {a for st in POLICY["Statement"] for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    assert granted == needed, (sorted(granted - needed), sorted(needed - granted))

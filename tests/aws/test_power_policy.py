@@ -59,9 +59,7 @@ def test_a_dynamic_node_of_the_cluster_is_launched_and_terminated() -> None:
     terminate = Authorization("ec2:TerminateInstances", arn("instance", "i-0123"),
                               {"aws:ResourceTag/gpuprov:cluster": CLUSTER, "aws:ResourceTag/gpuprov:power": "dynamic"})
     assert _refused([terminate]) == []
-    read = [Authorization(f"ec2:{a}", "*", {}) for a in ("DescribeInstances", "DescribeImages",
-                                                         "DescribeLaunchTemplateVersions")]
-    assert _refused(read) == []
+    assert _refused([Authorization("ec2:DescribeInstances", "*", {})]) == []
 
 
 @pytest.mark.parametrize(("why", "auths"), [
