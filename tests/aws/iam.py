@@ -173,6 +173,61 @@ def authorizations(call: Call, cluster: str) -> list[Authorization]:
     return out
 
 
+def iam_arn(kind: str, name: str, path: str = "/gpuprov/") -> str:
+    return f"arn:aws:iam::{ACCOUNT}:{kind}{path}{name}"
+
+
+def setup_authorizations(call: Call, cluster: str) -> list[Authorization]:
+    """What EC2 and IAM authorize for one call of an elastic cluster's set-up
+    (gpuprov/providers/aws/power_setup.py), reads included: each IAM read needs a permission of
+    its own. gpuprov puts every role and profile under the path /gpuprov/; those it acts on but
+    did not create in the call carry the cluster's tag (it made them with it, or refuses them)."""
+    p, owned = call.params, {RESOURCE_TAG: cluster}
+    if call.service == "sts":
+        return []  # GetCallerIdentity needs no permission
+    if call.service == "ec2":
+        action = f"ec2:{call.action}"
+        if call.action == "CreateLaunchTemplate":
+            ctx = _tag_context(request_tags(p).get("launch-template", {}))
+            return [Authorization(action, arn("launch-template", "*"), ctx),
+                    Authorization("ec2:CreateTags", arn("launch-template", "*"), {**ctx, "ec2:CreateAction": call.action})]
+        if call.action == "DeleteLaunchTemplate":
+            return [Authorization(action, arn("launch-template", p.get("LaunchTemplateId", "*")), owned)]
+        if call.action == "AssociateIamInstanceProfile":
+            return [Authorization(action, arn("instance", p["InstanceId"]), owned),
+                    Authorization("iam:PassRole", iam_arn("role", p["IamInstanceProfile.Name"]),
+                                  {"iam:PassedToService": "ec2.amazonaws.com"})]
+        if call.action.startswith("Describe"):
+            return [Authorization(action, "*")]
+        return authorizations(call, cluster)
+    assert call.service == "iam", call
+    action, name = f"iam:{call.action}", p.get("RoleName") or p.get("InstanceProfileName", "")
+    tags = {p[k]: p.get(k[:-3] + "Value", "") for k in p if re.fullmatch(r"Tags\.member\.\d+\.Key", k)}
+    requested = _tag_context(tags)
+    if call.action == "GetPolicy":
+        return [Authorization(action, p["PolicyArn"])]
+    if call.action in ("CreateRole", "CreateInstanceProfile"):
+        kind = "role" if call.action == "CreateRole" else "instance-profile"
+        tag_action = "iam:TagRole" if kind == "role" else "iam:TagInstanceProfile"
+        resource = iam_arn(kind, name, p.get("Path", "/"))
+        return [Authorization(action, resource, requested)] + (
+            [Authorization(tag_action, resource, requested)] if tags else [])
+    if call.action in ("GetRole", "ListAttachedRolePolicies", "ListRolePolicies"):
+        return [Authorization(action, iam_arn("role", name))]
+    if call.action == "GetInstanceProfile":
+        return [Authorization(action, iam_arn("instance-profile", name))]
+    if call.action in ("AttachRolePolicy", "DetachRolePolicy"):
+        return [Authorization(action, iam_arn("role", name), {**owned, "iam:PolicyARN": p["PolicyArn"]})]
+    if call.action == "DeleteRole":
+        return [Authorization(action, iam_arn("role", name), owned)]
+    if call.action in ("AddRoleToInstanceProfile", "RemoveRoleFromInstanceProfile", "DeleteInstanceProfile"):
+        out = [Authorization(action, iam_arn("instance-profile", p["InstanceProfileName"]), owned)]
+        if call.action == "AddRoleToInstanceProfile":  # IAM asks PassRole, with no service in its context
+            out.append(Authorization("iam:PassRole", iam_arn("role", p["RoleName"])))
+        return out
+    raise AssertionError(f"iam.py does not know what IAM authorizes for {call.action}; teach it")
+
+
 def mutating(calls: list[Call]) -> list[Call]:
     """Every mutating EC2 call, DryRun ones included (they ask for the same permission)."""
     return [c for c in calls if c.service == "ec2" and c.action.startswith(MUTATING_PREFIXES)]
