@@ -11,13 +11,11 @@ and mode fixed, so a run that changes no source copies nothing.
 
 from __future__ import annotations
 
-import io
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import gpuprov
+from gpuprov import zipapp
 from gpuprov.health import node_check
 from gpuprov.health.facts import Expect
 from gpuprov.lock.lock_data import LockData
@@ -38,34 +36,11 @@ FILES = (
 )
 MAIN = b"import sys\n\nfrom gpuprov.health.node_check import main\n\nsys.exit(main())\n"
 NAME = "node-health.pyz"
-# The zip format's earliest time: the same for every entry of every build.
-_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-def build() -> bytes:
-    """The zipapp's bytes, from the source of the gpuprov this is."""
-    root = Path(gpuprov.__file__).resolve().parent
-    entries = {"__main__.py": MAIN, **{f"gpuprov/{rel}": (root / rel).read_bytes() for rel in FILES}}
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name in sorted(entries):
-            info = zipfile.ZipInfo(name, date_time=_EPOCH)
-            info.external_attr = (0o100644 << 16)
-            info.create_system = 3  # unix: the mode above is read as one
-            zf.writestr(info, entries[name])
-    return out.getvalue()
-
-
-def write(directory: Path) -> Path:
-    """The zipapp in ``directory`` (rewritten only when its bytes differ), and its path."""
-    path = directory / NAME
-    data = build()
-    if not path.is_file() or path.read_bytes() != data:
-        tmp = path.with_name(f".{NAME}.tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(0o644)
-        tmp.replace(path)
-    return path
+_BUNDLE = zipapp.Bundle(NAME, MAIN, FILES)
+build = _BUNDLE.build  # the zipapp's bytes, from the source of the gpuprov this is
+write = _BUNDLE.write  # the zipapp in a directory (rewritten only when its bytes differ), and its path
 
 
 def play_vars(directory: Path, expected: Mapping[str, Expect]) -> dict[str, Any]:

@@ -20,8 +20,10 @@ is off.
 Its configuration is one file gpuprov writes (``CONFIG``: the cluster, its launch template,
 image, type, zones' subnets, the power key's file, the port and where the zones' rests are
 kept), every value checked before it is used. Each step is one line on stdout (the unit's
-journal). Built and tested on this machine against the emulated EC2 with the real power
-program (tests/aws/test_power_aws.py); not yet installed on a controller by the slurm role.
+journal). It ships as a zipapp (gpuprov.slurm.power_aws_bundle), run as ``python3 -I
+power-aws.pyz [CONFIG]`` until SIGTERM, or ``--check CONFIG``. Built and tested on this machine
+against the emulated EC2 with the real power program, from the zipapp too
+(tests/aws/test_power_aws.py); not yet installed on a controller by the slurm role.
 """
 
 from __future__ import annotations
@@ -197,3 +199,26 @@ def serve(path: Path = CONFIG, stop: threading.Event | None = None, ec2: Any = N
             except (GpuprovError, api.ClientError) as exc:  # said; the next check tries again
                 _say(f"checking the dynamic nodes: {exc}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -I power-aws.pyz [CONFIG]`` (the controller's unit): serve until SIGTERM;
+    ``--check CONFIG``: check the configuration alone and say so (exit 1 with why)."""
+    import signal
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    check = args[:1] == ["--check"]
+    path = Path(args[1] if check else args[0]) if args[check:] else CONFIG
+    try:
+        if check:
+            config = load(path)
+            _say(f"{path}: the power service of {config['cluster']} ({config['region']}, {config['count']} "
+                 "dynamic node(s)): configuration checked")
+            return 0
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        return serve(path, stop)
+    except (GpuprovError, OSError) as exc:
+        print(f"gpuprov power service: {printable(str(exc))}", file=sys.stderr, flush=True)
+        return 1

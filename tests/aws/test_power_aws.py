@@ -188,6 +188,16 @@ def _scontrol(tmp_path) -> tuple[str, Any]:
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}", log
 
 
+def _service_config(plan: power.Plan, tmp_path: Path, key: Path, count: int) -> Path:
+    """The service's configuration for ``plan``, as gpuprov writes it: its path."""
+    config = tmp_path / "power-aws.json"
+    config.write_text(json.dumps({
+        "cluster": CLUSTER, "region": REGION, "launch_template": plan.launch_template, "image": plan.image,
+        "instance_type": ITYPE, "subnets": [[z, s] for z, s in plan.subnets.items()], "count": count, "port": 0,
+        "key_file": str(key), "rests": str(tmp_path / "rests.json")}))
+    return config
+
+
 def test_the_controllers_service_takes_the_power_programs_requests(ec2, shim, plan, tmp_path, monkeypatch) -> None:
     """The service on the controller (gpuprov.slurm.power_aws_node) with slurmctld's own power
     program (roles/slurm/files/gpuprov-slurm-power) sending it signed requests: two dynamic nodes
@@ -204,11 +214,7 @@ def test_the_controllers_service_takes_the_power_programs_requests(ec2, shim, pl
     monkeypatch.setenv("PATH", path)
     key = tmp_path / "power.key"
     key.write_bytes(b"k" * 32)
-    config = tmp_path / "power-aws.json"
-    config.write_text(json.dumps({
-        "cluster": CLUSTER, "region": REGION, "launch_template": plan.launch_template, "image": plan.image,
-        "instance_type": ITYPE, "subnets": [[z, s] for z, s in plan.subnets.items()], "count": 3, "port": 0,
-        "key_file": str(key), "rests": str(tmp_path / "rests.json")}))
+    config = _service_config(plan, tmp_path, key, count=3)
     stop, urls = threading.Event(), []
     service = threading.Thread(target=power_aws_node.serve, args=(config, stop, ec2),
                                kwargs={"on_listening": urls.append}, daemon=True)
@@ -336,3 +342,37 @@ def test_the_policy_grants_what_the_service_calls_and_nothing_more(ec2, shim, pl
     needed = called | {a.action for c in iam.mutating(shim.calls) for a in iam.authorizations(c, CLUSTER)}
     granted = {a for st in POLICY["Statement"] for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
     assert granted == needed, (sorted(granted - needed), sorted(needed - granted))
+
+
+def test_the_service_runs_from_its_zipapp_as_the_controllers_unit_runs_it(ec2, shim, plan, tmp_path) -> None:
+    """`python3 -I power-aws.pyz CONFIG`, as the controller's unit runs it: it listens, a resume
+    from the real power program launches the node, SIGTERM stops it (exit 0)."""
+    import signal
+    import subprocess
+    import sys
+
+    from gpuprov.slurm import power_aws_bundle
+
+    pyz = power_aws_bundle.write(tmp_path)
+    key = tmp_path / "power.key"
+    key.write_bytes(b"k" * 32)
+    config = _service_config(plan, tmp_path, key, count=2)
+    service = subprocess.Popen([sys.executable, "-I", str(pyz), str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        first = service.stdout.readline()
+        assert " listening on http://127.0.0.1:" in first, first
+        url = first.split(" listening on ", 1)[1].split()[0]
+        link = tmp_path / "gpuprov-slurm-resume"
+        link.symlink_to(ROOT / "roles" / "slurm" / "files" / "gpuprov-slurm-power")
+        (tmp_path / "gpuprov-power.json").write_text(json.dumps({"url": url, "key_file": str(key)}))
+        sent = subprocess.run([sys.executable, str(link), "--config", str(tmp_path / "gpuprov-power.json"),
+                               f"{CLUSTER}-dy-2"], capture_output=True, text=True, timeout=60, check=False)
+        assert sent.returncode == 0, sent.stderr
+        assert service.stdout.readline() == f"resume {CLUSTER}-dy-2: taken\n"  # the HTTP side's line
+        said = service.stdout.readline()
+        assert said.startswith(f"resume {CLUSTER}-dy-2: i-"), said
+        assert list(power.running(ec2, CLUSTER)) == [f"{CLUSTER}-dy-2"]
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=30) == 0
