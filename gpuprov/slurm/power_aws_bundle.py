@@ -16,7 +16,7 @@ FILES = (
     "lock/__init__.py", "lock/lock_data.py", "lock/stack_choice.py",
     "pricing/__init__.py", "pricing/regions.py",
     "providers/__init__.py", "providers/spec.py",
-    *(f"providers/aws/{m}.py" for m in ("__init__", "api", "common", "power")),
+    *(f"providers/aws/{m}.py" for m in ("__init__", "api", "common", "power", "power_boot")),
     *(f"results/{m}.py" for m in ("__init__", "costs", "json_form", "manifest", "shapes")),
     "sharing/__init__.py", "sharing/choice.py",
     *(f"slurm/{m}.py" for m in ("__init__", "accounting", "conf", "drain", "elastic", "munge", "power_aws_node",

@@ -28,17 +28,20 @@ against the emulated EC2 with the real power program, from the zipapp too
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuprov import ssh
 from gpuprov.errors import GpuprovError
 from gpuprov.node_text import printable
-from gpuprov.providers.aws import api, power
+from gpuprov.providers.aws import api, power, power_boot
 from gpuprov.slurm import elastic, power_http
 from gpuprov.slurm.power_rules import orphans, unhealthy
 from gpuprov.slurm.scheduler import NODE_NAME, SINFO, SlurmNode, parse_sinfo, reason_text
@@ -83,7 +86,28 @@ def load(path: Path) -> dict[str, Any]:
     for key in ("key_file", "rests"):
         if not isinstance(raw.get(key), str) or not raw[key].startswith("/"):
             raise GpuprovError(f"{path}: {key}: not an absolute path")
+    _check_join(path, raw.get("join"))
     return raw
+
+
+def _check_join(path: Path, join: Any) -> None:
+    """The optional ``join`` (how a launched node joins): {controller_addr, munge_key,
+    deadline_s}, each checked."""
+    if join is None:
+        return
+    if not isinstance(join, dict) or set(join) - {"controller_addr", "munge_key", "deadline_s"}:
+        raise GpuprovError(f"{path}: join: {{controller_addr, munge_key, deadline_s}}")
+    try:
+        ipaddress.ip_address(str(join.get("controller_addr")))
+    except ValueError:
+        raise GpuprovError(f"{path}: join: controller_addr: {printable(str(join.get('controller_addr')))[:60]!r} "
+                           "is not an IP address") from None
+    key = join.get("munge_key", elastic.MUNGE_KEY)
+    if not isinstance(key, str) or not key.startswith("/"):
+        raise GpuprovError(f"{path}: join: munge_key: not an absolute path")
+    deadline = join.get("deadline_s", JOIN_S)
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float) or not 10 <= deadline <= 3600:
+        raise GpuprovError(f"{path}: join: deadline_s: from 10 to 3600 seconds")
 
 
 def _say(line: str) -> None:
@@ -129,6 +153,8 @@ class Actions:
         self.rests = power.Rests.load(Path(config["rests"]))
         self.ec2, self.clock = ec2, clock
         self.lock = threading.Lock()  # one request at a time: the rests are read and written whole
+        self.join: Join | None = Join.of(config)
+        self.joining: list[threading.Thread] = []
 
     def __call__(self, action: str, names: tuple[str, ...]) -> None:
         with self.lock:
@@ -166,14 +192,95 @@ class Actions:
             return now - set(found)
 
     def _resume(self, names: tuple[str, ...]) -> None:
+        """Each node launched; one that cannot be (no zone with capacity, or EC2 refused or did
+        not answer: a quota, a permission, no credentials yet) set DOWN with why, so Slurm
+        requeues its job."""
         now = self.clock()
         for node in names:
-            got = power.resume(self.ec2, self.plan, node, self.rests, now, token=f"{node}-{int(now)}")
+            token = f"{node}-{int(now)}"
+            try:
+                bootstrap = self.join.bootstrap(node) if self.join else None
+                data = self.join.user_data(node, bootstrap, token) if self.join and bootstrap else b""
+                got: power.Started | power.Refused | str = power.resume(
+                    self.ec2, self.plan, node, self.rests, now, token=token, user_data=data)
+            except (api.ClientError, api.BotoCoreError) as exc:
+                got = " ".join(f"{api.error_code(exc) or type(exc).__name__}: {api.error_message(exc)}".split())
             if isinstance(got, power.Started):
                 _say(f"resume {node}: {got.instance} in {got.zone}")
+                if self.join and bootstrap:
+                    self._start_join(got, bootstrap)
                 continue
             why = mark_down([node], f"resume failed: {got}")
             _say(f"resume {node}: {got}; " + ("set DOWN" if not why else f"not set DOWN: {why}"))
+
+
+    def _start_join(self, got: power.Started, bootstrap: power_boot.Bootstrap) -> None:
+        thread = threading.Thread(target=self._joined, args=(got, bootstrap), daemon=True)
+        self.joining = [t for t in self.joining if t.is_alive()] + [thread]
+        thread.start()
+
+    def _joined(self, got: power.Started, bootstrap: power_boot.Bootstrap) -> None:
+        """The node's hand-over once its instance runs; one that cannot join is set DOWN with why
+        and terminated."""
+        assert self.join is not None
+        try:
+            address = power.private_address(self.ec2, got.instance, self.join.deadline_s)
+            power_boot.join(address, got.node, bootstrap, self.join.login, self.join.workdir,
+                            self.join.archive(), self.join.deadline_s)
+        except (GpuprovError, OSError, api.ClientError, api.BotoCoreError) as exc:
+            why = mark_down([got.node], f"resume failed: {exc}")
+            gone = power.suspend(self.ec2, self.cluster, [got.node])
+            _say(f"join {got.node}: {exc}; " + ("set DOWN" if not why else f"not set DOWN: {why}")
+                 + f"; terminated {', '.join(gone) or 'nothing'}")
+            return
+        _say(f"join {got.node}: {got.instance} at {address}: munge and slurmd started, the service's login locked")
+
+    def wait_joins(self, timeout: float) -> bool:
+        """Whether every join begun has ended within ``timeout`` seconds."""
+        stop = time.monotonic() + timeout
+        for thread in list(self.joining):
+            thread.join(max(0.0, stop - time.monotonic()))
+        return not any(t.is_alive() for t in self.joining)
+
+
+@dataclass(frozen=True)
+class Join:
+    """How a launched node joins (gpuprov.providers.aws.power_boot): the controller's address as
+    the nodes reach it, its munge key, the service's own login key and working directory (beside
+    its rests: 0700 root), how long a node may take."""
+
+    controller_addr: str
+    munge_key: Path
+    workdir: Path
+    deadline_s: float
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Join | None:
+        join = config.get("join")
+        if not join:
+            return None
+        workdir = Path(config["rests"]).parent
+        return cls(join["controller_addr"], Path(join.get("munge_key") or elastic.MUNGE_KEY), workdir,
+                   float(join.get("deadline_s") or JOIN_S))
+
+    @property
+    def login(self) -> Path:
+        return ssh.ensure_keypair(self.workdir / "login_ed25519", "gpuprov-power")
+
+    def bootstrap(self, node: str) -> power_boot.Bootstrap:
+        return power_boot.Bootstrap.new(self.workdir, node)
+
+    def user_data(self, node: str, bootstrap: power_boot.Bootstrap, token: str) -> bytes:
+        login = self.login.with_suffix(".pub").read_text()
+        return power_boot.user_data(node, login, bootstrap, token)
+
+    def archive(self) -> bytes:
+        return power_boot.handover(self.controller_addr, self.munge_key.read_bytes())
+
+
+# How long a launched node has to run and answer SSH before it is set DOWN and terminated (within
+# slurm.conf's ResumeTimeout, which slurmctld's own fail program enforces anyway).
+JOIN_S = 600.0
 
 
 def serve(path: Path = CONFIG, stop: threading.Event | None = None, ec2: Any = None,
@@ -181,8 +288,9 @@ def serve(path: Path = CONFIG, stop: threading.Event | None = None, ec2: Any = N
     """Serve the power program's requests on 127.0.0.1 until ``stop`` (or forever);
     ``on_listening(url)`` once it listens."""
     config = load(path)
-    if ec2 is None:  # boto3 on the node (Debian's python3-boto3); credentials: the instance profile
-        ec2 = api.connect(config["region"]).ec2
+    if ec2 is None:  # boto3 on the node (Debian's python3-boto3); credentials: the instance profile,
+        # read at the first call (they may come a little after the service starts at boot)
+        ec2 = api.connect(config["region"], need_credentials=False).ec2
     key = Path(config["key_file"]).read_bytes()
     actions = Actions(config, ec2)
     stop = stop or threading.Event()
@@ -196,7 +304,7 @@ def serve(path: Path = CONFIG, stop: threading.Event | None = None, ec2: Any = N
         while not stop.wait(float(config.get("check_s") or CHECK_S)):
             try:
                 suspects = actions.check(suspects)
-            except (GpuprovError, api.ClientError) as exc:  # said; the next check tries again
+            except (GpuprovError, api.ClientError, api.BotoCoreError) as exc:  # said; the next check tries again
                 _say(f"checking the dynamic nodes: {exc}")
     return 0
 

@@ -166,6 +166,9 @@ class Ec2Nodes:
     _addresses: itertools.count = field(default_factory=lambda: itertools.count(10))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     image: str = ""
+    # True: DescribeInstances gives each emulated instance's loopback address as its private one
+    # too (where a controller inside the VPC reaches it: the AWS power service's joins).
+    private_on_loopback: bool = False
     # AMI id -> the Docker image CreateImage committed for it.
     amis: dict[str, str] = field(default_factory=dict)
     # AMI id -> the node image of another OS it boots (``boot_as``); kept on close (built once per recipe).
@@ -259,9 +262,12 @@ class Ec2Nodes:
         from tests.aws.moto_shim import instance_items, xml_bytes
 
         root, items = instance_items(data)
-        for _, iid, address in items:
+        for item, iid, address in items:
             if iid is not None and address is not None and iid.text in self.instances:
                 address.text = self.instances[iid.text].address
+                private = item.find(address.tag.replace("ipAddress", "privateIpAddress"))
+                if self.private_on_loopback and private is not None:
+                    private.text = address.text
         return xml_bytes(root)
 
     def console(self, iid: str) -> bytes:

@@ -3,6 +3,10 @@ invariants every test asserts (helpers, not tests)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 from gpuprov.cli.app import main
@@ -46,3 +50,16 @@ def assert_refused(code: int, out: str, err: str, needle: str, shim: Shim) -> No
     assert len(lines) == 1 and lines[0].startswith("gpuprov: ") and needle in lines[0], err
     assert shim.mutating() == [], shim.mutating()
     assert Store().list_clusters() == []
+
+
+def fixture_scontrol(tmp_path: Path) -> tuple[str, Path]:
+    """FIXTURE: scontrol on PATH that logs its arguments, one JSON list a line (a controller's is
+    real Slurm's, in tests/e2e/test_elastic_e2e.py): (the PATH to use, the log)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "scontrol.log"
+    script = bin_dir / "scontrol"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    script.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}", log

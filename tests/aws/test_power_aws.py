@@ -18,6 +18,7 @@ import pytest
 from gpuprov.providers.aws import power
 from tests.aws import iam
 from tests.aws.conftest import MOTO_AMI, REGION
+from tests.aws.helpers import fixture_scontrol
 from tests.aws.moto_shim import Fault
 from tests.conftest import ROOT
 
@@ -172,22 +173,6 @@ def test_a_suspend_terminates_only_the_named_dynamic_nodes_of_the_cluster(ec2, s
     assert _refused_by_policy(ec2, shim) == []
 
 
-def _scontrol(tmp_path) -> tuple[str, Any]:
-    """FIXTURE: scontrol on PATH that logs its arguments (the controller's is real Slurm's, in
-    tests/e2e/test_elastic_e2e.py): (the PATH to use, the log)."""
-    import os
-    import sys
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "scontrol.log"
-    script = bin_dir / "scontrol"
-    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                      f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
-    script.chmod(0o755)
-    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}", log
-
-
 def _service_config(plan: power.Plan, tmp_path: Path, key: Path, count: int) -> Path:
     """The service's configuration for ``plan``, as gpuprov writes it: its path."""
     config = tmp_path / "power-aws.json"
@@ -210,7 +195,7 @@ def test_the_controllers_service_takes_the_power_programs_requests(ec2, shim, pl
 
     from gpuprov.slurm import power_aws_node
 
-    path, log = _scontrol(tmp_path)
+    path, log = fixture_scontrol(tmp_path)
     monkeypatch.setenv("PATH", path)
     key = tmp_path / "power.key"
     key.write_bytes(b"k" * 32)
@@ -279,6 +264,10 @@ GOOD = {"cluster": CLUSTER, "region": REGION, "launch_template": "lt-0123456789a
     ({"subnets": []}, "subnets"),
     ({"count": True}, "count"),
     ({"key_file": "power.key"}, "key_file"),
+    ({"join": {"controller_addr": "ctl.internal\nState=DOWN"}}, "join"),
+    ({"join": {"controller_addr": "10.0.0.5", "deadline_s": 5}}, "join"),
+    ({"join": {"controller_addr": "10.0.0.5", "munge_key": "munge.key"}}, "join"),
+    ({"join": {"controller_addr": "10.0.0.5", "login_key": "/root/.ssh/id_ed25519"}}, "join"),
 ])
 def test_the_services_configuration_is_checked_before_any_value_is_used(tmp_path, change, named) -> None:
     from gpuprov.errors import GpuprovError
@@ -287,6 +276,9 @@ def test_the_services_configuration_is_checked_before_any_value_is_used(tmp_path
     path = tmp_path / "power-aws.json"
     path.write_text(json.dumps(GOOD))
     assert power_aws_node.load(path) == GOOD
+    joining = {**GOOD, "join": {"controller_addr": "10.0.0.5", "munge_key": "/etc/munge/munge.key", "deadline_s": 300}}
+    path.write_text(json.dumps(joining))
+    assert power_aws_node.load(path) == joining
     path.write_text(json.dumps({**GOOD, **change}))
     with pytest.raises(GpuprovError, match=f": {named}: "):
         power_aws_node.load(path)
@@ -304,7 +296,7 @@ def test_the_controllers_check_powers_down_the_unhealthy_and_terminates_orphans(
 
     from gpuprov.slurm import power_aws_node
 
-    path, log = _scontrol(tmp_path)
+    path, log = fixture_scontrol(tmp_path)
     states = tmp_path / "sinfo.txt"
     sinfo = Path(path.split(os.pathsep)[0]) / "sinfo"
     sinfo.write_text(f"#!{sys.executable}\nimport sys\ntext = open({str(states)!r}).read()\n"
@@ -376,3 +368,21 @@ def test_the_service_runs_from_its_zipapp_as_the_controllers_unit_runs_it(ec2, s
     finally:
         service.send_signal(signal.SIGTERM)
         assert service.wait(timeout=30) == 0
+
+
+def test_a_resume_ec2_refuses_for_another_reason_sets_the_node_down_with_its_code(ec2, shim, plan, tmp_path,
+                                                                                  monkeypatch) -> None:
+    """Not capacity (a quota, a permission, no credentials yet): the node is set DOWN at once with
+    EC2's code, so Slurm requeues its job, and the next node is still tried."""
+    from gpuprov.slurm import power_aws_node
+
+    path, log = fixture_scontrol(tmp_path)
+    monkeypatch.setenv("PATH", path)
+    config = {"cluster": CLUSTER, "launch_template": plan.launch_template, "image": plan.image,
+              "instance_type": ITYPE, "subnets": list(plan.subnets.items()), "rests": str(tmp_path / "rests.json")}
+    shim.faults.append(Fault("RunInstances", "UnauthorizedOperation", message="not allowed\nhere", times=1))
+    power_aws_node.Actions(config, ec2)("resume", (f"{CLUSTER}-dy-1", f"{CLUSTER}-dy-2"))
+    (down,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert down == ["update", f"NodeName={CLUSTER}-dy-1", "State=DOWN",
+                    "Reason=gpuprov: resume failed: UnauthorizedOperation: not allowed here"], down
+    assert list(power.running(ec2, CLUSTER)) == [f"{CLUSTER}-dy-2"]

@@ -17,19 +17,22 @@ docs/aws-iam-policy-power.json and nothing more.
   orphan check.
 
 Built and tested against the emulated EC2 (tests/aws/test_power_aws.py), its calls held to the
-policy. Not built yet: the launch template made at ``up --max-count``, the service on the
-controller node that calls this under its instance profile, and the node's boot into Slurm.
+policy. The launch template, role and profile: power_setup; the node's way into Slurm:
+power_boot; the service on the controller that calls this: gpuprov.slurm.power_aws_node. Not
+built yet: `up --max-count` on aws making and using them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuprov.errors import GpuprovError
 from gpuprov.providers.aws import api
 from gpuprov.providers.aws.common import LIVE_STATES, TAG
 
@@ -112,10 +115,12 @@ def _tags(plan: Plan, node: str) -> list[dict[str, Any]]:
     return [{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume", "network-interface")]
 
 
-def resume(ec2: Any, plan: Plan, node: str, rests: Rests, now: float, token: str) -> Started | Refused:
+def resume(ec2: Any, plan: Plan, node: str, rests: Rests, now: float, token: str,
+           user_data: bytes = b"") -> Started | Refused:
     """One instance for dynamic node ``node`` (module docstring). ``token``: this resume's
     idempotency token (one per node and resume request): a call retried after a lost answer
-    launches nothing twice."""
+    launches nothing twice. ``user_data``: the node's own (gpuprov.providers.aws.power_boot), in
+    place of the template's none."""
     refused: list[str] = []
     code = ""
     for zone, subnet in plan.subnets.items():
@@ -130,6 +135,7 @@ def resume(ec2: Any, plan: Plan, node: str, rests: Rests, now: float, token: str
                 SubnetId=subnet, Placement={"AvailabilityZone": zone},
                 MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
                 TagSpecifications=_tags(plan, node), ClientToken=f"{token}-{zone}"[:64],
+                **({"UserData": user_data.decode()} if user_data else {}),
             )
         except api.ClientError as exc:
             if api.error_code(exc) not in api.CAPACITY_ERRORS:
@@ -172,3 +178,19 @@ def suspend(ec2: Any, cluster: str, nodes: list[str]) -> list[str]:
     if ids:
         ec2.terminate_instances(InstanceIds=ids)
     return ids
+
+
+def private_address(ec2: Any, instance: str, deadline_s: float, pause_s: float = 2.0) -> str:
+    """The instance's private address once it runs (GpuprovError: it stopped, or not in time)."""
+    stop = time.monotonic() + deadline_s
+    while True:
+        found = ec2.describe_instances(InstanceIds=[instance])["Reservations"]
+        held = next((i for r in found for i in r["Instances"]), None)
+        state = (held or {}).get("State", {}).get("Name", "unknown")
+        if held is not None and state == "running" and held.get("PrivateIpAddress"):
+            return str(held["PrivateIpAddress"])
+        if state in ("shutting-down", "terminated", "stopping", "stopped"):
+            raise GpuprovError(f"{instance} is {state} before it joined")
+        if time.monotonic() > stop:
+            raise GpuprovError(f"{instance} not running after {deadline_s:.0f} s (it is {state})")
+        time.sleep(pause_s)
