@@ -45,7 +45,9 @@ def check(chosen: Scheduler, static_count: int, provider: Provider) -> elastic.E
         return None
     return elastic.Elastic(count=static_count, max_count=chosen.max_count,
                            idle_minutes=elastic.DEFAULT_IDLE_MINUTES if chosen.idle_minutes is None
-                           else chosen.idle_minutes).checked(chosen.kind, provider.powers_nodes, provider.name)
+                           else chosen.idle_minutes).checked(chosen.kind, provider.powers_nodes, provider.name,
+                                                             *((provider.powers_nodes_later,)
+                                                               if provider.powers_nodes_later else ()))
 
 
 def merged(recorded: Scheduler, given: Scheduler | None, max_count: int | None,

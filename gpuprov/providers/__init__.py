@@ -156,6 +156,9 @@ class Provider(ABC):
     # True where gpuprov can power dynamic Slurm nodes up and down (`--max-count`): a power
     # service of the provider's starts them from the cluster's baked image.
     powers_nodes: bool = False
+    # Where a provider's dynamic nodes are being built but not yet reachable from `up`: why, for
+    # the one line that refuses --max-count.
+    powers_nodes_later: str = ""
     # True where listing baked images is an API call (aws): `up --image` then lists none.
     images_cost_a_call: bool = False
     # True where the nodes run on this machine and their cluster addresses answer here (local

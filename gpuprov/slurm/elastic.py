@@ -54,14 +54,15 @@ class Elastic:
     def dynamic(self) -> int:
         return self.max_count - self.count
 
-    def checked(self, scheduler: str, provider_can_power: bool, provider: str) -> Elastic:
-        """BadInput, one line, for a request that cannot be: nothing is created."""
+    def checked(self, scheduler: str, provider_can_power: bool, provider: str,
+                why_not: str = "gpuprov cannot start or stop this provider's hosts") -> Elastic:
+        """BadInput, one line, for a request that cannot be: nothing is created. ``why_not``:
+        why the provider cannot power nodes, where it cannot."""
         if scheduler != "slurm":
             raise BadInput(f"--max-count {self.max_count}: dynamic nodes are Slurm's (--scheduler slurm); "
                            f"this cluster's scheduler is {scheduler}")
         if not provider_can_power:
-            raise BadInput(f"--max-count with --provider {provider}: gpuprov cannot start or stop this "
-                           "provider's hosts; give --count alone")
+            raise BadInput(f"--max-count with --provider {provider}: {why_not}; give --count alone")
         if self.max_count < self.count:
             raise BadInput(f"--max-count {self.max_count} is smaller than --count {self.count}: it counts "
                            "the static nodes too")

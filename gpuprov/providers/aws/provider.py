@@ -38,6 +38,10 @@ class AwsProvider(Provider):
     bake_consumes_node = True
     copies_images = True
     images_cost_a_call = True
+    # Dynamic Slurm nodes on EC2 (issue 56): the parts are built (power_setup, power_boot, the
+    # controller's service), `up` does not make and use them yet.
+    powers_nodes_later = ("dynamic nodes on EC2 are not reachable from `up` yet (docs/slurm.md, "
+                          "\"Elastic nodes on AWS\")")
     options_type = AwsOptions
     partial_launch = True  # EC2's MinCount: `up --min-count`
 
