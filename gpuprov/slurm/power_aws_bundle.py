@@ -8,7 +8,11 @@ it, and that it runs from it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from gpuprov import zipapp
+from gpuprov.providers.aws import power, power_setup
 
 FILES = (
     "__init__.py", "clock.py", "defaults.py", "errors.py", "identity.py", "lock_holder.py", "node_text.py",
@@ -29,3 +33,21 @@ NAME = "power-aws.pyz"
 _BUNDLE = zipapp.Bundle(NAME, MAIN, FILES)
 build = _BUNDLE.build  # the zipapp's bytes, from the source of the gpuprov this is
 write = _BUNDLE.write  # the zipapp in a directory (rewritten only when its bytes differ), and its path
+
+# Where the service listens on the controller's loopback (the power program's URL).
+PORT = 8741
+
+
+def play_vars(directory: Path, setup: power_setup.Made, plan: power.Plan, *, region: str, count: int,
+              controller_addr: str, key_src: str) -> dict[str, Any]:
+    """The slurm play's ``slurm_power_service`` for an elastic AWS cluster's controller: the
+    power program's loopback URL, the power key's file, and the service itself (this zipapp,
+    written into ``directory``, the cluster's own; its configuration: the launch template and
+    image of ``plan``, the zones' subnets in order, how its nodes join). The role adds the key's
+    and the rests' paths on the node; the service checks the whole before it is written there."""
+    return {"url": f"http://127.0.0.1:{PORT}/power", "key_src": key_src, "aws": {
+        "pyz_src": str(write(directory)),
+        "config": {"cluster": plan.cluster, "region": region, "launch_template": setup.template,
+                   "image": plan.image, "instance_type": plan.instance_type,
+                   "subnets": [[zone, subnet] for zone, subnet in plan.subnets.items()], "count": count,
+                   "port": PORT, "join": {"controller_addr": controller_addr}}}}

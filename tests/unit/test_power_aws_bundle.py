@@ -59,3 +59,31 @@ def test_it_runs_from_the_zipapp_alone_and_checks_its_configuration(tmp_path: Pa
     assert refused.stderr == f"gpuprov power service: {config}: image: 'ami-1?State=DOWN' is not one\n", refused.stderr
     missing = _run(pyz, str(tmp_path / "absent.json"))
     assert missing.returncode == 1 and "absent.json: FileNotFoundError" in missing.stderr
+
+
+def test_the_play_vars_give_the_role_a_configuration_the_service_takes(tmp_path: Path) -> None:
+    """What gpuprov hands the slurm role for an elastic AWS controller, with what the role adds
+    (the key's and the rests' paths on the node, roles/slurm/tasks/power_aws.yml), is what the
+    service's own --check takes, as the role's validate runs it."""
+    import re
+
+    import yaml
+
+    from gpuprov.providers.aws import power, power_setup
+
+    plan = power.Plan("train", "lt-0123456789abcdef0", "ami-0123456789abcdef0", "p4d.24xlarge",
+                      {"us-east-1b": "subnet-0123456789abcdef0", "us-east-1a": "subnet-0123456789abcdef1"})
+    made = power_setup.Made("lt-0123456789abcdef0", "gpuprov-train-us-east-1-power", "gpuprov-train-us-east-1-power")
+    got = power_aws_bundle.play_vars(tmp_path, made, plan, region="us-east-1", count=3, controller_addr="10.0.1.9",
+                                     key_src=str(tmp_path / "power.key"))
+    aws = got["aws"]
+    assert Path(aws["pyz_src"]).read_bytes() == power_aws_bundle.build()
+    assert aws["config"]["subnets"] == [["us-east-1b", "subnet-0123456789abcdef0"],
+                                        ["us-east-1a", "subnet-0123456789abcdef1"]]  # the zones' order kept
+    role_vars = yaml.safe_load((ROOT / "roles" / "slurm" / "vars" / "main.yml").read_text())
+    config = tmp_path / "power-aws.json"
+    config.write_text(json.dumps({**aws["config"], "key_file": role_vars["__slurm_power_key"],
+                                  "rests": role_vars["__slurm_power_aws_rests"]}))
+    done = _run(Path(aws["pyz_src"]), "--check", str(config))
+    assert done.returncode == 0, done.stderr
+    assert re.match(rf"^http://127\.0\.0\.1:{aws['config']['port']}/", got["url"])  # the role's assert
