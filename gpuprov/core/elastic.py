@@ -45,9 +45,7 @@ def check(chosen: Scheduler, static_count: int, provider: Provider) -> elastic.E
         return None
     return elastic.Elastic(count=static_count, max_count=chosen.max_count,
                            idle_minutes=elastic.DEFAULT_IDLE_MINUTES if chosen.idle_minutes is None
-                           else chosen.idle_minutes).checked(chosen.kind, provider.powers_nodes, provider.name,
-                                                             *((provider.powers_nodes_later,)
-                                                               if provider.powers_nodes_later else ()))
+                           else chosen.idle_minutes).checked(chosen.kind, provider.powers_nodes, provider.name)
 
 
 def merged(recorded: Scheduler, given: Scheduler | None, max_count: int | None,
@@ -252,13 +250,34 @@ def ensure_image(store: Store, cluster: ClusterRecord, provider: Provider, files
                  console: Console) -> str:
     """The image the cluster's dynamic nodes boot from, for its current lock: the one recorded,
     else the newest baked from this cluster for the lock, else one baked now from the template
-    node (saying so); recorded in the cluster's options."""
+    node (saying so); on aws the one its set-up chose (an AMI baked for the lock from a Slurm
+    node: gpuprov.slurm.power_aws_bundle.set_up). Recorded in the cluster's options."""
     lock_hash = (cluster.lock or {}).get("hash")
     if not lock_hash:
         raise GpuprovError(f"cluster '{cluster.name}' has no version lock to bake its dynamic nodes' image for")
+    recorded = image_of(cluster)
+    if provider.powers_from_controller:
+        # The image the cluster's set-up gave the controller's service (power_aws_bundle.set_up).
+        ref = scheduler.power_on_node_image(files)
+        if not ref:
+            raise GpuprovError(f"cluster '{cluster.name}' has no image set up for its dynamic nodes")
+    else:
+        ref = _baked_here(cluster, provider, files, console, lock_hash, recorded)
+    if ref != recorded:
+        found = store.get_cluster(cluster.name)
+        assert found is not None
+        store.set_spec(cluster.name, {**found.spec, "options": {**(found.spec.get("options") or {}),
+                                                                 IMAGE_OPTION: ref}})
+        console.say(f"{cluster.name}: dynamic nodes boot from {ref}")
+    return ref
+
+
+def _baked_here(cluster: ClusterRecord, provider: Provider, files: ClusterFiles, console: Console,
+                lock_hash: str, recorded: str | None) -> str:
+    """The newest image baked from this cluster for its lock (the recorded one first), else one
+    baked now from its template node (saying so)."""
     ours = [i for i in provider.baked_images(cluster.spec.get("region"))
             if i.lock_hash == lock_hash and str(i.source).startswith(f"{cluster.name}/")]
-    recorded = image_of(cluster)
     chosen = next((i for i in ours if i.ref == recorded), None) or (ours[-1] if ours else None)
     if chosen is None:
         template = scheduler.template_node(cluster)
@@ -266,12 +285,6 @@ def ensure_image(store: Store, cluster: ClusterRecord, provider: Provider, files
         console.say(f"{cluster.name}: no image baked from this cluster for lock {lock_hash}: baking one from "
                     f"{template} for its dynamic nodes")
         chosen = provider.bake(cluster, node, files, console.say)
-    if chosen.ref != recorded:
-        found = store.get_cluster(cluster.name)
-        assert found is not None
-        store.set_spec(cluster.name, {**found.spec, "options": {**(found.spec.get("options") or {}),
-                                                                 IMAGE_OPTION: chosen.ref}})
-        console.say(f"{cluster.name}: dynamic nodes boot from {chosen.ref}")
     return str(chosen.ref)
 
 

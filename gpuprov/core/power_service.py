@@ -79,6 +79,9 @@ def serve(name: str, stop: threading.Event | None = None) -> int:
     provider = get_provider(cluster.provider)
     if not provider.powers_nodes:
         raise BadInput(f"cluster '{name}' is on {provider.name}, whose hosts gpuprov cannot power")
+    if provider.powers_from_controller:
+        raise BadInput(f"cluster '{name}' is on {provider.name}: its power service runs on its Slurm controller "
+                       "(gpuprov-power-aws.service), not here")
     files = files_for(name)
     _log["path"] = files.dir / elastic_core.LOG
     key = munge.ensure_key(files.dir / scheduler.POWER_KEY).read_bytes()

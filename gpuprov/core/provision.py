@@ -53,9 +53,15 @@ def provision(
     if scheduler_choice is not None:
         scheduler_choice.checked()
         scheduler.controller_of(cluster, scheduler_choice)  # a controller that is no node: refused now
-        dynamic = elastic.check(scheduler_choice, len(cluster.nodes), get_provider(cluster.provider))
+        chosen_provider = get_provider(cluster.provider)
+        dynamic = elastic.check(scheduler_choice, len(cluster.nodes), chosen_provider)
         if dynamic is not None and via == "pull":
             raise BadInput("--max-count: dynamic nodes are set up by push (`--via push`)")
+        if dynamic is not None and chosen_provider.powers_from_controller and not check:
+            # aws: the image they boot from exists, before anything is recorded or made.
+            region = next((str(n.extra["region"]) for n in cluster.nodes if n.extra.get("region")),
+                          cluster.spec.get("region"))
+            chosen_provider.dynamic_image(region, str((cluster.lock or {}).get("hash") or ""), cluster.name)
     with cluster_lock(name):
         cluster = load(store, name)
         provider, files, nodes = refresh(store, cluster)
@@ -74,16 +80,23 @@ def provision(
                         tags=tag_list, slurm_checked=True, use_manifest=not full)
 
 
-def _elastic_before(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord], console: Console,
-                    check: bool, tags: list[str] | None, slurm_checked: bool) -> None:
+def _elastic_before(cluster: ClusterRecord, provider: Provider, files: ClusterFiles, nodes: list[NodeRecord],
+                    console: Console, check: bool, tags: list[str] | None, slurm_checked: bool) -> None:
     """Before a run that configures Slurm: a node whose slurm.conf serves another cluster
     refused (unless the caller did); on a cluster with dynamic nodes, its power service running
-    (the controller's power configuration names its URL). A check starts nothing."""
+    (the controller's power configuration names its URL): here, or on aws the cluster's set-up
+    for the service the play installs on the controller (gpuprov.slurm.power_aws_bundle.set_up). A check
+    starts and makes nothing."""
     if not slurm_checked and scheduler.would_configure(cluster, nodes, tags=tags):
         scheduler.refuse_foreign(cluster, files, nodes)
     if not check and scheduler.of(cluster).max_count is not None and scheduler.would_configure(cluster, nodes,
                                                                                              tags=tags):
-        elastic.ensure_service(cluster, files, console)
+        if provider.powers_from_controller:
+            from gpuprov.slurm import power_aws_bundle  # lazy: CLI start-up
+
+            power_aws_bundle.set_up(cluster, provider, files, nodes, console.say)
+        else:
+            elastic.ensure_service(cluster, files, console)
 
 
 def _elastic_after(store: Store, cluster: ClusterRecord, provider: Provider, files: ClusterFiles,
@@ -124,7 +137,7 @@ def run_site(
     node it ran on records what the plays manage there; with ``use_manifest`` (`provision`
     without --full or --tags) a node whose manifest holds, for the same inputs, gets no Ansible
     run. A run of some plays (``tags``) reads and writes none, as before manifests."""
-    _elastic_before(cluster, files, nodes, console, check, tags, slurm_checked)
+    _elastic_before(cluster, provider, files, nodes, console, check, tags, slurm_checked)
     lock = version_lock(store, cluster)
     context = render(cluster.name, cluster.provider, nodes, expectations(provider, nodes, lock), files,
                      monitoring_host(cluster.spec))

@@ -127,12 +127,17 @@ def _with_dynamic(cluster: Any, files: Any, slurm: SlurmStatus | None) -> SlurmS
     chosen = scheduler.of(cluster)
     if slurm is None or chosen.max_count is None:
         return slurm
-    service = elastic.service_state(files, cluster.name)
+    on_node = scheduler.power_on_node(files)
+    if on_node:  # aws: the service runs on the controller, its log in its journal there
+        power = PowerService(url=on_node.get("url"), running=False, last=[], on_node=slurm.controller)
+    else:
+        service = elastic.service_state(files, cluster.name)
+        power = PowerService(url=service.get("url"), running=bool(service.get("running")),
+                             last=elastic.log_tail(files))
     dynamic = DynamicNodes(
         max_count=chosen.max_count, dynamic=max(0, chosen.max_count - len(cluster.nodes)),
         idle_minutes=chosen.idle_minutes or DEFAULT_IDLE_MINUTES, image=elastic.image_of(cluster),
-        service=PowerService(url=service.get("url"), running=bool(service.get("running")),
-                             last=elastic.log_tail(files)),
+        service=power,
         protection=Protection(**protected) if (protected := elastic.protection(files)) else None)
     return dataclasses.replace(slurm, dynamic=dynamic)
 

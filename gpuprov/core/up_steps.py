@@ -86,6 +86,7 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
     image = None
     files = files_for(spec.name, create=False)
     plan = provider.unasked_plan(spec) if dry_run else None
+    unasked = plan is not None
     if plan is not None:
         lock = resolve_lock(plan.spec, existing, provider)
     elif provider.supports("baked_images"):
@@ -104,6 +105,9 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
             "exist but this state directory does not know them; choose another --name, or "
             f"remove them with `gpuprov down {spec.name}`"
         )
+    if spec.scheduler.max_count is not None and provider.powers_from_controller and lock.get("hash") and not unasked:
+        # Dynamic nodes that boot from an image baked beforehand (aws): none is one line, nothing made.
+        provider.dynamic_image(plan.spec.region, lock["hash"], spec.name)
     plan = counts.counted(plan, provider, len(kept_alive(provider, existing)))
     return Run(spec=plan.spec, provider=provider, store=store, console=console, plan=plan, lock=lock,
                existing=existing, recorded=recorded, image=image)

@@ -156,9 +156,22 @@ class Provider(ABC):
     # True where gpuprov can power dynamic Slurm nodes up and down (`--max-count`): a power
     # service of the provider's starts them from the cluster's baked image.
     powers_nodes: bool = False
-    # Where a provider's dynamic nodes are being built but not yet reachable from `up`: why, for
-    # the one line that refuses --max-count.
-    powers_nodes_later: str = ""
+    # True where the power service runs on the Slurm controller node, not on this machine (aws:
+    # under the controller's instance profile), and dynamic nodes boot from an image baked
+    # beforehand, not from one of the cluster's nodes (a bake that consumes its node).
+    powers_from_controller: bool = False
+
+    def dynamic_image(self, region: str | None, lock_hash: str, cluster: str) -> str:
+        """The image a cluster's dynamic nodes boot from where ``powers_from_controller``;
+        BadInput (one line, nothing made) where there is none."""
+        raise NotSupported(f"dynamic nodes from a prepared image are not supported by the {self.name} provider")
+
+    def power_prepare(self, cluster: str, controller: NodeRecord, instance_type: str, image: str,
+                      disk_gb: int | None, files: ClusterFiles, report: Reporter) -> tuple[Any, Any]:
+        """Where ``powers_from_controller``: what the controller's power service needs of the
+        provider, made where missing (aws: the launch template, the role and profile on the
+        controller); (what was made, the service's plan of a launch)."""
+        raise NotSupported(f"a power service on the controller is not supported by the {self.name} provider")
     # True where listing baked images is an API call (aws): `up --image` then lists none.
     images_cost_a_call: bool = False
     # True where the nodes run on this machine and their cluster addresses answer here (local

@@ -130,6 +130,8 @@ class PowerService:
     url: str | None
     running: bool
     last: list[str]  # the last lines of its log, oldest first
+    # The node it runs on (aws: the Slurm controller, as gpuprov-power-aws.service); None: this machine.
+    on_node: str | None = None
 
 
 @dataclass(frozen=True)

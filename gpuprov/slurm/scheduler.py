@@ -33,6 +33,8 @@ MUNGE_KEY = "munge.key"
 # says it listens (gpuprov.core.power_service writes it once listening): beside the munge key.
 POWER_KEY = "power.key"
 POWER_SERVICE = "power-service.json"
+# What an AWS cluster's set-up wrote for its controller's service (power_aws_bundle.set_up).
+POWER_ON_NODE = "power-aws.json"
 # slurm.conf's timeouts for dynamic nodes (docs/slurm.md, "Elastic clusters"): a local node
 # from the baked image registers within seconds (5 s measured), so a resume unanswered after
 # three minutes has failed; removing a container takes a second, so a suspend gets Slurm's
@@ -167,16 +169,38 @@ def dynamic_vars(cluster: ClusterRecord, files: ClusterFiles, chosen: Scheduler)
     if chosen.max_count is None:
         return {}
     count = chosen.max_count - len(cluster.nodes)
-    url = power_url(files)
-    if count <= 0 or url is None:
+    # On aws the service runs on the controller (power_aws_bundle.set_up wrote what it is given).
+    on_node = power_on_node(files)
+    url = on_node.get("url") if on_node else power_url(files)
+    if count <= 0 or not isinstance(url, str):
         return {}
     like = template_node(cluster, chosen)
     idle = chosen.idle_minutes or elastic.DEFAULT_IDLE_MINUTES
+    service = {"url": url, "key_src": str(munge.ensure_key(files.dir / POWER_KEY))}
+    if on_node.get("aws"):
+        service["aws"] = on_node["aws"]
     return {"gpuprov_slurm_dynamic_nodes": [{"name": n, "like": like}
                                             for n in elastic.dynamic_names(cluster.name, count)],
             "gpuprov_slurm_power": {"suspend_time": idle * 60, "suspend_timeout": SUSPEND_TIMEOUT_S,
-                                    "resume_timeout": RESUME_TIMEOUT_S},
-            "gpuprov_slurm_power_service": {"url": url, "key_src": str(munge.ensure_key(files.dir / POWER_KEY))}}
+                                    "resume_timeout": int(on_node.get("resume_timeout") or RESUME_TIMEOUT_S)},
+            "gpuprov_slurm_power_service": service}
+
+
+
+def power_on_node_image(files: ClusterFiles) -> str:
+    """The image the controller's service launches dynamic nodes from, as the set-up wrote it ("")."""
+    config = (power_on_node(files).get("aws") or {}).get("config") or {}
+    return str(config.get("image") or "")
+
+
+def power_on_node(files: ClusterFiles) -> dict[str, Any]:
+    """What the slurm play hands a power service on the controller (aws), as the cluster's
+    set-up last wrote it ({} where it has none)."""
+    try:
+        raw = json.loads((files.dir / POWER_ON_NODE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 # What `status` asks the controller: each node's state and reason, one line each (a fixed

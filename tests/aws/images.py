@@ -34,3 +34,25 @@ def fallback(stubs: dict[str, Any], parameter: str, owner: str, pattern: str, ar
         "Owners": [owner],
         "Filters": [{"Name": "name", "Values": [pattern]}, {"Name": "architecture", "Values": [arch]},
                     {"Name": "state", "Values": ["available"]}]})
+
+
+def baked_ami(source_ami: str, lock_hash: str, *, os: str = "debian12", at: str = "2026-11-25T10:00:00Z",
+              slurm: bool = False) -> str:
+    """An AMI as gpuprov's bake leaves it: captured from an instance, tagged with the lock
+    (``slurm``: and as a Slurm cluster's node's, gpuprov.providers.aws.images.SLURM_TAG)."""
+    import boto3
+
+    from gpuprov.images import LOCK_FIELDS
+    from tests.aws.conftest import REGION
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    iid = ec2.run_instances(ImageId=source_ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge")["Instances"][0][
+        "InstanceId"]
+    tags = [{"Key": "gpuprov:lock", "Value": lock_hash}, {"Key": "gpuprov:baked-at", "Value": at},
+            {"Key": "gpuprov:baked-from", "Value": "src/src-node-1"}, {"Key": "gpuprov:os", "Value": os},
+            *({"Key": f"gpuprov:lock.{k}", "Value": "x"} for k in LOCK_FIELDS),
+            *([{"Key": "gpuprov:slurm", "Value": "yes"}] if slurm else [])]
+    image = ec2.create_image(InstanceId=iid, Name=f"gpuprov-{lock_hash}-{at.replace(':', '')}",
+                             TagSpecifications=[{"ResourceType": "image", "Tags": tags}])["ImageId"]
+    ec2.terminate_instances(InstanceIds=[iid])
+    return str(image)

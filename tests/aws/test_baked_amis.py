@@ -13,9 +13,9 @@ import re
 
 import boto3
 
-from gpuprov.images import LOCK_FIELDS
 from tests.aws.conftest import REGION
 from tests.aws.helpers import CIDR, invoke
+from tests.aws.images import baked_ami
 from tests.aws.moto_shim import Shim
 
 DEBIAN = "/aws/service/debian/release/12/latest/amd64"
@@ -34,20 +34,6 @@ def _lock_of(capsys, shim: Shim, ami: str, *extra: str) -> str:
     assert not [c for c in shim.calls if c.action == "DescribeImages" and c.params.get("Owner.1") == "self"]
     shim.calls.clear()
     return re.search(r"\[lock ([0-9a-f]{12})\]", err).group(1)
-
-
-def baked_ami(source_ami: str, lock_hash: str, *, os: str = "debian12", at: str = "2026-11-25T10:00:00Z") -> str:
-    """An AMI as gpuprov's bake leaves it: captured from an instance, tagged with the lock."""
-    ec2 = boto3.client("ec2", region_name=REGION)
-    iid = ec2.run_instances(ImageId=source_ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge")["Instances"][0][
-        "InstanceId"]
-    tags = [{"Key": "gpuprov:lock", "Value": lock_hash}, {"Key": "gpuprov:baked-at", "Value": at},
-            {"Key": "gpuprov:baked-from", "Value": "src/src-node-1"}, {"Key": "gpuprov:os", "Value": os},
-            *({"Key": f"gpuprov:lock.{k}", "Value": "x"} for k in LOCK_FIELDS)]
-    image = ec2.create_image(InstanceId=iid, Name=f"gpuprov-{lock_hash}-{at.replace(':', '')}",
-                             TagSpecifications=[{"ResourceType": "image", "Tags": tags}])["ImageId"]
-    ec2.terminate_instances(InstanceIds=[iid])
-    return str(image)
 
 
 def test_up_boots_from_the_newest_ami_baked_for_its_lock_and_os(capsys, shim: Shim, ami: str) -> None:

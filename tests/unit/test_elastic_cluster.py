@@ -51,8 +51,6 @@ def test_provision_keeps_what_it_is_not_given(given, max_count, idle, want) -> N
     (Scheduler(kind="slurm", max_count=1), 2, "docker", "--max-count 1 is smaller than --count 2"),
     (Scheduler(kind="slurm", max_count=3, idle_minutes=0), 1, "docker", "--idle-minutes 0"),
     (Scheduler(kind="slurm", max_count=3), 1, "static", "--max-count with --provider static"),
-    (Scheduler(kind="slurm", max_count=3), 1, "aws",
-     "--max-count with --provider aws: dynamic nodes on EC2 are not reachable from `up` yet"),
 ])
 def test_dynamic_nodes_that_cannot_be_are_one_line(chosen, count, provider, words) -> None:
     with pytest.raises(BadInput, match=words) as info:

@@ -24,6 +24,10 @@ FIRST_TAG = "gpuprov:first-index"
 # On the instances of a cluster whose settings name a pull_bucket: where `down` finds the
 # cluster's objects when its state is lost (s3_named.py).
 PULL_BUCKET_TAG = "gpuprov:pull-bucket"
+# A dynamic Slurm node's instance (the controller's power service launched it): of the cluster
+# (teardown terminates it), never one of its static nodes (members(static=True) leaves it out).
+POWER_TAG = "gpuprov:power"
+DYNAMIC = "dynamic"
 NODE_USER = "gpuprov"
 DEFAULT_DISK_GB = 200
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
@@ -82,8 +86,9 @@ def tag_specs(name: str, *kinds: str, extra: dict[str, str] | None = None) -> li
     return [{"ResourceType": kind, "Tags": tags} for kind in kinds]
 
 
-def members(aws: api.Aws, name: str, batch: str | None = None) -> list[dict[str, Any]]:
-    """The cluster's live instances, found by tag."""
+def members(aws: api.Aws, name: str, batch: str | None = None, static: bool = False) -> list[dict[str, Any]]:
+    """The cluster's live instances, found by tag; ``static``: its nodes alone (not the dynamic
+    nodes the controller's power service launched)."""
     filters = [
         {"Name": f"tag:{TAG}", "Values": [name]},
         {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
@@ -91,7 +96,8 @@ def members(aws: api.Aws, name: str, batch: str | None = None) -> list[dict[str,
     if batch:
         filters.append({"Name": f"tag:{BATCH_TAG}", "Values": [batch]})
     pages = aws.ec2.get_paginator("describe_instances").paginate(Filters=filters)
-    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    found = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    return [i for i in found if tags_of(i).get(POWER_TAG) != DYNAMIC] if static else found
 
 
 def tags_of(instance: dict[str, Any]) -> dict[str, str]:
@@ -152,9 +158,11 @@ def read_record(files: ClusterFiles) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def update_record(files: ClusterFiles, *, region: str | None = None, pull_bucket: str | None = None) -> None:
+def update_record(files: ClusterFiles, *, region: str | None = None, pull_bucket: str | None = None,
+                  power: bool = False) -> None:
     """``aws.json`` with the region set, or a named bucket added to ``pull_buckets`` (every one
-    the cluster ever pulled through: `down` deletes its prefix in each)."""
+    the cluster ever pulled through: `down` deletes its prefix in each), or ``power``: the
+    cluster holds an elastic set-up (power_setup: `down` removes its role and profile)."""
     if not files.dir.is_dir():
         return
     record = read_record(files)
@@ -162,6 +170,8 @@ def update_record(files: ClusterFiles, *, region: str | None = None, pull_bucket
         record["region"] = region
     if pull_bucket:
         record["pull_buckets"] = sorted({*record.get("pull_buckets", []), pull_bucket})
+    if power:
+        record["power"] = True
     tmp = files.dir / "aws.json.tmp"
     tmp.write_text(json.dumps(record, sort_keys=True))
     tmp.replace(files.dir / "aws.json")

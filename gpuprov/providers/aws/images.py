@@ -32,6 +32,9 @@ from gpuprov.ssh import node_key, ssh_error_line, ssh_options
 from gpuprov.state import NodeRecord
 
 LOCK_TAG = "gpuprov:lock"
+# On an image baked from a node of a Slurm cluster (slurmd and munge installed): what an elastic
+# cluster's dynamic nodes boot from (docs/slurm.md, "Elastic nodes on AWS").
+SLURM_TAG = "gpuprov:slurm"
 # EC2 tag values: letters, digits, spaces and + - = . _ : / @ (at most 256).
 TAG_VALUE = re.compile(r"[A-Za-z0-9 +\-=._:/@]{0,256}")
 REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
@@ -42,6 +45,7 @@ def _tags(cluster: Any, node: NodeRecord, baked_at: str) -> list[dict[str, str]]
     tags = {LOCK_TAG: lock["hash"], "gpuprov:baked-at": baked_at,
             "gpuprov:baked-from": f"{cluster.name}/{node.name}", "Name": f"gpuprov {lock['hash']}",
             "gpuprov:os": str(((cluster.spec or {}).get("options") or {}).get("os") or ""),
+            **({SLURM_TAG: "yes"} if ((cluster.spec or {}).get("options") or {}).get("scheduler") == "slurm" else {}),
             **{f"gpuprov:lock.{k}": v for k, v in images.lock_record(lock).items()}}
     bad = {k: v for k, v in tags.items() if not TAG_VALUE.fullmatch(v)}
     if bad:
@@ -68,6 +72,17 @@ def baked(region: str | None, lock_hash: str | None = None) -> list[Any]:
     found = aws.ec2.describe_images(Owners=["self"], Filters=[tag])["Images"]
     out = [_image(i, aws.region) for i in found if i.get("State", "available") == "available"]
     return sorted(out, key=lambda i: (i.created, i.id))
+
+
+def slurm_image(region: str | None, lock_hash: str) -> str | None:
+    """The newest AMI of this account baked for ``lock_hash`` from a node of a Slurm cluster
+    (tagged SLURM_TAG), or None: one DescribeImages call."""
+    aws = api.connect(region)
+    found = aws.ec2.describe_images(Owners=["self"], Filters=[
+        {"Name": f"tag:{LOCK_TAG}", "Values": [lock_hash]}, {"Name": f"tag:{SLURM_TAG}", "Values": ["yes"]}])["Images"]
+    ours = sorted((_image(i, aws.region) for i in found if i.get("State", "available") == "available"),
+                  key=lambda i: (i.created, i.id))
+    return ours[-1].ref if ours else None
 
 
 def locks_of(image_ids: set[str], region: str | None) -> dict[str, str]:

@@ -207,7 +207,7 @@ def _rollback(
 
 
 def _ready_nodes(aws: api.Aws, name: str, files: ClusterFiles, report: Reporter) -> list[NodeRecord]:
-    nodes = [node_record(i, name, aws.region) for i in members(aws, name)]
+    nodes = [node_record(i, name, aws.region) for i in members(aws, name, static=True)]
     nodes.sort(key=lambda n: n.extra["index"])
     return nodes
 

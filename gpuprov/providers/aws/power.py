@@ -34,11 +34,9 @@ from typing import Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.providers.aws import api
-from gpuprov.providers.aws.common import LIVE_STATES, TAG
+from gpuprov.providers.aws.common import DYNAMIC, LIVE_STATES, POWER_TAG, TAG
 
 NODE_TAG = "gpuprov:node"
-POWER_TAG = "gpuprov:power"
-DYNAMIC = "dynamic"
 # How long a type rests in a zone that had no capacity for it: ParallelCluster's
 # `insufficient_capacity_timeout` default (600 s), after which the zone is tried again.
 REST_S = 600.0

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuprov.errors import GpuprovError
-from gpuprov.providers import Reporter
-from gpuprov.providers.aws import api
-from gpuprov.providers.aws.common import DEFAULT_DISK_GB, TAG, tag_specs
+from gpuprov.providers import ClusterFiles, Reporter
+from gpuprov.providers.aws import api, power
+from gpuprov.providers.aws.common import DEFAULT_DISK_GB, TAG, tag_specs, update_record
+from gpuprov.providers.aws.resources import default_subnets
+from gpuprov.state import NodeRecord
 
 PATH = "/gpuprov/"
 MANAGED_POLICY = "gpuprov-power"
@@ -197,6 +199,15 @@ def associate(aws: api.Aws, instance: str, profile: str, report: Reporter) -> No
     report(f"{instance}: instance profile {profile} (the power service's rights)")
 
 
+def cluster_group(aws: api.Aws, cluster: str) -> str:
+    """The cluster's security group (the one `up` made, tagged for it): the dynamic nodes'."""
+    groups = aws.ec2.describe_security_groups(Filters=[{"Name": f"tag:{TAG}", "Values": [cluster]}])["SecurityGroups"]
+    if len(groups) != 1:
+        raise GpuprovError(f"cluster {cluster}: expected its one security group tagged {TAG}={cluster}, "
+                           f"found {len(groups)}")
+    return str(groups[0]["GroupId"])
+
+
 def found(aws: api.Aws, cluster: str) -> list[str]:
     """What of the above exists for ``cluster`` (its tag on each), for `down` and orphans."""
     out = [f"launch template {t['LaunchTemplateName']}" for t in _templates(aws, cluster)]
@@ -218,9 +229,22 @@ def remove(aws: api.Aws, cluster: str, report: Reporter) -> None:
     """The cluster's launch templates, and its role and profile where tagged for it: after its
     instances are gone (a profile in use by a live instance is still removed; the instance
     loses the rights)."""
-    for held in _templates(aws, cluster):
-        aws.ec2.delete_launch_template(LaunchTemplateId=held["LaunchTemplateId"])
-        report(f"launch template {held['LaunchTemplateName']} deleted")
+    remove_templates(aws, cluster, report)
+    remove_access(aws, cluster, report)
+
+
+def remove_templates(aws: api.Aws, cluster: str, report: Reporter) -> bool:
+    """The cluster's launch templates deleted (`down` does this first: the power policy launches
+    from them alone, so no dynamic node starts while the cluster goes); whether there were any."""
+    held = _templates(aws, cluster)
+    for template in held:
+        aws.ec2.delete_launch_template(LaunchTemplateId=template["LaunchTemplateId"])
+        report(f"launch template {template['LaunchTemplateName']} deleted")
+    return bool(held)
+
+
+def remove_access(aws: api.Aws, cluster: str, report: Reporter) -> None:
+    """The controller's instance profile and role, where tagged for ``cluster``."""
     there = found(aws, cluster)
     name, iam = role_name(cluster, aws.region), aws.client("iam")
     if f"instance profile {name}" in there:
@@ -234,3 +258,26 @@ def remove(aws: api.Aws, cluster: str, report: Reporter) -> None:
             iam.detach_role_policy(RoleName=name, PolicyArn=policy["PolicyArn"])
         iam.delete_role(RoleName=name)
         report(f"role {name} deleted")
+
+
+def prepare(cluster: str, controller: NodeRecord, instance_type: str, image: str, disk_gb: int | None,
+            files: ClusterFiles, report: Reporter) -> tuple[Made, power.Plan]:
+    """What an elastic cluster's controller needs of EC2 and IAM, made where missing (`up`/
+    `provision --max-count` on aws, before the slurm play): the launch template of
+    ``instance_type`` in the cluster's group, with the root device of ``image``; the role and
+    profile (ensure); the profile on the controller's instance; the cluster's record saying so
+    (`down` removes them). Returns what was made and the service's power.Plan: the template, the
+    image, the zones' default subnets with the controller's zone first."""
+    aws = api.connect(str(controller.extra.get("region") or "") or None)
+    found = aws.ec2.describe_images(ImageIds=[image])["Images"]
+    if not found:
+        raise GpuprovError(f"{cluster}: image {image} for its dynamic nodes is gone (deregistered)")
+    made = ensure(aws, cluster, Template(instance_type, cluster_group(aws, cluster),
+                                         str(found[0].get("RootDeviceName") or "/dev/xvda"),
+                                         disk_gb or DEFAULT_DISK_GB), report)
+    update_record(files, power=True)
+    associate(aws, controller.id, made.profile, report)
+    subnets = default_subnets(aws)
+    order = [controller.zone, *sorted(z for z in subnets if z != controller.zone)]
+    return made, power.Plan(cluster, made.template, image, instance_type,
+                            {z: subnets[z] for z in order if z in subnets})

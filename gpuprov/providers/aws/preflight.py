@@ -186,7 +186,7 @@ def prepare(spec: ClusterSpec) -> AwsPlan:
     aws = api.connect(spec.region)
     itype = facts(aws, spec.instance_type or "")
     zones = _zones(aws, itype.name)
-    existing = members(aws, spec.name)
+    existing = members(aws, spec.name, static=True)
     notes = [f"region {aws.region}; zones offering {itype.name}: {', '.join(zones)}"]
     zones_in_use = sorted({i["Placement"]["AvailabilityZone"] for i in existing})
     if zones_in_use:

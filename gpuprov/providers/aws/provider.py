@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprov import paths
+from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles, ClusterSpec, Orphans, Plan, Provider, Reporter
 from gpuprov.providers.aws import (
     api,
@@ -19,6 +20,7 @@ from gpuprov.providers.aws import (
     images,
     launch,
     offline,
+    power_setup,
     preflight,
     ready,
     s3,
@@ -38,10 +40,10 @@ class AwsProvider(Provider):
     bake_consumes_node = True
     copies_images = True
     images_cost_a_call = True
-    # Dynamic Slurm nodes on EC2 (issue 56): the parts are built (power_setup, power_boot, the
-    # controller's service), `up` does not make and use them yet.
-    powers_nodes_later = ("dynamic nodes on EC2 are not reachable from `up` yet (docs/slurm.md, "
-                          "\"Elastic nodes on AWS\")")
+    # Dynamic Slurm nodes on EC2: the controller's power service launches them from an AMI baked
+    # for the lock from a Slurm node (power_setup.prepare, gpuprov.slurm.power_aws_bundle.set_up).
+    powers_nodes = True
+    powers_from_controller = True
     options_type = AwsOptions
     partial_launch = True  # EC2's MinCount: `up --min-count`
 
@@ -80,7 +82,8 @@ class AwsProvider(Provider):
 
     def describe(self, name: str, known: list[NodeRecord], files: ClusterFiles) -> list[NodeRecord]:
         aws = api.connect(region_of(known, files))
-        nodes = sorted((node_record(i, name, aws.region) for i in members(aws, name)), key=lambda n: n.extra["index"])
+        nodes = sorted((node_record(i, name, aws.region) for i in members(aws, name, static=True)),
+                       key=lambda n: n.extra["index"])
         running = [n for n in nodes if n.address and n.state == "running"]
         if running and files.dir.is_dir():
             ready.pin(running, files, strict=False)
@@ -90,8 +93,9 @@ class AwsProvider(Provider):
         return topology.network_nodes(nodes, say)
 
     def terminate(self, name: str, known: list[NodeRecord], files: ClusterFiles, report: Reporter) -> int:
+        record = read_record(files)
         return teardown.destroy(name, region_of(known, files), report, [n.id for n in known],
-                                buckets=read_record(files).get("pull_buckets", []))
+                                buckets=record.get("pull_buckets", []), power=record.get("power") is True)
 
     def pull_channel(self, spec: ClusterSpec, report: Reporter) -> s3.Channel:
         """Pull mode's channel: the cluster's private S3 bucket (s3.py), or its prefix in the
@@ -121,6 +125,19 @@ class AwsProvider(Provider):
 
     def list_tagged_clusters(self, regions: set[str | None], asked: bool) -> dict[str, dict[str, Any]] | None:
         return teardown.list_tagged_clusters(regions, asked)
+
+    def dynamic_image(self, region: str | None, lock_hash: str, cluster: str) -> str:
+        found = images.slurm_image(region, lock_hash)
+        if found is None:
+            raise BadInput(f"--max-count on aws: no image of this account is baked for lock {lock_hash} from a "
+                           f"Slurm node (tag {images.SLURM_TAG}), and dynamic nodes boot from one: `gpuprov up "
+                           "--scheduler slurm` a cluster with this stack, then `gpuprov image bake --from NAME` "
+                           f"(docs/slurm.md, \"Elastic nodes on AWS\"); {cluster} is not made")
+        return found
+
+    def power_prepare(self, cluster: str, controller: NodeRecord, instance_type: str, image: str,
+                      disk_gb: int | None, files: ClusterFiles, report: Reporter) -> tuple[Any, Any]:
+        return power_setup.prepare(cluster, controller, instance_type, image, disk_gb, files, report)
 
     # -- baked images (images.py) ---------------------------------------------------------------
     def baked_images(self, region: str | None = None) -> list[Any]:

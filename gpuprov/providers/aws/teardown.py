@@ -9,7 +9,7 @@ from typing import Any
 from gpuprov.clock import utc_text
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.providers import ClusterFiles, Orphans, Reporter
-from gpuprov.providers.aws import api, s3, s3_named
+from gpuprov.providers.aws import api, power_setup, s3, s3_named
 from gpuprov.providers.aws.common import (
     LIVE_STATES,
     PULL_BUCKET_TAG,
@@ -27,12 +27,16 @@ from gpuprov.state import NodeRecord
 
 
 def destroy(name: str, region: str | None, report: Reporter, ids: list[str] | None = None,
-            buckets: list[str] | tuple[str, ...] = ()) -> int:
+            buckets: list[str] | tuple[str, ...] = (), power: bool = False) -> int:
     """Terminate every instance tagged with the cluster, wait, then delete its other resources;
     in each named pull bucket (``buckets``, and those its instances' tags name), the cluster's
-    objects alone."""
+    objects alone. An elastic cluster's launch templates go first (its power service launches
+    from them alone: no dynamic node starts while the cluster goes), its dynamic nodes with the
+    rest, its controller's role and profile last (``power``: the record says it has them; a
+    template found says so too)."""
     aws = api.connect(region)
     with no_interrupt():
+        power = power_setup.remove_templates(aws, name, report) or power
         live = members(aws, name)
         found = {i["InstanceId"] for i in live}
         named = {*buckets, *(tags_of(i)[PULL_BUCKET_TAG] for i in live if tags_of(i).get(PULL_BUCKET_TAG))}
@@ -46,6 +50,8 @@ def destroy(name: str, region: str | None, report: Reporter, ids: list[str] | No
                 )
         delete_cluster_resources(aws, name, report)
         s3_named.delete_prefixes(aws, name, named, report)
+        if power:
+            power_setup.remove_access(aws, name, report)
     return len(found)
 
 
