@@ -76,16 +76,21 @@ def _asker(yes: bool, what: str) -> Callable[[str], bool]:
 @click.option("--region", help="aws, without --from: the region to bake in.")
 @click.option("--copy-to", "copy_to", metavar="REGION", multiple=True,
               help="aws: copy the image to this region too, tagged the same (repeatable).")
+@click.option("--scheduler", type=click.Choice(["none", "slurm"]), default="none", show_default=True,
+              help="Without --from: slurm bakes a Slurm node (slurmd, munge), the image an elastic cluster's "
+              "dynamic nodes boot from (`up --max-count` on aws).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (aws: a node is terminated; "
               "--type launches one).")
 @output_option
 def bake(from_: str | None, node: str | None, instance_type: str | None, provider: str, region: str | None,
-         copy_to: tuple[str, ...], yes: bool, output: str) -> int:
+         scheduler: str, copy_to: tuple[str, ...], yes: bool, output: str) -> int:
     """Bake an image for a version lock, from a cluster's node or a new node."""
     copy_to = tuple(dict.fromkeys(copy_to))
     if from_ is not None:
         if instance_type or region:
             raise BadInput("--type and --region go without --from (a cluster's node has both)")
+        if scheduler != "none":
+            raise BadInput("--scheduler goes without --from (a cluster's node has the scheduler its cluster has)")
         result = core("image bake").bake_from(from_, node=node, console=_console(), copy_to=copy_to,
                                               confirm=_asker(yes, "baking terminates the node on aws"))
     else:
@@ -95,7 +100,7 @@ def bake(from_: str | None, node: str | None, instance_type: str | None, provide
         ask = _asker(yes, "baking launches a node that costs money")
         result = core("image bake").bake_type(instance_type or facts(provider).bake_type,
                                               provider_name=provider, console=_console(), region=region,
-                                              copy_to=copy_to, confirm=lambda plan: ask(
+                                              copy_to=copy_to, slurm=scheduler == "slurm", confirm=lambda plan: ask(
                                                   f"Launch 1 x {plan.spec.instance_type} to bake an image?"))
     if output == "json":
         cli_output.emit_json(result.public())

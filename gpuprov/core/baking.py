@@ -15,6 +15,7 @@ from gpuprov.images import BakedImage
 from gpuprov.lock.lock_data import LockData
 from gpuprov.providers import ClusterSpec, Provider, options_for
 from gpuprov.providers import get as get_provider
+from gpuprov.slurm.scheduler_choice import Scheduler
 from gpuprov.state import Store
 
 
@@ -73,17 +74,28 @@ def bake_from(name: str, *, node: str | None, console: Console, store: Store | N
     return image
 
 
+def bake_spec(name: str, instance_type: str | None, provider_name: str, region: str | None,
+              slurm: bool = False) -> ClusterSpec:
+    """The throwaway one-node cluster `image bake` without --from bakes: from scratch (no baked
+    image), and with ``slurm`` a Slurm cluster of its own (slurmd, munge, the node's health for
+    slurmd; no accounting database: a dynamic node never runs one), so that the image is one an
+    elastic cluster's dynamic nodes boot from (aws tags it gpuprov:slurm)."""
+    return ClusterSpec(name=name, provider=provider_name, instance_type=instance_type, count=1,
+                       options=options_for(provider_name, {"no_baked": True, "region": region}),
+                       scheduler=Scheduler(kind="slurm", accounting=False) if slurm else Scheduler())
+
+
 def bake_type(instance_type: str | None, *, provider_name: str, console: Console,
               region: str | None = None, store: Store | None = None, confirm: Any = None,
-              copy_to: tuple[str, ...] = ()) -> BakedImage:
+              copy_to: tuple[str, ...] = (), slurm: bool = False) -> BakedImage:
     """The whole flow on one new node: up (from scratch), verify, bake, down (also when a
-    step fails)."""
+    step fails). ``slurm``: the node is a Slurm cluster's (bake_spec)."""
     baking_provider(provider_name)
     store = store or Store()
     name = f"bake-{secrets.token_hex(3)}"
-    spec = ClusterSpec(name=name, provider=provider_name, instance_type=instance_type, count=1,
-                       options=options_for(provider_name, {"no_baked": True, "region": region}))
-    console.say(f"baking on a new one-node cluster {name} (removed afterwards)")
+    spec = bake_spec(name, instance_type, provider_name, region, slurm)
+    console.say(f"baking on a new one-node cluster {name} (removed afterwards)"
+                + (", a Slurm node for elastic clusters' dynamic nodes" if slurm else ""))
     try:
         result = up(UpRequest(spec, rollback=False), console=console, store=store, confirm=confirm)
         if result.bootstrap is None or not result.bootstrap.ok:

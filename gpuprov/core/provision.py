@@ -61,7 +61,9 @@ def provision(
             # aws: the image they boot from exists, before anything is recorded or made.
             region = next((str(n.extra["region"]) for n in cluster.nodes if n.extra.get("region")),
                           cluster.spec.get("region"))
-            chosen_provider.dynamic_image(region, str((cluster.lock or {}).get("hash") or ""), cluster.name)
+            like = next(n for n in cluster.nodes if n.name == scheduler.template_node(cluster, scheduler_choice))
+            chosen_provider.dynamic_image(region, str((cluster.lock or {}).get("hash") or ""), cluster.name,
+                                          like.instance_type)
     with cluster_lock(name):
         cluster = load(store, name)
         provider, files, nodes = refresh(store, cluster)

@@ -107,7 +107,7 @@ def prepare(spec: ClusterSpec, provider: Provider, store: Store, console: Consol
         )
     if spec.scheduler.max_count is not None and provider.powers_from_controller and lock.get("hash") and not unasked:
         # Dynamic nodes that boot from an image baked beforehand (aws): none is one line, nothing made.
-        provider.dynamic_image(plan.spec.region, lock["hash"], spec.name)
+        provider.dynamic_image(plan.spec.region, lock["hash"], spec.name, str(plan.spec.instance_type or ""))
     plan = counts.counted(plan, provider, len(kept_alive(provider, existing)))
     return Run(spec=plan.spec, provider=provider, store=store, console=console, plan=plan, lock=lock,
                existing=existing, recorded=recorded, image=image)

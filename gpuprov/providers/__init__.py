@@ -161,9 +161,9 @@ class Provider(ABC):
     # beforehand, not from one of the cluster's nodes (a bake that consumes its node).
     powers_from_controller: bool = False
 
-    def dynamic_image(self, region: str | None, lock_hash: str, cluster: str) -> str:
-        """The image a cluster's dynamic nodes boot from where ``powers_from_controller``;
-        BadInput (one line, nothing made) where there is none."""
+    def dynamic_image(self, region: str | None, lock_hash: str, cluster: str, instance_type: str) -> str:
+        """The image a cluster's dynamic nodes (of ``instance_type``) boot from where
+        ``powers_from_controller``; BadInput (one line, nothing made) where there is none."""
         raise NotSupported(f"dynamic nodes from a prepared image are not supported by the {self.name} provider")
 
     def power_prepare(self, cluster: str, controller: NodeRecord, instance_type: str, image: str,

@@ -80,7 +80,8 @@ def set_up(cluster: ClusterRecord, provider: Provider, files: ClusterFiles, node
         raise GpuprovError(f"{cluster.name}: its controller {controller_name} is not running with a private "
                            "address: its power service cannot be set up (`gpuprov status` says why)")
     region = str(controller.extra.get("region") or "")
-    image = provider.dynamic_image(region or None, str((cluster.lock or {}).get("hash") or ""), cluster.name)
+    image = provider.dynamic_image(region or None, str((cluster.lock or {}).get("hash") or ""), cluster.name,
+                                   like.instance_type)
     disk = (cluster.spec.get("options") or {}).get("disk_gb")
     made, plan = provider.power_prepare(cluster.name, controller, like.instance_type, image,
                                         disk if isinstance(disk, int) else None, files, say)

@@ -103,6 +103,7 @@ def test_bad_flags_are_one_line_and_change_nothing(capsys, shim: Shim) -> None:
     for args, needle in (
         (("image", "bake", "--copy-to", "us-west-2"), "--region and --copy-to are for --provider aws"),
         (("image", "bake", "--from", "x", "--type", "g5.xlarge"), "--type and --region go without --from"),
+        (("image", "bake", "--from", "x", "--scheduler", "slurm"), "--scheduler goes without --from"),
         (("image", "list", "--region", REGION), "--region is for --provider aws"),
         (("image", "bake", "--from", "nosuch", "--copy-to", "us-west-2"), "nosuch"),
     ):

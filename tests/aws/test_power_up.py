@@ -59,6 +59,7 @@ def test_max_count_without_a_slurm_image_for_the_lock_is_one_line_and_makes_noth
     shim.calls.clear()
     code, out, err = up(capsys, ami, "el", "--scheduler", "slurm", "--max-count", "3", count=1, itype=TYPE)
     assert_refused(code, out, err, f"no image of this account is baked for lock {lock} from a Slurm node", shim)
+    assert f"`gpuprov image bake --provider aws --type {TYPE}" in err and "--scheduler slurm` bakes it" in err
     for bad, needle in ((("--max-count", "1"), "smaller than --count 2"),
                         (("--max-count", "3", "--idle-minutes", "0"), "'--idle-minutes': 0 is not in the range"),
                         (("--max-count", "3", "--scheduler", "none"), "dynamic nodes are Slurm's")):

@@ -265,3 +265,17 @@ def test_a_dynamic_node_its_health_drained_is_powered_down_once_its_jobs_end() -
     }
     assert unhealthy(["c-dy-1", "c-dy-2", "c-dy-3", "c-dy-4", "c-dy-5", "c-dy-6"], nodes) == ["c-dy-1"]
     assert unhealthy([], nodes) == []
+
+
+def test_a_slurm_bake_is_a_one_node_slurm_cluster_from_scratch_without_accounting() -> None:
+    """`image bake --scheduler slurm` (the image an elastic AWS cluster's dynamic nodes boot
+    from): its throwaway cluster is one node, from scratch, Slurm's own controller and compute
+    node, with no accounting database baked in."""
+    from gpuprov.core.baking import bake_spec
+
+    spec = bake_spec("bake-abc123", "g5.xlarge", "aws", "us-east-1", slurm=True)
+    assert spec.count == 1 and spec.instance_type == "g5.xlarge" and spec.region == "us-east-1"
+    assert spec.options.no_baked is True
+    assert spec.scheduler == Scheduler(kind="slurm", accounting=False)
+    assert spec.scheduler.checked() == spec.scheduler
+    assert bake_spec("bake-abc123", None, "docker", None).scheduler.kind == "none"

@@ -126,13 +126,14 @@ class AwsProvider(Provider):
     def list_tagged_clusters(self, regions: set[str | None], asked: bool) -> dict[str, dict[str, Any]] | None:
         return teardown.list_tagged_clusters(regions, asked)
 
-    def dynamic_image(self, region: str | None, lock_hash: str, cluster: str) -> str:
+    def dynamic_image(self, region: str | None, lock_hash: str, cluster: str, instance_type: str) -> str:
         found = images.slurm_image(region, lock_hash)
         if found is None:
+            where = f" --region {region}" if region else ""
             raise BadInput(f"--max-count on aws: no image of this account is baked for lock {lock_hash} from a "
-                           f"Slurm node (tag {images.SLURM_TAG}), and dynamic nodes boot from one: `gpuprov up "
-                           "--scheduler slurm` a cluster with this stack, then `gpuprov image bake --from NAME` "
-                           f"(docs/slurm.md, \"Elastic nodes on AWS\"); {cluster} is not made")
+                           f"Slurm node (tag {images.SLURM_TAG}), and dynamic nodes boot from one: `gpuprov image "
+                           f"bake --provider aws --type {instance_type}{where} --scheduler slurm` bakes it "
+                           f"(docs/slurm.md, \"Elastic nodes on AWS\"); nothing done for {cluster}")
         return found
 
     def power_prepare(self, cluster: str, controller: NodeRecord, instance_type: str, image: str,
