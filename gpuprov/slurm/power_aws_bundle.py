@@ -59,6 +59,7 @@ def play_vars(directory: Path, setup: power_setup.Made, plan: power.Plan, *, reg
         "config": {"cluster": plan.cluster, "region": region, "launch_template": setup.template,
                    "image": plan.image, "instance_type": plan.instance_type,
                    "subnets": [[zone, subnet] for zone, subnet in plan.subnets.items()], "count": count,
+                   **({"efa_cards": plan.efa_cards, "security_group": plan.security_group} if plan.efa_cards else {}),
                    "port": PORT, "join": {"controller_addr": controller_addr}}}}
 
 

@@ -57,6 +57,7 @@ _CHECKS = {
 }
 _ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-\d[a-z]")
 _SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
+_GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -83,6 +84,12 @@ def load(path: Path) -> dict[str, Any]:
             raise GpuprovError(f"{path}: {key}: not a number")
     if raw.get("check_s", CHECK_S) < 1:
         raise GpuprovError(f"{path}: check_s: at least 1")
+    efa = raw.get("efa_cards", 0)
+    if isinstance(efa, bool) or not isinstance(efa, int) or not 0 <= efa <= 32:
+        raise GpuprovError(f"{path}: efa_cards: from 0 to 32 (EFA interfaces per node)")
+    if efa and not (isinstance(raw.get("security_group"), str) and _GROUP.fullmatch(raw["security_group"])):
+        raise GpuprovError(f"{path}: security_group: {printable(str(raw.get('security_group')))[:80]!r} is not one "
+                           "(EFA interfaces need the cluster's group)")
     for key in ("key_file", "rests"):
         if not isinstance(raw.get(key), str) or not raw[key].startswith("/"):
             raise GpuprovError(f"{path}: {key}: not an absolute path")
@@ -149,7 +156,8 @@ class Actions:
     def __init__(self, config: dict[str, Any], ec2: Any, clock: Any = time.time) -> None:
         self.cluster = config["cluster"]
         self.plan = power.Plan(self.cluster, config["launch_template"], config["image"], config["instance_type"],
-                               {zone: subnet for zone, subnet in config["subnets"]})
+                               {zone: subnet for zone, subnet in config["subnets"]},
+                               int(config.get("efa_cards") or 0), str(config.get("security_group") or ""))
         self.rests = power.Rests.load(Path(config["rests"]))
         self.ec2, self.clock = ec2, clock
         self.lock = threading.Lock()  # one request at a time: the rests are read and written whole

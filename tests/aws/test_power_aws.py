@@ -111,6 +111,36 @@ def test_a_resume_launches_one_tagged_instance_from_the_template_and_image(ec2, 
     assert _refused_by_policy(ec2, shim) == []
 
 
+def test_an_efa_type_resumes_with_one_efa_interface_per_network_card(ec2, shim, plan) -> None:
+    """A type with EFA (p4d: 4 network cards) gets what its static nodes get: one EFA interface
+    per card, each in the cluster's group, which the template then does not hold (EC2 takes a
+    launch's groups on its interfaces or on the instance, not both); the policy allows it."""
+    from gpuprov.providers.aws import power_setup
+
+    (held,) = ec2.describe_launch_templates(LaunchTemplateIds=[plan.launch_template])["LaunchTemplates"]
+    group = ec2.describe_launch_template_versions(LaunchTemplateId=plan.launch_template)[
+        "LaunchTemplateVersions"][0]["LaunchTemplateData"]["SecurityGroupIds"][0]
+    data = power_setup.Template("p4d.24xlarge", group, "/dev/xvda", 200, efa_cards=4).data()
+    assert "SecurityGroupIds" not in data
+    efa_template = ec2.create_launch_template(LaunchTemplateName=f"gpuprov-{CLUSTER}-efa", LaunchTemplateData=data,
+                                              TagSpecifications=_tagged("launch-template", CLUSTER))[
+        "LaunchTemplate"]["LaunchTemplateId"]
+    efa = power.Plan(CLUSTER, efa_template, plan.image, "p4d.24xlarge", plan.subnets, 4, group)
+    shim.calls.clear()
+    got = power.resume(ec2, efa, f"{CLUSTER}-dy-1", power.Rests(), now=1000.0, token="efa-1")
+    assert isinstance(got, power.Started), got
+    (run,) = shim.run_calls()
+    p = run.params
+    assert "SubnetId" not in p and "SecurityGroupId.1" not in p
+    assert [p[f"NetworkInterface.{k}.NetworkCardIndex"] for k in range(1, 5)] == ["0", "1", "2", "3"]
+    assert {p[f"NetworkInterface.{k}.InterfaceType"] for k in range(1, 5)} == {"efa"}
+    assert {p[f"NetworkInterface.{k}.SecurityGroupId.1"] for k in range(1, 5)} == {group}
+    assert {p[f"NetworkInterface.{k}.SubnetId"] for k in range(1, 5)} == {plan.subnets[got.zone]}
+    assert "NetworkInterface.5.NetworkCardIndex" not in p
+    assert held["LaunchTemplateName"] == f"gpuprov-{CLUSTER}-dynamic"
+    assert _refused_by_policy(ec2, shim) == []
+
+
 def test_a_zone_without_capacity_rests_and_the_next_zone_launches(ec2, shim, plan, tmp_path) -> None:
     first, second, _ = plan.subnets
     shim.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", zone=first))
@@ -268,6 +298,9 @@ GOOD = {"cluster": CLUSTER, "region": REGION, "launch_template": "lt-0123456789a
     ({"join": {"controller_addr": "10.0.0.5", "deadline_s": 5}}, "join"),
     ({"join": {"controller_addr": "10.0.0.5", "munge_key": "munge.key"}}, "join"),
     ({"join": {"controller_addr": "10.0.0.5", "login_key": "/root/.ssh/id_ed25519"}}, "join"),
+    ({"efa_cards": 33, "security_group": "sg-0123456789abcdef0"}, "efa_cards"),
+    ({"efa_cards": 4}, "security_group"),
+    ({"efa_cards": 4, "security_group": "sg-0123 --x"}, "security_group"),
 ])
 def test_the_services_configuration_is_checked_before_any_value_is_used(tmp_path, change, named) -> None:
     from gpuprov.errors import GpuprovError

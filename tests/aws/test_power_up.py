@@ -33,7 +33,7 @@ from tests.aws.images import baked_ami
 from tests.aws.moto_shim import Shim
 from tests.conftest import ROOT
 
-TYPE = "g5.xlarge"
+TYPE = "p4d.24xlarge"  # EFA: 4 network cards
 
 
 @pytest.fixture
@@ -113,6 +113,11 @@ def test_an_elastic_cluster_is_set_up_for_its_controller_and_down_leaves_nothing
     assert held["IamInstanceProfile"]["Arn"].endswith(f"/{name}")
     config = got["aws"]["config"]
     assert config["image"] == image and config["instance_type"] == TYPE and config["count"] == 2
+    # EFA as on the static nodes: one interface per card, in the cluster's group (not in the template).
+    assert config["efa_cards"] == 4 and config["security_group"] == power_setup.cluster_group(aws, "el")
+    data = aws.ec2.describe_launch_template_versions(LaunchTemplateId=config["launch_template"])[
+        "LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    assert "SecurityGroupIds" not in data and data["InstanceType"] == TYPE
     assert config["subnets"][0][0] == controller.zone  # the controller's zone is tried first
     assert config["join"] == {"controller_addr": controller.extra["private_ip"]}
     assert got["url"] == f"http://127.0.0.1:{config['port']}/power" and got["resume_timeout"] == 900
@@ -125,9 +130,12 @@ def test_an_elastic_cluster_is_set_up_for_its_controller_and_down_leaves_nothing
 
     # What the controller's service does at a resume (power.resume, as the service calls it),
     # then `down`: the template first, every instance (the dynamic one too), the role and profile.
-    plan = power.Plan("el", config["launch_template"], image, TYPE, dict(config["subnets"]))
+    plan = power.Plan("el", config["launch_template"], image, TYPE, dict(config["subnets"]), 4,
+                      config["security_group"])
     started = power.resume(aws.ec2, plan, "el-dy-1", power.Rests(), 0.0, "t-1")
     assert isinstance(started, power.Started), started
+    run = shim.run_calls()[-1].params  # (moto keeps one interface per device index: its call says the four)
+    assert [run[f"NetworkInterface.{k}.NetworkCardIndex"] for k in range(1, 5)] == ["0", "1", "2", "3"]
     assert len(instances("el")) == 3
     assert len(provider.describe("el", cluster.nodes, files)) == 2  # a dynamic node is not a static one
     code, _, err = invoke(capsys, "down", "el", "--yes")

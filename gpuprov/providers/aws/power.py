@@ -51,6 +51,11 @@ class Plan:
     image: str  # the image baked for the cluster's lock
     instance_type: str
     subnets: Mapping[str, str]  # zone -> subnet, in the order zones are tried
+    # EFA: one interface per network card (p4d 4, p5 32), each in ``security_group`` (the
+    # template then holds no group: EC2 takes groups on the interfaces or the instance, not both);
+    # 0: one plain interface in the template's group.
+    efa_cards: int = 0
+    security_group: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def resume(ec2: Any, plan: Plan, node: str, rests: Rests, now: float, token: str
             answer = ec2.run_instances(
                 LaunchTemplate={"LaunchTemplateId": plan.launch_template, "Version": "$Default"},
                 ImageId=plan.image, InstanceType=plan.instance_type, MinCount=1, MaxCount=1,
-                SubnetId=subnet, Placement={"AvailabilityZone": zone},
+                **_network(plan, subnet), Placement={"AvailabilityZone": zone},
                 MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
                 TagSpecifications=_tags(plan, node), ClientToken=f"{token}-{zone}"[:64],
                 **({"UserData": user_data.decode()} if user_data else {}),
@@ -145,6 +150,17 @@ def resume(ec2: Any, plan: Plan, node: str, rests: Rests, now: float, token: str
         return Started(node, str(answer["Instances"][0]["InstanceId"]), zone)
     where = "; ".join(refused) or "no zone"
     return Refused(node, code, f"no capacity for {plan.instance_type}: {where}")
+
+
+def _network(plan: Plan, subnet: str) -> dict[str, Any]:
+    """The launch's network: the subnet alone (the template's group), or one EFA interface per
+    network card in the cluster's group, as static nodes of the type get (launch.network_interfaces)."""
+    if not plan.efa_cards:
+        return {"SubnetId": subnet}
+    return {"NetworkInterfaces": [
+        {"NetworkCardIndex": card, "DeviceIndex": 0 if card == 0 else 1, "InterfaceType": "efa",
+         "SubnetId": subnet, "Groups": [plan.security_group], "DeleteOnTermination": True}
+        for card in range(plan.efa_cards)]}
 
 
 def _dynamic(ec2: Any, cluster: str, nodes: list[str] | None = None) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.providers import ClusterFiles, Reporter
-from gpuprov.providers.aws import api, power
+from gpuprov.providers.aws import api, power, preflight
 from gpuprov.providers.aws.common import DEFAULT_DISK_GB, TAG, tag_specs, update_record
 from gpuprov.providers.aws.resources import default_subnets
 from gpuprov.state import NodeRecord
@@ -74,11 +74,14 @@ class Template:
     security_group: str
     root_device: str
     disk_gb: int = DEFAULT_DISK_GB
+    # EFA interfaces per node (power.Plan.efa_cards): then the group goes on each interface at the
+    # launch, not in the template (EC2 refuses both in one launch).
+    efa_cards: int = 0
 
     def data(self) -> dict[str, Any]:
         return {
             "InstanceType": self.instance_type,
-            "SecurityGroupIds": [self.security_group],
+            **({} if self.efa_cards else {"SecurityGroupIds": [self.security_group]}),
             "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
             "BlockDeviceMappings": [{"DeviceName": self.root_device, "Ebs": {
                 "VolumeSize": self.disk_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
@@ -267,17 +270,20 @@ def prepare(cluster: str, controller: NodeRecord, instance_type: str, image: str
     ``instance_type`` in the cluster's group, with the root device of ``image``; the role and
     profile (ensure); the profile on the controller's instance; the cluster's record saying so
     (`down` removes them). Returns what was made and the service's power.Plan: the template, the
-    image, the zones' default subnets with the controller's zone first."""
+    image, the zones' default subnets with the controller's zone first, and on a type with EFA
+    one EFA interface per network card in the cluster's group, as its static nodes have."""
     aws = api.connect(str(controller.extra.get("region") or "") or None)
     found = aws.ec2.describe_images(ImageIds=[image])["Images"]
     if not found:
         raise GpuprovError(f"{cluster}: image {image} for its dynamic nodes is gone (deregistered)")
-    made = ensure(aws, cluster, Template(instance_type, cluster_group(aws, cluster),
-                                         str(found[0].get("RootDeviceName") or "/dev/xvda"),
-                                         disk_gb or DEFAULT_DISK_GB), report)
+    itype = preflight.facts(aws, instance_type)
+    cards = max(1, min(itype.network_cards, itype.efa_max_interfaces or 1)) if itype.efa else 0
+    group = cluster_group(aws, cluster)
+    made = ensure(aws, cluster, Template(instance_type, group, str(found[0].get("RootDeviceName") or "/dev/xvda"),
+                                         disk_gb or DEFAULT_DISK_GB, cards), report)
     update_record(files, power=True)
     associate(aws, controller.id, made.profile, report)
     subnets = default_subnets(aws)
     order = [controller.zone, *sorted(z for z in subnets if z != controller.zone)]
     return made, power.Plan(cluster, made.template, image, instance_type,
-                            {z: subnets[z] for z in order if z in subnets})
+                            {z: subnets[z] for z in order if z in subnets}, cards, group if cards else "")
