@@ -166,11 +166,12 @@ class Provider(ABC):
         ``powers_from_controller``; BadInput (one line, nothing made) where there is none."""
         raise NotSupported(f"dynamic nodes from a prepared image are not supported by the {self.name} provider")
 
-    def power_prepare(self, cluster: str, controller: NodeRecord, instance_type: str, image: str,
+    def power_prepare(self, cluster: str, controller: NodeRecord, like: NodeRecord, image: str,
                       disk_gb: int | None, files: ClusterFiles, report: Reporter) -> tuple[Any, Any]:
         """Where ``powers_from_controller``: what the controller's power service needs of the
         provider, made where missing (aws: the launch template, the role and profile on the
-        controller); (what was made, the service's plan of a launch)."""
+        controller), for dynamic nodes made like node ``like``; (what was made, the service's
+        plan of a launch)."""
         raise NotSupported(f"a power service on the controller is not supported by the {self.name} provider")
     # True where listing baked images is an API call (aws): `up --image` then lists none.
     images_cost_a_call: bool = False

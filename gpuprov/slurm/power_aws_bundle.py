@@ -60,6 +60,8 @@ def play_vars(directory: Path, setup: power_setup.Made, plan: power.Plan, *, reg
                    "image": plan.image, "instance_type": plan.instance_type,
                    "subnets": [[zone, subnet] for zone, subnet in plan.subnets.items()], "count": count,
                    **({"efa_cards": plan.efa_cards, "security_group": plan.security_group} if plan.efa_cards else {}),
+                   **({"placement_groups": [[z, g] for z, g in plan.placement_groups.items()]}
+                      if plan.placement_groups else {}),
                    "port": PORT, "join": {"controller_addr": controller_addr}}}}
 
 
@@ -84,7 +86,7 @@ def set_up(cluster: ClusterRecord, provider: Provider, files: ClusterFiles, node
     image = provider.dynamic_image(region or None, str((cluster.lock or {}).get("hash") or ""), cluster.name,
                                    like.instance_type)
     disk = (cluster.spec.get("options") or {}).get("disk_gb")
-    made, plan = provider.power_prepare(cluster.name, controller, like.instance_type, image,
+    made, plan = provider.power_prepare(cluster.name, controller, like, image,
                                         disk if isinstance(disk, int) else None, files, say)
     count = (chosen.max_count or 0) - len(cluster.nodes)
     out = play_vars(files.dir, made, plan, region=region, count=count,

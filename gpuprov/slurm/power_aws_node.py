@@ -58,6 +58,7 @@ _CHECKS = {
 _ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-\d[a-z]")
 _SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
 _GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
+_PLACEMENT = re.compile(r"gpuprov-[a-z0-9][a-z0-9-]{0,39}-[a-z]{2}(-[a-z]+)+-\d[a-z]")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -90,6 +91,11 @@ def load(path: Path) -> dict[str, Any]:
     if efa and not (isinstance(raw.get("security_group"), str) and _GROUP.fullmatch(raw["security_group"])):
         raise GpuprovError(f"{path}: security_group: {printable(str(raw.get('security_group')))[:80]!r} is not one "
                            "(EFA interfaces need the cluster's group)")
+    groups = raw.get("placement_groups", [])
+    if not isinstance(groups, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str)
+            and _ZONE.fullmatch(p[0]) and _PLACEMENT.fullmatch(p[1]) for p in groups):
+        raise GpuprovError(f"{path}: placement_groups: a list of [zone, gpuprov's placement group] pairs")
     for key in ("key_file", "rests"):
         if not isinstance(raw.get(key), str) or not raw[key].startswith("/"):
             raise GpuprovError(f"{path}: {key}: not an absolute path")
@@ -157,7 +163,8 @@ class Actions:
         self.cluster = config["cluster"]
         self.plan = power.Plan(self.cluster, config["launch_template"], config["image"], config["instance_type"],
                                {zone: subnet for zone, subnet in config["subnets"]},
-                               int(config.get("efa_cards") or 0), str(config.get("security_group") or ""))
+                               int(config.get("efa_cards") or 0), str(config.get("security_group") or ""),
+                               {zone: group for zone, group in config.get("placement_groups") or []})
         self.rests = power.Rests.load(Path(config["rests"]))
         self.ec2, self.clock = ec2, clock
         self.lock = threading.Lock()  # one request at a time: the rests are read and written whole

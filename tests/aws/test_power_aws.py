@@ -141,6 +141,27 @@ def test_an_efa_type_resumes_with_one_efa_interface_per_network_card(ec2, shim, 
     assert _refused_by_policy(ec2, shim) == []
 
 
+def test_a_dynamic_node_joins_the_static_nodes_placement_group_in_their_zone(ec2, shim, plan) -> None:
+    """In the zone of the static nodes' cluster placement group a dynamic node is launched into
+    it (the same spine for NCCL); a group with no room is EC2's capacity answer, and the next
+    zone launches the node outside any group. The policy allows the cluster's group alone."""
+    first, second = list(plan.subnets)[:2]
+    group = f"gpuprov-{CLUSTER}-{first}"
+    ec2.create_placement_group(GroupName=group, Strategy="cluster", TagSpecifications=_tagged("placement-group", CLUSTER))
+    spine = power.Plan(CLUSTER, plan.launch_template, plan.image, ITYPE, plan.subnets, placement_groups={first: group})
+    shim.calls.clear()
+    got = power.resume(ec2, spine, f"{CLUSTER}-dy-1", power.Rests(), now=1000.0, token="pg-1")
+    assert isinstance(got, power.Started) and got.zone == first, got
+    (run,) = shim.run_calls()
+    assert run.params["Placement.GroupName"] == group
+    assert _refused_by_policy(ec2, shim) == []
+    shim.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", zone=first, times=1))
+    shim.calls.clear()
+    got = power.resume(ec2, spine, f"{CLUSTER}-dy-2", power.Rests(), now=1000.0, token="pg-2")
+    assert isinstance(got, power.Started) and got.zone == second, got
+    assert "Placement.GroupName" not in shim.run_calls()[-1].params
+
+
 def test_a_zone_without_capacity_rests_and_the_next_zone_launches(ec2, shim, plan, tmp_path) -> None:
     first, second, _ = plan.subnets
     shim.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", zone=first))
@@ -301,6 +322,8 @@ GOOD = {"cluster": CLUSTER, "region": REGION, "launch_template": "lt-0123456789a
     ({"efa_cards": 33, "security_group": "sg-0123456789abcdef0"}, "efa_cards"),
     ({"efa_cards": 4}, "security_group"),
     ({"efa_cards": 4, "security_group": "sg-0123 --x"}, "security_group"),
+    ({"placement_groups": [["us-east-1a", "someone-elses-group"]]}, "placement_groups"),
+    ({"placement_groups": [["us-east-1a"]]}, "placement_groups"),
 ])
 def test_the_services_configuration_is_checked_before_any_value_is_used(tmp_path, change, named) -> None:
     from gpuprov.errors import GpuprovError

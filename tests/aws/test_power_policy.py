@@ -26,9 +26,11 @@ PRINCIPAL = {"aws:PrincipalTag/gpuprov:cluster": CLUSTER, "aws:PrincipalAccount"
 
 def _run_instances(*, tags: dict[str, str] | None = None, tokens: str = "required",
                    template_cluster: str = CLUSTER, group_cluster: str = CLUSTER,
-                   image_owner: str = ACCOUNT, image_lock: str | None = "0a1b2c3d") -> list[Authorization]:
+                   image_owner: str = ACCOUNT, image_lock: str | None = "0a1b2c3d",
+                   spine_cluster: str | None = None) -> list[Authorization]:
     """What EC2 authorizes for one RunInstances of a dynamic node: its launch template, image,
-    subnet and group, and the instance, volume and interface it creates with their tags."""
+    subnet and group (and, where ``spine_cluster``, a placement group tagged for that cluster),
+    and the instance, volume and interface it creates with their tags."""
     tags = {"gpuprov:cluster": CLUSTER, "gpuprov:power": "dynamic"} if tags is None else tags
     request = {f"aws:RequestTag/{k}": v for k, v in tags.items()}
     image = {"ec2:Owner": image_owner} | ({"aws:ResourceTag/gpuprov:lock": image_lock} if image_lock else {})
@@ -42,6 +44,8 @@ def _run_instances(*, tags: dict[str, str] | None = None, tokens: str = "require
         Authorization("ec2:RunInstances", arn("instance", "*"), {**request, "ec2:MetadataHttpTokens": tokens}),
         Authorization("ec2:RunInstances", arn("volume", "*"), dict(request)),
         Authorization("ec2:RunInstances", arn("network-interface", "*"), dict(request)),
+        *([Authorization("ec2:RunInstances", arn("placement-group", "gpuprov-train-us-east-1a"),
+                         {"aws:ResourceTag/gpuprov:cluster": spine_cluster})] if spine_cluster else []),
     ]
     out += [Authorization("ec2:CreateTags", arn(kind, "*"), {**request, "ec2:CreateAction": "RunInstances"})
             for kind in ("instance", "volume", "network-interface")]
@@ -56,6 +60,7 @@ def _refused(auths: list[Authorization]) -> list[str]:
 
 def test_a_dynamic_node_of_the_cluster_is_launched_and_terminated() -> None:
     assert _refused(_run_instances()) == []
+    assert _refused(_run_instances(spine_cluster=CLUSTER)) == []  # in the static nodes' placement group
     terminate = Authorization("ec2:TerminateInstances", arn("instance", "i-0123"),
                               {"aws:ResourceTag/gpuprov:cluster": CLUSTER, "aws:ResourceTag/gpuprov:power": "dynamic"})
     assert _refused([terminate]) == []
@@ -70,6 +75,7 @@ def test_a_dynamic_node_of_the_cluster_is_launched_and_terminated() -> None:
     ("IMDSv1 allowed", _run_instances(tokens="optional")),
     ("another cluster's launch template", _run_instances(template_cluster="other")),
     ("another cluster's security group", _run_instances(group_cluster="other")),
+    ("another cluster's placement group", _run_instances(spine_cluster="other")),
     ("an image of another account", _run_instances(image_owner="999999999999")),
     ("an image gpuprov did not bake (no lock tag)", _run_instances(image_lock=None)),
 ])

@@ -88,6 +88,18 @@ def _check_config(files_dir: Path, service: dict) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def _as_ec2_reports_it(cluster, shim: Shim):
+    """The cluster's record with each node's placement group as EC2's DescribeInstances reports
+    it (Placement.GroupName): moto's leaves it out, so it is taken from `up`'s own RunInstances
+    (p4d x 2: a cluster placement group, tests/aws/test_up.py)."""
+    import dataclasses
+
+    (launch,) = [c for c in shim.run_calls() if not c.dry_run and c.params.get("Placement.GroupName")]
+    group = launch.params["Placement.GroupName"]
+    return dataclasses.replace(cluster, nodes=[dataclasses.replace(n, extra={**n.extra, "placement_group": group})
+                                               for n in cluster.nodes])
+
+
 def test_an_elastic_cluster_is_set_up_for_its_controller_and_down_leaves_nothing(capsys, shim: Shim, ami: str,
                                                                                 managed: str) -> None:
     from gpuprov.cluster import files_for
@@ -97,7 +109,7 @@ def test_an_elastic_cluster_is_set_up_for_its_controller_and_down_leaves_nothing
     image = baked_ami(ami, lock, slurm=True)
     code, _, err = up(capsys, ami, "el", "--scheduler", "slurm", "--max-count", "4", count=2, itype=TYPE)
     assert code == 0, err
-    cluster = Store().get_cluster("el")
+    cluster = _as_ec2_reports_it(Store().get_cluster("el"), shim)
     files, provider = files_for("el"), get_provider("aws")
     console = Console()
     got = power_aws_bundle.set_up(cluster, provider, files, cluster.nodes, console.say)
@@ -118,6 +130,8 @@ def test_an_elastic_cluster_is_set_up_for_its_controller_and_down_leaves_nothing
     data = aws.ec2.describe_launch_template_versions(LaunchTemplateId=config["launch_template"])[
         "LaunchTemplateVersions"][0]["LaunchTemplateData"]
     assert "SecurityGroupIds" not in data and data["InstanceType"] == TYPE
+    like = next(n for n in cluster.nodes if n.name == scheduler.template_node(cluster))
+    assert config["placement_groups"] == [[like.zone, f"gpuprov-el-{like.zone}"]]  # the static nodes' spine
     assert config["subnets"][0][0] == controller.zone  # the controller's zone is tried first
     assert config["join"] == {"controller_addr": controller.extra["private_ip"]}
     assert got["url"] == f"http://127.0.0.1:{config['port']}/power" and got["resume_timeout"] == 900

@@ -56,6 +56,10 @@ class Plan:
     # 0: one plain interface in the template's group.
     efa_cards: int = 0
     security_group: str = ""
+    # zone -> the cluster placement group its static nodes run in there: a dynamic node launched in
+    # that zone joins it (the same spine for NCCL); a zone without one, or a group with no room
+    # (EC2's capacity codes: the next zone), launches it outside any group.
+    placement_groups: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,8 @@ def resume(ec2: Any, plan: Plan, node: str, rests: Rests, now: float, token: str
             answer = ec2.run_instances(
                 LaunchTemplate={"LaunchTemplateId": plan.launch_template, "Version": "$Default"},
                 ImageId=plan.image, InstanceType=plan.instance_type, MinCount=1, MaxCount=1,
-                **_network(plan, subnet), Placement={"AvailabilityZone": zone},
+                **_network(plan, subnet), Placement={"AvailabilityZone": zone, **(
+                    {"GroupName": plan.placement_groups[zone]} if zone in plan.placement_groups else {})},
                 MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
                 TagSpecifications=_tags(plan, node), ClientToken=f"{token}-{zone}"[:64],
                 **({"UserData": user_data.decode()} if user_data else {}),

@@ -263,19 +263,21 @@ def remove_access(aws: api.Aws, cluster: str, report: Reporter) -> None:
         report(f"role {name} deleted")
 
 
-def prepare(cluster: str, controller: NodeRecord, instance_type: str, image: str, disk_gb: int | None,
+def prepare(cluster: str, controller: NodeRecord, like: NodeRecord, image: str, disk_gb: int | None,
             files: ClusterFiles, report: Reporter) -> tuple[Made, power.Plan]:
     """What an elastic cluster's controller needs of EC2 and IAM, made where missing (`up`/
     `provision --max-count` on aws, before the slurm play): the launch template of
     ``instance_type`` in the cluster's group, with the root device of ``image``; the role and
     profile (ensure); the profile on the controller's instance; the cluster's record saying so
     (`down` removes them). Returns what was made and the service's power.Plan: the template, the
-    image, the zones' default subnets with the controller's zone first, and on a type with EFA
-    one EFA interface per network card in the cluster's group, as its static nodes have."""
+    image, the zones' default subnets with the controller's zone first, on a type with EFA one EFA
+    interface per network card in the cluster's group, and in the zone of ``like`` (the node the
+    dynamic nodes are made like) its cluster placement group, as its static nodes have."""
     aws = api.connect(str(controller.extra.get("region") or "") or None)
     found = aws.ec2.describe_images(ImageIds=[image])["Images"]
     if not found:
         raise GpuprovError(f"{cluster}: image {image} for its dynamic nodes is gone (deregistered)")
+    instance_type = like.instance_type
     itype = preflight.facts(aws, instance_type)
     cards = max(1, min(itype.network_cards, itype.efa_max_interfaces or 1)) if itype.efa else 0
     group = cluster_group(aws, cluster)
@@ -285,5 +287,7 @@ def prepare(cluster: str, controller: NodeRecord, instance_type: str, image: str
     associate(aws, controller.id, made.profile, report)
     subnets = default_subnets(aws)
     order = [controller.zone, *sorted(z for z in subnets if z != controller.zone)]
+    spine = str(like.extra.get("placement_group") or "")
     return made, power.Plan(cluster, made.template, image, instance_type,
-                            {z: subnets[z] for z in order if z in subnets}, cards, group if cards else "")
+                            {z: subnets[z] for z in order if z in subnets}, cards, group if cards else "",
+                            {like.zone: spine} if spine else {})

@@ -136,9 +136,9 @@ class AwsProvider(Provider):
                            f"(docs/slurm.md, \"Elastic nodes on AWS\"); nothing done for {cluster}")
         return found
 
-    def power_prepare(self, cluster: str, controller: NodeRecord, instance_type: str, image: str,
+    def power_prepare(self, cluster: str, controller: NodeRecord, like: NodeRecord, image: str,
                       disk_gb: int | None, files: ClusterFiles, report: Reporter) -> tuple[Any, Any]:
-        return power_setup.prepare(cluster, controller, instance_type, image, disk_gb, files, report)
+        return power_setup.prepare(cluster, controller, like, image, disk_gb, files, report)
 
     # -- baked images (images.py) ---------------------------------------------------------------
     def baked_images(self, region: str | None = None) -> list[Any]:
