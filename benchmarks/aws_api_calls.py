@@ -2,7 +2,7 @@
 """EC2 API calls of one `gpuprov up --count 4` (p4d.24xlarge), by name and count.
 
     python benchmarks/aws_api_calls.py [--count 4] [--type p4d.24xlarge] [--rerun-ssh-cidr CIDR]
-                                       [--image-from image|default|baked]
+                                       [--image-from image|default|baked] [--max-count M]
 
 Runs against moto's server (no AWS) behind the test shim (tests/aws/moto_shim.py),
 which adds what moto lacks (placement groups; no public address for
@@ -12,6 +12,11 @@ fresh moto, so the catalog cache is cold: the figures are those of a first
 `--rerun-ssh-cidr`: then count the calls of a second `up` of the same cluster
 from another SSH range (nothing to launch; the SSH rule is replaced).
 The host key hand-over (after launch, over SSH) makes no API call.
+`--max-count M`: an elastic Slurm cluster (`--scheduler slurm --max-count M`, an AMI baked for the
+lock from a Slurm node and the account's managed policy gpuprov-power made first); then the calls
+of its set-up for the controller's power service (what the first play that configures Slurm
+makes: gpuprov.slurm.power_aws_bundle.set_up), of the resume of each dynamic node as the service
+makes it (gpuprov.providers.aws.power.resume), and of `down`.
 A figure, not a test.
 """
 
@@ -35,6 +40,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=4)
     parser.add_argument("--type", default="p4d.24xlarge")
     parser.add_argument("--rerun-ssh-cidr", metavar="CIDR", help="also count a re-run from this SSH range")
+    parser.add_argument("--max-count", type=int, help="an elastic Slurm cluster: also its set-up, each "
+                        "dynamic node's resume and its down")
     parser.add_argument("--image-from", choices=["image", "default", "baked"], default="image",
                         help="image: --image AMI (the figure of earlier runs); default: no --image, the "
                         "default image from its SSM parameter, no AMI baked for the lock (one more "
@@ -69,6 +76,10 @@ def main() -> None:
         shim.ssm_parameters[ssm_name.format(arch="amd64")] = image
     if args.image_from == "baked":
         _bake_for_the_lock(args.type, image)
+    if args.max_count:
+        argv[-3:-3] = ["--scheduler", "slurm", "--max-count", str(args.max_count)]
+        _bake_for_the_lock(args.type, image, slurm=True)
+        _managed_policy()
     runs = [("first up", argv)]
     if args.rerun_ssh_cidr:
         runs.append(("re-run", [a if a != "203.0.113.7/32" else args.rerun_ssh_cidr for a in argv]))
@@ -82,13 +93,63 @@ def main() -> None:
                 if exc.code:
                     sys.exit(f"gpuprov up failed ({exc.code})")
             report(label, run, shim)
+        if args.max_count:
+            _elastic(shim, cli)
     finally:
         http.shutdown()
         server.stop()
 
 
-def _bake_for_the_lock(instance_type: str, source_image: str) -> None:
-    """An AMI of this account tagged with the lock `up` resolves (as `image bake` leaves it)."""
+def _managed_policy() -> None:
+    """The account's managed policy gpuprov-power, as an administrator makes it once."""
+    import boto3
+
+    from gpuprov.providers.aws import power_setup
+
+    boto3.client("iam").create_policy(PolicyName=power_setup.MANAGED_POLICY,
+                                      PolicyDocument=(ROOT / "docs" / "aws-iam-policy-power.json").read_text())
+
+
+def _elastic(shim, cli) -> None:
+    """The elastic cluster's set-up, each dynamic node's resume, and `down`, each reported."""
+    import boto3
+
+    from gpuprov.cluster import files_for
+    from gpuprov.console import Console
+    from gpuprov.providers import get
+    from gpuprov.providers.aws import power
+    from gpuprov.slurm import power_aws_bundle
+    from gpuprov.state import Store
+
+    cluster = Store().get_cluster("bench")
+    shim.calls.clear()
+    with contextlib.redirect_stderr(io.StringIO()):
+        got = power_aws_bundle.set_up(cluster, get("aws"), files_for("bench"), list(cluster.nodes), Console().say)
+    report("the elastic set-up before the slurm play", ["provision", "bench"], shim)
+    config = got["aws"]["config"]
+    plan = power.Plan("bench", config["launch_template"], config["image"], config["instance_type"],
+                      dict(config["subnets"]), int(config.get("efa_cards") or 0),
+                      str(config.get("security_group") or ""), dict(config.get("placement_groups") or []))
+    shim.calls.clear()
+    ec2, names = boto3.client("ec2"), [f"bench-dy-{i}" for i in range(1, config["count"] + 1)]
+    for name in names:
+        started = power.resume(ec2, plan, name, power.Rests(), 0.0, f"bench-{name}")
+        if not isinstance(started, power.Started):
+            sys.exit(f"resume of {name} refused: {started}")
+    report(f"the resume of {len(names)} dynamic node(s), as the controller's service makes it", ["(service)"], shim)
+    shim.calls.clear()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cli(["down", "bench", "--yes"])
+    except SystemExit as exc:
+        if exc.code:
+            sys.exit(f"gpuprov down failed ({exc.code})")
+    report("down", ["down", "bench", "--yes"], shim)
+
+
+def _bake_for_the_lock(instance_type: str, source_image: str, slurm: bool = False) -> None:
+    """An AMI of this account tagged with the lock `up` resolves (as `image bake` leaves it;
+    ``slurm``: as a bake of a Slurm cluster's node leaves it)."""
     import boto3
 
     from gpuprov.lock import stack
@@ -99,7 +160,8 @@ def _bake_for_the_lock(instance_type: str, source_image: str) -> None:
     iid = ec2.run_instances(ImageId=source_image, MinCount=1, MaxCount=1, InstanceType="g5.xlarge")["Instances"][0][
         "InstanceId"]
     tags = [{"Key": "gpuprov:lock", "Value": lock["hash"]}, {"Key": "gpuprov:os", "Value": preflight.DEFAULT_OS},
-            {"Key": "gpuprov:baked-at", "Value": "2026-11-25T00:00:00Z"}]
+            {"Key": "gpuprov:baked-at", "Value": "2026-11-25T00:00:00Z"},
+            *([{"Key": "gpuprov:slurm", "Value": "yes"}] if slurm else [])]
     ec2.create_image(InstanceId=iid, Name="bench-baked", TagSpecifications=[{"ResourceType": "image", "Tags": tags}])
     ec2.terminate_instances(InstanceIds=[iid])
 

@@ -168,8 +168,9 @@ def slurm_lines(data: StatusResult) -> None:
         service = dynamic.service
         click.echo(f"dynamic nodes: up to {dynamic.dynamic} (max-count {dynamic.max_count}), powered down after "
                    f"{dynamic.idle_minutes} idle min, image {dynamic.image or 'not baked yet'}; power service "
-                   + (f"on {service.on_node} (gpuprov-power-aws.service; its log: `journalctl -u gpuprov-power-aws` "
-                      "there)" if service.on_node else f"running on {service.url}" if service.running
+                   + (f"{'running' if service.running else 'NOT RUNNING'} on {service.on_node} "
+                      "(gpuprov-power-aws.service; its journal's last lines below)" if service.on_node
+                      else f"running on {service.url}" if service.running
                       else f"NOT RUNNING (`gpuprov provision {data.cluster}` starts it)"))
         counted = dynamic.protection
         if counted and not counted.partitions:

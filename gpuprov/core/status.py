@@ -115,21 +115,22 @@ def status(name: str, store: Store | None = None) -> StatusResult:
         replaced=[Replacement.of(r) for r in cluster.spec.get("replaced") or []],
         kept=[KeptNode(name=k["name"], id=k["id"], address=k["address"], why=k["why"], when=k["when"])
               for k in cluster.spec.get("kept") or []],
-        slurm=_with_dynamic(cluster, files, scheduler.slurm_status(cluster, files, nodes)),
+        slurm=_with_dynamic(cluster, files, scheduler.slurm_status(cluster, files, nodes), nodes),
         cost=_cost(cluster.provider, nodes),
         driver_eol=stack.eol_warning(cluster.lock),
         changed_by=cluster.changed_by, changed_at=cluster.changed_at,
     )
 
 
-def _with_dynamic(cluster: Any, files: Any, slurm: SlurmStatus | None) -> SlurmStatus | None:
+def _with_dynamic(cluster: Any, files: Any, slurm: SlurmStatus | None, nodes: list[Any]) -> SlurmStatus | None:
     """The Slurm status with the cluster's dynamic nodes and power service (`--max-count`)."""
     chosen = scheduler.of(cluster)
     if slurm is None or chosen.max_count is None:
         return slurm
     on_node = scheduler.power_on_node(files)
     if on_node:  # aws: the service runs on the controller, its log in its journal there
-        power = PowerService(url=on_node.get("url"), running=False, last=[], on_node=slurm.controller)
+        running, last = scheduler.controller_service(cluster, files, nodes) if not slurm.error else (False, [])
+        power = PowerService(url=on_node.get("url"), running=running, last=last, on_node=slurm.controller)
     else:
         service = elastic.service_state(files, cluster.name)
         power = PowerService(url=service.get("url"), running=bool(service.get("running")),

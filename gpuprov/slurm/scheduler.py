@@ -243,6 +243,23 @@ def _on_controller(cluster: ClusterRecord, files: ClusterFiles, nodes: list[Node
     return controller, proc.stdout, ""
 
 
+# The power service where it runs on the controller (aws; roles/slurm/tasks/power_aws.yml).
+POWER_UNIT = "gpuprov-power-aws.service"
+POWER_LINES = 5
+
+
+def controller_service(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord]) -> tuple[bool, list[str]]:
+    """Whether the power service runs on the controller (`systemctl is-active`), and the last
+    lines of its journal there, each made printable and cut to 300 characters (fixed words over
+    the controller's pinned SSH; (False, []) where the controller does not answer)."""
+    _, state, _ = _on_controller(cluster, files, nodes, ("systemctl", "is-active", POWER_UNIT))
+    _, journal, _ = _on_controller(cluster, files, nodes, (
+        "sudo", "-n", "journalctl", "--unit", POWER_UNIT, "--lines", str(POWER_LINES), "--no-pager", "--quiet",
+        "--output", "cat"))
+    lines = [printable(line)[:300] for line in (journal or "").splitlines() if line.strip()]
+    return (state or "").strip() == "active", lines[-POWER_LINES:]
+
+
 def on_controller(cluster: ClusterRecord, files: ClusterFiles, nodes: list[NodeRecord],
                   argv: tuple[str, ...]) -> tuple[str, str | None, str]:
     """Fixed words ``argv`` run on the Slurm controller over its pinned SSH connection:

@@ -288,3 +288,37 @@ def test_a_dynamic_node_drained_by_its_own_health_is_powered_down(cluster, env) 
     log = (Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.log").read_text()
     assert f"unhealthy {node}: drained by its own health (gpuprov health: FIXTURE FAIL gpu_count); powered down" \
         in log, log
+
+
+def test_status_asks_the_controller_whether_a_power_service_there_runs(cluster, env) -> None:
+    """Where the power service runs on the controller (an elastic AWS cluster: the cluster's
+    power-aws.json, written by its set-up, says so), `status` asks the controller over its
+    pinned SSH whether `gpuprov-power-aws.service` is active and what its journal last said.
+    FIXTURE: that file written for this local cluster (the URL alone, all status reads of it),
+    and the unit a transient one (`systemd-run`) printing a line and sleeping: the reading is
+    the real one, against the controller's real systemd and journal."""
+    name, controller, _ = cluster
+    record = Path(env["GPUPROV_HOME"]) / "clusters" / name / "power-aws.json"
+    record.write_text(json.dumps({"url": "http://127.0.0.1:8741/power"}))
+
+    def service() -> dict:
+        return json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)["slurm"]["dynamic"][
+            "service"]
+
+    try:
+        assert service() == {"url": "http://127.0.0.1:8741/power", "running": False, "last": [],
+                             "on_node": controller}
+        _on(controller, "systemd-run --quiet --unit gpuprov-power-aws sh -c "
+                        "'echo gpuprov power service: listening on 127.0.0.1:8741; exec sleep 300'")
+        said = "gpuprov power service: listening on 127.0.0.1:8741"
+        assert _wait(lambda: said in service()["last"], 30, 1), service()
+        now = service()
+        # The unit's journal: systemd's own lines of it (its start) and what the service printed.
+        assert now["running"] is True and now["last"][-1] == said, now
+        assert any(line.startswith("Started gpuprov-power-aws.service") for line in now["last"]), now
+        text = run_cli("status", name, env=env, check=True).stdout
+        assert f"power service running on {controller} (gpuprov-power-aws.service" in text, text
+        assert f"power: {said}" in text, text
+    finally:
+        record.unlink(missing_ok=True)
+        _on(controller, "systemctl stop gpuprov-power-aws.service 2>/dev/null || true")
