@@ -33,7 +33,7 @@ from gpuprov.console import Console
 from gpuprov.errors import CHANGES_PENDING, BadInput, GpuprovError
 from gpuprov.lock.stack_choice import StackChoice
 from gpuprov.providers import ClusterSpec, options_for
-from gpuprov.slurm.scheduler_choice import Scheduler
+from gpuprov.slurm.scheduler_choice import Replacement, Scheduler
 
 
 def _console():
@@ -100,7 +100,8 @@ def up(**given: Any) -> int:
                               gpu_sharing=f.gpu_sharing),
             scheduler=Scheduler(kind=f.scheduler, controller=f.slurm_controller,
                                 controller_only=f.slurm_controller_only, max_count=f.max_count,
-                                idle_minutes=f.idle_minutes, accounting=not f.no_accounting, dbd=f.slurm_dbd),
+                                idle_minutes=f.idle_minutes, accounting=not f.no_accounting, dbd=f.slurm_dbd,
+                                replace=Replacement(health=f.health) if f.replace_unhealthy else None),
         )
         return core("up").UpRequest(spec, bootstrap=not f.no_bootstrap, rollback=f.rollback, health=f.health,
                                    tags=f.tags, mode=f.bootstrap_mode, dry_run=f.dry_run,
@@ -211,6 +212,10 @@ def status(name: str, output: str) -> int:
 @click.option("--idle-minutes", type=click.IntRange(min=1, max=defaults.MAX_IDLE_MINUTES), metavar="MIN",
               help="With --max-count: a dynamic node's idle minutes before it is powered down "
               f"(default {defaults.DEFAULT_IDLE_MINUTES}).")
+@click.option("--replace-unhealthy/--no-replace-unhealthy", default=None,
+              help="With --max-count, local nodes: replace a static node drained by its own health, once its jobs "
+              "end, with a fresh one from the cluster's image, converged with this run's --tags (recorded; "
+              "docs/slurm.md).")
 @click.option("--accounting/--no-accounting", default=None,
               help="Slurm's accounting on (slurmdbd with MariaDB on the controller, a Slurm cluster's default) or "
               "off; recorded (default: as recorded).")
@@ -219,7 +224,8 @@ def status(name: str, output: str) -> int:
 @output_option
 def provision(name: str, check: bool, tags: str | None, full: bool, via: str, scheduler: str | None,
               slurm_controller: str | None, slurm_controller_only: bool, max_count: int | None,
-              idle_minutes: int | None, accounting: bool | None, slurm_dbd: str | None, output: str) -> int:
+              idle_minutes: int | None, replace_unhealthy: bool | None, accounting: bool | None,
+              slurm_dbd: str | None, output: str) -> int:
     """Run the bootstrap playbooks (site.yml) on every node whose manifest does not hold; safe
     to re-run."""
     if scheduler is None and (slurm_controller or slurm_controller_only):
@@ -234,7 +240,8 @@ def provision(name: str, check: bool, tags: str | None, full: bool, via: str, sc
                                                       controller_only=slurm_controller_only, dbd=slurm_dbd)
     data = core("provision").provision(name, console=_console(), check=check, tags=tags,
                                        scheduler_choice=chosen, full=full, via=via,
-                                       max_count=max_count, idle_minutes=idle_minutes, accounting=accounting)
+                                       max_count=max_count, idle_minutes=idle_minutes, accounting=accounting,
+                                       replace=Replacement() if replace_unhealthy else replace_unhealthy)
     if output == "json":
         cli_output.emit_json(data)
     else:

@@ -260,6 +260,8 @@ UP_OPTIONS = [
     click.option("--idle-minutes", type=click.IntRange(min=1, max=defaults.MAX_IDLE_MINUTES), metavar="MIN",
         help="With --max-count: a dynamic node's idle minutes before it is powered down (default "
         f"{defaults.DEFAULT_IDLE_MINUTES})."),
+    click.option("--replace-unhealthy", is_flag=True, help="With --max-count, local nodes: a static node drained by "
+        "its own health is replaced, once its jobs end, by a fresh one from the cluster's image (docs/slurm.md)."),
     click.option("--no-accounting", is_flag=True, help="With --scheduler slurm: no Slurm accounting (by default "
         "slurmdbd with MariaDB on the controller records every job for `gpuprov usage`; docs/slurm.md)."),
     click.option("--slurm-dbd", metavar="NODE", help="With --scheduler slurm: the node slurmdbd and MariaDB run on "
@@ -311,6 +313,7 @@ class UpFlags:
     slurm_controller_only: bool
     max_count: int | None
     idle_minutes: int | None
+    replace_unhealthy: bool
     no_accounting: bool
     slurm_dbd: str | None
     dry_run: bool

@@ -172,6 +172,8 @@ def slurm_lines(data: StatusResult) -> None:
                       "(gpuprov-power-aws.service; its journal's last lines below)" if service.on_node
                       else f"running on {service.url}" if service.running
                       else f"NOT RUNNING (`gpuprov provision {data.cluster}` starts it)"))
+        if dynamic.replace_unhealthy:
+            click.echo("  static nodes drained by their own health: replaced from that image once their jobs end")
         counted = dynamic.protection
         if counted and not counted.partitions:
             click.echo(f"  failed resumes in a row: {counted.failures} (the last: {counted.last})")

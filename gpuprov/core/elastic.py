@@ -27,7 +27,7 @@ from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles, Provider
 from gpuprov.slurm import elastic, scheduler
-from gpuprov.slurm.scheduler_choice import Scheduler
+from gpuprov.slurm.scheduler_choice import Replacement, Scheduler
 from gpuprov.state import ClusterRecord, Store
 
 # Where the service writes what it does (one line each), beside its address file.
@@ -43,18 +43,25 @@ def check(chosen: Scheduler, static_count: int, provider: Provider) -> elastic.E
     its provider (BadInput, one line, where they cannot be); None where it asks for none."""
     if chosen.max_count is None:
         return None
+    if chosen.replace is not None and provider.powers_from_controller:
+        # The controller's service would launch the new node; gpuprov's record of the cluster, its
+        # pinned host keys and its site run are the operator's side: not built (docs/slurm.md).
+        raise BadInput(f"--replace-unhealthy on {provider.name}: not built yet (local nodes only); an unhealthy "
+                       "static node stays drained with its reason until `gpuprov patch` or a replacement by hand")
     return elastic.Elastic(count=static_count, max_count=chosen.max_count,
                            idle_minutes=elastic.DEFAULT_IDLE_MINUTES if chosen.idle_minutes is None
                            else chosen.idle_minutes).checked(chosen.kind, provider.powers_nodes, provider.name)
 
 
 def merged(recorded: Scheduler, given: Scheduler | None, max_count: int | None,
-           idle_minutes: int | None, accounting: bool | None = None) -> Scheduler | None:
+           idle_minutes: int | None, accounting: bool | None = None,
+           replace: Replacement | bool | None = None) -> Scheduler | None:
     """The choice a `provision` makes: ``given`` (its --scheduler flags) or the recorded one,
-    with --max-count/--idle-minutes and --accounting/--no-accounting where given (kept as
-    recorded where not); the accounting's node (--slurm-dbd) kept as recorded unless given.
-    None where the command changes nothing."""
-    if given is None and max_count is None and idle_minutes is None and accounting is None:
+    with --max-count/--idle-minutes, --accounting/--no-accounting and
+    --replace-unhealthy/--no-replace-unhealthy (``replace``: the Replacement to record, or False)
+    where given (kept as recorded where not); the accounting's node (--slurm-dbd) kept as
+    recorded unless given. None where the command changes nothing."""
+    if given is None and max_count is None and idle_minutes is None and accounting is None and replace is None:
         return None
     base = given or recorded
     keep = base.kind == "slurm" and recorded.kind == "slurm"
@@ -63,15 +70,21 @@ def merged(recorded: Scheduler, given: Scheduler | None, max_count: int | None,
     # A node given is kept (and checked); the recorded one only while accounting stays on.
     dbd = given.dbd if given is not None and given.dbd is not None else (
         recorded.dbd if keep and accounting else None)
+    replacing: Replacement | None
+    if replace is None:
+        replacing = recorded.replace if keep else base.replace
+    else:
+        replacing = Replacement() if replace is True else replace or None
     if max_count is None and idle_minutes is None:
         if keep:
-            return Scheduler(base.kind, base.controller, base.controller_only, recorded.max_count,
-                             recorded.idle_minutes, accounting, dbd)
-        return Scheduler(base.kind, base.controller, base.controller_only, base.max_count, base.idle_minutes,
-                         accounting, dbd)
-    return Scheduler(base.kind, base.controller, base.controller_only,
-                     max_count if max_count is not None else recorded.max_count,
-                     idle_minutes if idle_minutes is not None else recorded.idle_minutes, accounting, dbd)
+            max_count, idle_minutes = recorded.max_count, recorded.idle_minutes
+        else:
+            max_count, idle_minutes = base.max_count, base.idle_minutes
+    else:
+        max_count = max_count if max_count is not None else recorded.max_count
+        idle_minutes = idle_minutes if idle_minutes is not None else recorded.idle_minutes
+    return Scheduler(base.kind, base.controller, base.controller_only, max_count, idle_minutes, accounting, dbd,
+                     replacing)
 
 
 # -- the power service --------------------------------------------------------------------------

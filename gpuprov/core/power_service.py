@@ -23,7 +23,9 @@ from typing import Any
 
 from gpuprov.clock import utc_text
 from gpuprov.cluster import files_for, load
+from gpuprov.console import Console
 from gpuprov.core import elastic as elastic_core
+from gpuprov.core import replace_unhealthy
 from gpuprov.errors import BadInput, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
@@ -153,11 +155,16 @@ def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]
     try:
         cluster = load(Store(), name)
         running = provider.power_nodes(name)
-        if not running:
+        replacing = scheduler.of(cluster).replace is not None
+        if not running and not replacing:
             return set()
         status = scheduler.slurm_status(cluster, files, list(cluster.nodes))
         if status is None or status.error:
             return suspects  # Slurm did not answer: nothing is judged on no answer
+        if replacing:
+            _replace_unhealthy(cluster, provider, status.nodes)
+        if not running:
+            return set()
         _count_again(files, [n for n in running if n in status.nodes and serving(status.nodes[n].state)])
         _power_down_unhealthy(cluster, files, running, status.nodes)
         found, now = orphans(running, {n: r.state for n, r in status.nodes.items()}, suspects)
@@ -179,6 +186,33 @@ def _power_down_unhealthy(cluster: Any, files: ClusterFiles, running: list[str],
         why = scheduler.power_down_force(cluster, files, [node])
         _say(f"unhealthy {node}: drained by its own health ({nodes[node].reason}); "
              + ("powered down" if not why else f"not powered down: {why}"))
+
+
+# The static nodes whose replacement failed since the service started: not tried again by it (a
+# node that fails from the image would fail again); `gpuprov provision` or a restart tries again.
+_failed_replacements: set[str] = set()
+
+
+def _replace_unhealthy(cluster: Any, provider: Any, nodes: dict[str, Any]) -> None:
+    """`--replace-unhealthy`: each static node drained by its own health, its jobs ended, replaced
+    by a fresh one from the cluster's image (gpuprov.core.replace_unhealthy), said in the log;
+    one that fails is set DOWN with why."""
+    for node, reason in replace_unhealthy.candidates(cluster, nodes):
+        if node in _failed_replacements:
+            continue
+        _say(f"unhealthy {node}: drained by its own health ({reason}); replacing it")
+        try:
+            image = _image_for(load(Store(), cluster.name), provider)
+            replace_unhealthy.replace(cluster.name, node, reason, image, console=Console(), store=Store())
+        except (GpuprovError, BadInput) as exc:
+            _failed_replacements.add(node)
+            now = load(Store(), cluster.name)
+            why = scheduler.mark_down(now, files_for(cluster.name), [node], f"replacement failed: {exc}") \
+                if any(n.name != node for n in now.nodes) else "no node left to ask"
+            _say(f"unhealthy {node}: replacement failed: {exc}"
+                 + ("" if not why else f"; not set DOWN: {why}"))
+            continue
+        _say(f"unhealthy {node}: replaced from {image}; its drain lifted")
 
 
 def _count_again(files: ClusterFiles, up: list[str]) -> None:

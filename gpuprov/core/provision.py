@@ -3,6 +3,7 @@ step of `up` and of `patch --onto-image` (``run_site``). Its probes are gpuprov.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from gpuprov.providers import get as get_provider
 from gpuprov.results.shapes import UNREACHED, HostStats, ProvisionResult, serialise
 from gpuprov.settings import play_secrets, playbook_vars
 from gpuprov.slurm import scheduler
+from gpuprov.slurm.scheduler_choice import Replacement
 from gpuprov.state import ClusterRecord, NodeRecord, Store
 
 
@@ -38,6 +40,7 @@ def provision(
     name: str, *, console: Console, store: Store | None = None, check: bool = False, tags: str | None = None,
     scheduler_choice: scheduler.Scheduler | None = None, full: bool = False, via: str = "push",
     max_count: int | None = None, idle_minutes: int | None = None, accounting: bool | None = None,
+    replace: Replacement | bool | None = None,
 ) -> ProvisionResult:
     """site.yml on every node that answers and whose manifest does not hold (``full``: on every
     node, as `up` runs it). ``scheduler_choice``: give the cluster this scheduler first
@@ -45,11 +48,15 @@ def provision(
     as its record is). ``via``: push (Ansible from here) or pull (the nodes run it themselves:
     gpuprov.core.via_pull). ``max_count``/``idle_minutes``: give a Slurm cluster dynamic nodes
     (gpuprov.core.elastic), kept as recorded where not given; ``accounting`` likewise turns
-    Slurm's accounting on or off (gpuprov.slurm.accounting)."""
+    Slurm's accounting on or off (gpuprov.slurm.accounting); ``replace`` turns
+    `--replace-unhealthy` on (a Replacement: converging this run's ``tags``) or off (False)."""
     tag_list = parse_tags(tags)
+    if isinstance(replace, Replacement):
+        replace = dataclasses.replace(replace, plays=tuple(tag_list))
     store = store or Store()
     cluster = load(store, name)
-    scheduler_choice = elastic.merged(scheduler.of(cluster), scheduler_choice, max_count, idle_minutes, accounting)
+    scheduler_choice = elastic.merged(scheduler.of(cluster), scheduler_choice, max_count, idle_minutes, accounting,
+                                      replace)
     if scheduler_choice is not None:
         scheduler_choice.checked()
         scheduler.controller_of(cluster, scheduler_choice)  # a controller that is no node: refused now

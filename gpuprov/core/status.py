@@ -138,7 +138,7 @@ def _with_dynamic(cluster: Any, files: Any, slurm: SlurmStatus | None, nodes: li
     dynamic = DynamicNodes(
         max_count=chosen.max_count, dynamic=max(0, chosen.max_count - len(cluster.nodes)),
         idle_minutes=chosen.idle_minutes or DEFAULT_IDLE_MINUTES, image=elastic.image_of(cluster),
-        service=power,
+        service=power, replace_unhealthy=chosen.replace is not None,
         protection=Protection(**protected) if (protected := elastic.protection(files)) else None)
     return dataclasses.replace(slurm, dynamic=dynamic)
 

@@ -18,6 +18,7 @@ from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
 from gpuprov.pull.mode import mode_for
 from gpuprov.results.shapes import UpResult
+from gpuprov.slurm.scheduler_choice import Replacement
 from gpuprov.state import Store
 
 __all__ = ["Run", "UpRequest", "check_health", "checked", "launch_and_bootstrap", "up"]
@@ -58,6 +59,9 @@ def up(request: UpRequest, *, console: Console, store: Store | None = None,
     tag_list = parse_tags(request.tags)
     if tag_list and not request.bootstrap:
         raise BadInput("--tags chooses the bootstrap's plays; it cannot go with --no-bootstrap")
+    if request.spec.scheduler.replace is not None:  # a replacement converges this run's plays, at its health
+        request = dataclasses.replace(request, spec=dataclasses.replace(request.spec, scheduler=dataclasses.replace(
+            request.spec.scheduler, replace=Replacement(plays=tuple(tag_list), health=health))))
     provider, spec = checked(request.spec)
     # Slurm is converged by push (its munge key never travels in a pull bundle): auto pushes,
     # and pull is refused for it.

@@ -155,6 +155,7 @@ class DynamicNodes:
     image: str | None  # the image they boot from; None until one is baked
     service: PowerService
     protection: Protection | None = None  # None: no failed resume since the last node came up
+    replace_unhealthy: bool = False  # `--replace-unhealthy`: static nodes drained by their health replaced
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def record(store: Store, cluster: ClusterRecord, chosen: Scheduler) -> ClusterRe
                        "to another node is not built (`gpuprov down NAME --keep-accounting` exports it)")
     options = {k: v for k, v in (cluster.spec.get("options") or {}).items()
                if k not in ("scheduler", "slurm_controller", "slurm_controller_only", "slurm_max_count",
-                            "slurm_idle_minutes", "slurm_accounting", "slurm_dbd")}
+                            "slurm_idle_minutes", "slurm_accounting", "slurm_dbd", "slurm_replace_unhealthy")}
     store.set_spec(cluster.name, {**cluster.spec, "options": {**options, **chosen.checked().as_options()}})
     found = store.get_cluster(cluster.name)
     assert found is not None
@@ -313,6 +313,16 @@ def mark_down(cluster: ClusterRecord, files: ClusterFiles, names: list[str], rea
     argv = ("sudo", "-n", "scontrol", "update", f"NodeName={hostlist}", "State=DOWN",
             f"Reason=gpuprov: {reason_text(reason)}")
     return _on_controller(cluster, files, list(cluster.nodes), argv)[2]
+
+
+def resume_nodes(cluster: ClusterRecord, files: ClusterFiles, names: list[str]) -> str:
+    """Lift the drain of Slurm nodes ``names`` (names gpuprov checked): `scontrol update
+    State=RESUME` on the controller. "" once done, else why not (one line)."""
+    hostlist = ",".join(names)
+    if not names or not all(NODE_NAME.fullmatch(n) for n in names):
+        return f"not node names: {hostlist[:80]!r}"
+    return _on_controller(cluster, files, list(cluster.nodes),
+                          ("sudo", "-n", "scontrol", "update", f"NodeName={hostlist}", "State=RESUME"))[2]
 
 
 # A partition's name as gpuprov's slurm play writes it (roles/slurm: the instance type's, or

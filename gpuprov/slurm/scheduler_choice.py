@@ -1,5 +1,6 @@
 """What a command asks of a cluster's scheduler (`--scheduler`, `--slurm-controller`,
-`--slurm-controller-only`, `--max-count`, `--idle-minutes`, `--no-accounting`, `--slurm-dbd`), typed and
+`--slurm-controller-only`, `--max-count`, `--idle-minutes`, `--replace-unhealthy`, `--no-accounting`,
+`--slurm-dbd`), typed and
 checked: a leaf, so the command line builds it (gpuprov.slurm.scheduler keeps it with the
 cluster and serves it to the slurm play; gpuprov.slurm.elastic checks the dynamic nodes
 against the cluster)."""
@@ -18,6 +19,28 @@ NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """`--replace-unhealthy`: a static node drained by its own health, once its jobs have ended,
+    is replaced by a fresh one from the cluster's image (gpuprov.core.replace_unhealthy),
+    converged with the plays of the command that turned it on (``plays``: its `--tags`; empty:
+    the whole site) and held to the same health gate (``health``)."""
+
+    plays: tuple[str, ...] = ()
+    health: str = "quick"
+
+    def as_option(self) -> dict[str, Any]:
+        return {"plays": list(self.plays), "health": self.health}
+
+    @classmethod
+    def from_option(cls, raw: Any) -> Replacement | None:
+        if not isinstance(raw, dict):
+            return None
+        plays = raw.get("plays") or []
+        return cls(plays=tuple(str(p) for p in plays) if isinstance(plays, list) else (),
+                   health=str(raw.get("health") or "quick"))
+
+
+@dataclass(frozen=True)
 class Scheduler:
     kind: str = defaults.DEFAULT_SCHEDULER
     controller: str | None = None  # a node name; None: the cluster's first node
@@ -26,6 +49,7 @@ class Scheduler:
     idle_minutes: int | None = None  # a dynamic node's idle time before it is powered down
     accounting: bool = True  # slurmdbd with MariaDB on the controller (--no-accounting: none)
     dbd: str | None = None  # the node slurmdbd and MariaDB run on; None: the controller
+    replace: Replacement | None = None  # `--replace-unhealthy`; None: a drained static node stays
 
     def checked(self) -> Scheduler:
         """BadInput (one line) for a choice that cannot be: an unknown scheduler, a controller
@@ -41,6 +65,9 @@ class Scheduler:
             raise BadInput("--no-accounting goes with --scheduler slurm (accounting is Slurm's)")
         if self.max_count is None and self.idle_minutes is not None:
             raise BadInput("--idle-minutes goes with --max-count (the dynamic nodes it powers down)")
+        if self.replace is not None and (self.kind != "slurm" or self.max_count is None):
+            raise BadInput("--replace-unhealthy goes with --scheduler slurm and --max-count (the cluster's power "
+                           "service and image replace the nodes; --max-count equal to --count: no dynamic node)")
         if self.controller is not None and not NODE_NAME.fullmatch(self.controller):
             raise BadInput(f"--slurm-controller {self.controller!r}: not a node name")
         if self.dbd is not None:
@@ -60,7 +87,8 @@ class Scheduler:
                    controller_only=bool(options.get("slurm_controller_only")),
                    max_count=options.get("slurm_max_count"), idle_minutes=options.get("slurm_idle_minutes"),
                    accounting=options.get("slurm_accounting", True) is not False,
-                   dbd=options.get("slurm_dbd"))
+                   dbd=options.get("slurm_dbd"),
+                   replace=Replacement.from_option(options.get("slurm_replace_unhealthy")))
 
     def as_options(self) -> dict[str, Any]:
         """How a cluster's record keeps it (its spec's options)."""
@@ -71,4 +99,5 @@ class Scheduler:
                 **({"slurm_max_count": self.max_count} if self.max_count is not None else {}),
                 **({"slurm_idle_minutes": self.idle_minutes} if self.idle_minutes is not None else {}),
                 **({"slurm_accounting": False} if not self.accounting else {}),
-                **({"slurm_dbd": self.dbd} if self.dbd else {})}
+                **({"slurm_dbd": self.dbd} if self.dbd else {}),
+                **({"slurm_replace_unhealthy": self.replace.as_option()} if self.replace else {})}

@@ -62,7 +62,8 @@ def test_max_count_without_a_slurm_image_for_the_lock_is_one_line_and_makes_noth
     assert f"`gpuprov image bake --provider aws --type {TYPE}" in err and "--scheduler slurm` bakes it" in err
     for bad, needle in ((("--max-count", "1"), "smaller than --count 2"),
                         (("--max-count", "3", "--idle-minutes", "0"), "'--idle-minutes': 0 is not in the range"),
-                        (("--max-count", "3", "--scheduler", "none"), "dynamic nodes are Slurm's")):
+                        (("--max-count", "3", "--scheduler", "none"), "dynamic nodes are Slurm's"),
+                        (("--max-count", "3", "--replace-unhealthy"), "--replace-unhealthy on aws: not built yet")):
         code, out, err = up(capsys, ami, "el", "--scheduler", "slurm", *bad, count=2, itype=TYPE)
         assert_refused(code, out, err, needle, shim)
     # An existing Slurm cluster given dynamic nodes by `provision`: refused before anything is recorded.

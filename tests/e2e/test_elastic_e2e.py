@@ -121,6 +121,7 @@ def test_bad_elastic_input_is_one_line_exit_2_and_creates_nothing(env: dict[str,
         (["--count", "2", "--scheduler", "slurm", "--max-count", "1"], "is smaller than --count 2"),
         (["--count", "1", "--scheduler", "slurm", "--max-count", "3", "--idle-minutes", "0"], "--idle-minutes"),
         (["--count", "1", "--max-count", "3"], "dynamic nodes are Slurm's"),
+        (["--count", "2", "--scheduler", "slurm", "--replace-unhealthy"], "--replace-unhealthy goes with"),
         (["--provider", "static", "--hosts", str(hosts), "--scheduler", "slurm", "--max-count", "3"],
          "--max-count with --provider static"),
     ):
@@ -323,3 +324,46 @@ def test_status_asks_the_controller_whether_a_power_service_there_runs(cluster, 
     finally:
         record.unlink(missing_ok=True)
         _on(controller, "systemctl stop gpuprov-power-aws.service 2>/dev/null || true")
+
+
+def test_a_static_node_drained_by_its_own_health_is_replaced_from_the_image(cluster, env) -> None:
+    """`--replace-unhealthy` (issue 56): the cluster grown by a second static node (`up`, the same
+    plays), the flag given by `provision` (with those plays), that node drained with the health program's
+    Reason (FIXTURE: `scontrol update`, as test_a_dynamic_node_drained_by_its_own_health_is_powered_down
+    does) is replaced by the service at its next check: a new container of the same name from the
+    dynamic nodes' image, its new host key pinned (gpuprov reaches it over SSH with strict checking),
+    Slurm's drain lifted (idle, no Reason), the replacement in `status`. The controller is never
+    replaced."""
+    name, controller, _ = cluster
+    proc = run_cli("up", "--provider", "docker", "--count", "2", "--name", name, "--scheduler", "slurm",
+                   "--max-count", "3", "--idle-minutes", "1", "--no-accounting", "--tags", "rdma,slurm",
+                   "--health", "off", "--no-verify", "-o", "json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    static = [n["name"] for n in json.loads(proc.stdout)["nodes"]]
+    # The choice is the cluster's (recorded by provision): the plays it names are the replacement's.
+    proc = run_cli("provision", name, "--max-count", "4", "--replace-unhealthy", "--tags", "rdma,slurm",
+                   env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = next(n for n in static if n != controller)
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert status["slurm"]["dynamic"]["replace_unhealthy"] is True, status["slurm"]["dynamic"]
+    assert status["slurm"]["nodes"][second]["state"] == "idle", status["slurm"]
+    image = status["slurm"]["dynamic"]["image"]
+    before = _docker("inspect", "-f", "{{.Id}}", f"gpuprov-{second}").strip()
+    assert before
+    _on(controller, f"scontrol update NodeName={second} State=DRAIN Reason='gpuprov health: FIXTURE FAIL gpu_count'")
+    log = Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.log"
+    said = f"unhealthy {second}: replaced from {image}; its drain lifted"
+    assert _wait(lambda: said in log.read_text(), 600, 5), log.read_text()[-4000:]
+    assert f"unhealthy {second}: drained by its own health (gpuprov health: FIXTURE FAIL gpu_count); replacing it" \
+        in log.read_text()
+    after = _docker("inspect", "-f", "{{.Id}} {{.Config.Image}}", f"gpuprov-{second}").split()
+    assert after[0] != before and after[1] == image, (before, after)
+    status = json.loads(run_cli("status", name, "-o", "json", env=env, check=True).stdout)
+    assert status["slurm"]["nodes"][second] == {"state": "idle", "reason": ""}, status["slurm"]
+    assert [r["old"] for r in status["replaced"]] == [second] and status["replaced"][0]["new"] == second, status
+    assert "drained by its own health" in status["replaced"][0]["why"], status["replaced"]
+    # The new host key, pinned: gpuprov's own SSH (StrictHostKeyChecking) reaches the new node.
+    ran = run_cli("exec", name, "--node", second, "--", "hostname", env=env, timeout=120)
+    assert ran.returncode == 0 and second in ran.stdout, ran.stdout + ran.stderr
+    assert controller in [n["name"] for n in status["nodes"]]

@@ -16,7 +16,7 @@ from gpuprov.errors import BadInput
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers import get as get_provider
 from gpuprov.slurm import scheduler
-from gpuprov.slurm.scheduler_choice import Scheduler
+from gpuprov.slurm.scheduler_choice import Replacement, Scheduler
 from gpuprov.state import ClusterRecord, NodeRecord
 
 
@@ -279,3 +279,53 @@ def test_a_slurm_bake_is_a_one_node_slurm_cluster_from_scratch_without_accountin
     assert spec.scheduler == Scheduler(kind="slurm", accounting=False)
     assert spec.scheduler.checked() == spec.scheduler
     assert bake_spec("bake-abc123", None, "docker", None).scheduler.kind == "none"
+
+
+def test_replacing_unhealthy_nodes_round_trips_and_provision_keeps_or_ends_it() -> None:
+    chosen = Scheduler(kind="slurm", max_count=4, replace=Replacement(plays=("rdma", "slurm"), health="off"))
+    assert chosen.as_options()["slurm_replace_unhealthy"] == {"plays": ["rdma", "slurm"], "health": "off"}
+    assert Scheduler.from_options(chosen.as_options()) == chosen
+    # provision: kept where not given, replaced by this run's choice, ended by --no-replace-unhealthy
+    assert elastic.merged(chosen, None, 6, None) == Scheduler(kind="slurm", max_count=6, replace=chosen.replace)
+    assert elastic.merged(chosen, None, None, None, replace=Replacement(plays=())).replace == Replacement()
+    assert elastic.merged(chosen, None, None, None, replace=False).replace is None
+    assert elastic.merged(chosen, Scheduler(kind="none"), None, None) == Scheduler(kind="none")
+    # (a recorded value of another shape is no choice)
+    assert Replacement.from_option(["rdma"]) is None
+
+
+@pytest.mark.parametrize(("chosen", "provider", "words"), [
+    (Scheduler(kind="slurm", replace=Replacement()), "docker", "--replace-unhealthy goes with --scheduler slurm and "
+                                                              "--max-count"),
+    (Scheduler(kind="none", replace=Replacement()), "docker", "--replace-unhealthy goes with"),
+    (Scheduler(kind="slurm", max_count=2, replace=Replacement()), "aws", "--replace-unhealthy on aws: not built yet"),
+])
+def test_replacing_unhealthy_nodes_that_cannot_be_is_one_line(chosen, provider, words) -> None:
+    with pytest.raises(BadInput, match=words) as info:
+        elastic.check(chosen.checked(), 2, get_provider(provider))
+    assert "\n" not in str(info.value)
+
+
+def test_only_static_nodes_their_health_drained_and_done_are_replaced_never_the_controller_or_database() -> None:
+    from gpuprov.core.replace_unhealthy import candidates
+    from gpuprov.results.shapes import SlurmNode
+
+    names = ("c-node-1", "c-node-2", "c-node-3", "c-node-4", "c-node-5", "c-node-6")
+    drained = SlurmNode(state="drained", reason="gpuprov health: FAIL gpu_count: 7 of 8 GPUs")
+    nodes = {
+        "c-node-1": drained,  # the controller
+        "c-node-2": drained,  # the accounting database's node
+        "c-node-3": drained,
+        "c-node-4": SlurmNode(state="draining", reason="gpuprov health: FAIL xid: 79"),  # a job still runs
+        "c-node-5": SlurmNode(state="drained", reason="gpuprov patch: driver 580"),  # a roll holds it
+        "c-node-6": SlurmNode(state="drained", reason="by hand"),
+        "c-dy-1": drained,  # a dynamic node: the service powers it down instead
+    }
+    options = {"scheduler": "slurm", "slurm_max_count": 8, "slurm_dbd": "c-node-2",
+               "slurm_replace_unhealthy": {"plays": [], "health": "quick"}}
+    assert candidates(_cluster(options, names), nodes) == [("c-node-3", drained.reason)]
+    # without accounting the database's node is a node like the others
+    assert [n for n, _ in candidates(_cluster({**options, "slurm_accounting": False,
+                                                "slurm_dbd": None}, names), nodes)] == ["c-node-2", "c-node-3"]
+    # a cluster that did not ask: none
+    assert candidates(_cluster({"scheduler": "slurm", "slurm_max_count": 8}, names), nodes) == []
