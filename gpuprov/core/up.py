@@ -18,8 +18,9 @@ from gpuprov.providers import get as get_provider
 from gpuprov.pull import controller as pull
 from gpuprov.pull.mode import mode_for
 from gpuprov.results.shapes import UpResult
-from gpuprov.slurm.scheduler_choice import Replacement
-from gpuprov.state import Store
+from gpuprov.slurm import scheduler
+from gpuprov.slurm.scheduler_choice import Replacement, Scheduler
+from gpuprov.state import ClusterRecord, Store
 
 __all__ = ["Run", "UpRequest", "check_health", "checked", "launch_and_bootstrap", "up"]
 
@@ -71,6 +72,7 @@ def up(request: UpRequest, *, console: Console, store: Store | None = None,
                        "bundle): use --bootstrap push, or `gpuprov provision NAME --scheduler slurm` after a pull")
     mode = mode_for("push" if slurm else request.mode, provider, spec, request.bootstrap)
     store = store or Store()
+    keeps_its_scheduler(store.get_cluster(spec.name), spec.scheduler)
     if request.dry_run:
         run = _planned(request, spec, provider, store, console, health, tag_list, mode)
         # A pull run's plan says so (Plan.pull): the provider's dry run asks about its channel too (aws: S3).
@@ -107,6 +109,23 @@ def _planned(request: UpRequest, spec: ClusterSpec, provider: Provider, store: S
 
 
 # -- before anything is created ---------------------------------------------------------------
+def keeps_its_scheduler(existing: ClusterRecord | None, chosen: Scheduler) -> None:
+    """`up` of a cluster that exists grows or completes it with its recorded scheduler: a
+    --max-count, --idle-minutes or --replace-unhealthy that would change that record is refused
+    (one line, naming the `provision` that changes it), never silently left unapplied."""
+    if existing is None:
+        return
+    recorded = scheduler.of(existing)
+    asked = {"--max-count": (chosen.max_count, recorded.max_count),
+             "--idle-minutes": (chosen.idle_minutes, recorded.idle_minutes),
+             "--replace-unhealthy": (chosen.replace, recorded.replace)}
+    changed = [flag for flag, (given, was) in asked.items() if given is not None and given != was]
+    if changed:
+        raise BadInput(f"cluster '{existing.name}' exists, and `up` keeps its recorded scheduler: "
+                       f"{', '.join(changed)} would change it (`gpuprov provision {existing.name} {changed[0]} ...` "
+                       "does; with --replace-unhealthy, --tags there are the plays a replacement runs)")
+
+
 def checked(spec: ClusterSpec) -> tuple[Provider, ClusterSpec]:
     """The provider and the request as it checked it (its defaults filled in); BadInput else."""
     validate_name(spec.name)

@@ -329,3 +329,18 @@ def test_only_static_nodes_their_health_drained_and_done_are_replaced_never_the_
                                                 "slurm_dbd": None}, names), nodes)] == ["c-node-2", "c-node-3"]
     # a cluster that did not ask: none
     assert candidates(_cluster({"scheduler": "slurm", "slurm_max_count": 8}, names), nodes) == []
+
+
+def test_up_of_an_existing_cluster_refuses_to_leave_an_elastic_flag_unapplied() -> None:
+    from gpuprov.core.up import keeps_its_scheduler
+
+    recorded = _cluster({"scheduler": "slurm", "slurm_max_count": 3, "slurm_idle_minutes": 1})
+    keeps_its_scheduler(None, Scheduler(kind="slurm", max_count=9))  # a new cluster: its own choice
+    keeps_its_scheduler(recorded, Scheduler(kind="slurm", max_count=3, idle_minutes=1))  # the same: growth
+    keeps_its_scheduler(recorded, Scheduler(kind="none"))  # flags not given: the record stays
+    for chosen, flag in ((Scheduler(kind="slurm", max_count=4), "--max-count"),
+                         (Scheduler(kind="slurm", max_count=3, idle_minutes=5), "--idle-minutes"),
+                         (Scheduler(kind="slurm", max_count=3, replace=Replacement()), "--replace-unhealthy")):
+        with pytest.raises(BadInput, match=f"`up` keeps its recorded scheduler: {flag} would change it") as info:
+            keeps_its_scheduler(recorded, chosen)
+        assert f"`gpuprov provision c {flag} ...` does" in str(info.value) and "\n" not in str(info.value)
