@@ -285,6 +285,32 @@ def ensure_image(store: Store, cluster: ClusterRecord, provider: Provider, files
     return ref
 
 
+def image_follows_lock(store: Store, name: str, provider: Provider, files: ClusterFiles, console: Console) -> None:
+    """After `patch` moved the lock of a cluster with dynamic nodes: the image they boot from,
+    for the new lock. Local nodes: baked now from the template node, just patched (the power
+    service reads the record at each resume, so the next dynamic node runs the new stack; until
+    now it refused the old lock's image and left the node DOWN). AWS: an AMI is baked from a node
+    launched for it (`image bake --scheduler slurm`), not here: said, with the command. A bake
+    that fails is said, not raised: the roll itself succeeded."""
+    cluster = store.get_cluster(name)
+    if cluster is None or scheduler.of(cluster).max_count is None:
+        return
+    lock_hash = (cluster.lock or {}).get("hash")
+    if provider.powers_from_controller:
+        like = next((n for n in cluster.nodes if n.name == scheduler.template_node(cluster)), None)
+        console.say(f"{name}: warning: its dynamic nodes boot {scheduler.power_on_node_image(files) or 'no image'} "
+                    f"until an image of lock {lock_hash} is set up: `gpuprov image bake --provider "
+                    f"{provider.name} --type {like.instance_type if like else 'TYPE'} --scheduler slurm`, then "
+                    f"`gpuprov provision {name}`")
+        return
+    console.say(f"{name}: the lock moved to {lock_hash}: the dynamic nodes' image follows it")
+    try:
+        ensure_image(store, cluster, provider, files, console)
+    except GpuprovError as exc:
+        console.say(f"{name}: warning: no image of lock {lock_hash} for its dynamic nodes ({exc}); a resume is "
+                    f"refused (the node set DOWN, saying why) until `gpuprov provision {name}` bakes one")
+
+
 def _baked_here(cluster: ClusterRecord, provider: Provider, files: ClusterFiles, console: Console,
                 lock_hash: str, recorded: str | None) -> str:
     """The newest image baked from this cluster for its lock (the recorded one first), else one

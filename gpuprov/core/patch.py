@@ -49,7 +49,7 @@ from gpuprov.cluster import (
     version_lock,
 )
 from gpuprov.console import Console
-from gpuprov.core import health_gate, patch_pull, via_pull
+from gpuprov.core import elastic, health_gate, patch_pull, via_pull
 from gpuprov.core.monitoring import monitoring_host
 from gpuprov.core.patch_plan import (  # noqa: F401  (the request and plan, re-exported)
     REPORT_TASK,
@@ -178,6 +178,8 @@ def patch(name: str, req: Request, *, console: Any, store: Store | None = None,
                     roll.ok = not stopped and not roll.down
                     if roll.ok:
                         _store_lock(store, name, old, lock)
+                        if lock.get("hash") != old.get("hash"):
+                            elastic.image_follows_lock(store, name, provider, roll.made_files, roll.console)
                         if follows:
                             roll.ok = slurm_follows(roll, store, provider, nodes)
                     elif follows and any(s.get("held") for s in roll.hosts.values()):

@@ -344,3 +344,89 @@ def test_up_of_an_existing_cluster_refuses_to_leave_an_elastic_flag_unapplied() 
         with pytest.raises(BadInput, match=f"`up` keeps its recorded scheduler: {flag} would change it") as info:
             keeps_its_scheduler(recorded, chosen)
         assert f"`gpuprov provision c {flag} ...` does" in str(info.value) and "\n" not in str(info.value)
+
+
+class _Baking:
+    """FIXTURE: a provider of local nodes with images, short of Docker: ``images`` are the ones
+    it lists, ``bake`` records what it baked (or fails, where ``fails`` says why)."""
+
+    name = "docker"
+    powers_from_controller = False
+
+    def __init__(self, images: list, fails: str = "") -> None:
+        self.images, self.fails, self.baked = list(images), fails, []
+
+    def baked_images(self, region):
+        return list(self.images)
+
+    def bake(self, cluster, node, files, say):
+        from gpuprov.errors import GpuprovError
+
+        if self.fails:
+            raise GpuprovError(self.fails)
+        from types import SimpleNamespace
+
+        image = SimpleNamespace(ref=f"img:{cluster.lock['hash']}", lock_hash=cluster.lock["hash"],
+                                source=f"{cluster.name}/{node.name}")
+        self.baked.append(node.name)
+        self.images.append(image)
+        return image
+
+
+class _Said:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def _elastic_record(store, options: dict, lock: str) -> None:
+    store.create_cluster("c", "docker", {"options": options}, lock={"hash": lock})
+    store.replace_nodes("c", list(_cluster(options).nodes))
+
+
+def test_a_patch_that_moves_the_lock_bakes_the_dynamic_nodes_image_for_it(gpuprov_home, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from gpuprov.state import Store
+
+    store = Store()
+    _elastic_record(store, {"scheduler": "slurm", "slurm_max_count": 4, elastic.IMAGE_OPTION: "img:old"}, "new")
+    provider = _Baking([SimpleNamespace(ref="img:old", lock_hash="old", source="c/c-node-2")])
+    said = _Said()
+    elastic.image_follows_lock(store, "c", provider, ClusterFiles(tmp_path), said)
+    assert provider.baked == ["c-node-2"], said.lines  # the template node: the first that is not the controller
+    assert elastic.image_of(store.get_cluster("c")) == "img:new"
+    assert said.lines[0] == "c: the lock moved to new: the dynamic nodes' image follows it", said.lines
+    # Again: the image of the lock is there, nothing is baked.
+    elastic.image_follows_lock(store, "c", provider, ClusterFiles(tmp_path), said)
+    assert provider.baked == ["c-node-2"]
+
+
+def test_a_dynamic_image_that_cannot_follow_the_lock_is_said_not_raised(gpuprov_home, tmp_path) -> None:
+    from gpuprov.state import Store
+
+    store = Store()
+    _elastic_record(store, {"scheduler": "slurm", "slurm_max_count": 4}, "new")
+    said = _Said()
+    elastic.image_follows_lock(store, "c", _Baking([], fails="docker commit: no space left"), ClusterFiles(tmp_path),
+                               said)
+    assert said.lines[-1] == ("c: warning: no image of lock new for its dynamic nodes (docker commit: no space left); "
+                              "a resume is refused (the node set DOWN, saying why) until `gpuprov provision c` bakes "
+                              "one"), said.lines
+    # aws: the controller's service boots the AMI its set-up chose; the command that makes the new one is said.
+    aws = _Baking([])
+    aws.name, aws.powers_from_controller = "aws", True
+    (tmp_path / "power-aws.json").write_text(json.dumps({"aws": {"config": {"image": "ami-0123456789abcdef0"}}}))
+    said = _Said()
+    elastic.image_follows_lock(store, "c", aws, ClusterFiles(tmp_path), said)
+    assert aws.baked == [] and len(said.lines) == 1, said.lines
+    assert said.lines[0].startswith("c: warning: its dynamic nodes boot ami-0123456789abcdef0 until an image of lock "
+                                    "new is set up: `gpuprov image bake --provider aws --type docker-node "
+                                    "--scheduler slurm`"), said.lines
+    # A cluster without dynamic nodes: nothing to follow.
+    store.create_cluster("s", "docker", {"options": {"scheduler": "slurm"}}, lock={"hash": "new"})
+    said = _Said()
+    elastic.image_follows_lock(store, "s", _Baking([]), ClusterFiles(tmp_path), said)
+    assert said.lines == []
