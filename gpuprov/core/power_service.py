@@ -32,7 +32,7 @@ from gpuprov.providers import ClusterFiles
 from gpuprov.providers import get as get_provider
 from gpuprov.settings import access_keys
 from gpuprov.slurm import munge, power_http, scheduler
-from gpuprov.slurm.power_rules import orphans, serving, unhealthy
+from gpuprov.slurm.power_rules import orphans, reclaimed, serving, unhealthy
 from gpuprov.state import Store
 
 # The log (power.log, the service's output where gpuprov started it) is kept to this size: past
@@ -180,11 +180,16 @@ def _reconcile(name: str, files: ClusterFiles, provider: Any, suspects: set[str]
 
 
 def _power_down_unhealthy(cluster: Any, files: ClusterFiles, running: list[str], nodes: dict[str, Any]) -> None:
-    """A dynamic node drained by its own health is powered down (a fresh one boots from the
-    image for the next job), never left drained holding a slot: said in the log."""
+    """A dynamic node drained by its own health, or by the spot watcher on an interruption notice
+    (its jobs requeued), is powered down (a fresh one boots from the image for the next job),
+    never left drained holding a slot: said in the log."""
     for node in unhealthy(running, nodes):
         why = scheduler.power_down_force(cluster, files, [node])
         _say(f"unhealthy {node}: drained by its own health ({nodes[node].reason}); "
+             + ("powered down" if not why else f"not powered down: {why}"))
+    for node in reclaimed(running, nodes):
+        why = scheduler.power_down_force(cluster, files, [node])
+        _say(f"spot {node}: {nodes[node].reason}, its jobs requeued or ended; "
              + ("powered down" if not why else f"not powered down: {why}"))
 
 

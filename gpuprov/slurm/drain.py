@@ -51,6 +51,9 @@ FAILED = f"{OWN} failed"
 HELD = f"{OWN}: held for Slurm's GPU sharing"
 # The Reason the slurm role's health program (roles/slurm/files/gpuprov-slurm-health) drains with.
 HEALTH = "gpuprov health: "
+# The Reason the spot watcher drains with on an interruption notice
+# (roles/spot_interruption/templates/gpuprov-spot-watch.py.j2: "spot interruption at TIME").
+SPOT = "spot interruption at "
 REASON_MAX = 240
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # whole-string: fullmatch
 BUSY_STATES = "RUNNING,COMPLETING,CONFIGURING"

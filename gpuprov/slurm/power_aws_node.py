@@ -12,7 +12,9 @@ is off.
   that reason and their instances terminated.
 - Every ``check_s`` seconds (60 unless the configuration says): a dynamic node drained by its
   own health (Reason ``gpuprov health: ...``) whose jobs have ended is powered down
-  (``State=POWER_DOWN_FORCE``: a fresh instance boots for the next job); an instance of a dynamic
+  (``State=POWER_DOWN_FORCE``: a fresh instance boots for the next job), and so is one the spot
+  watcher drained on an interruption notice once its jobs are requeued (its instance terminated
+  before EC2 takes it); an instance of a dynamic
   node that Slurm has powered down or does not list, at two checks in a row, is an *orphan* and
   is terminated. The same rules as the local nodes' service (gpuprov.core.power_service), with
   this node's own sinfo; a check that gets no answer from sinfo judges nothing.
@@ -43,7 +45,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers.aws import api, power, power_boot
 from gpuprov.slurm import elastic, power_http
-from gpuprov.slurm.power_rules import orphans, unhealthy
+from gpuprov.slurm.power_rules import orphans, reclaimed, unhealthy
 from gpuprov.slurm.scheduler import NODE_NAME, SINFO, SlurmNode, parse_sinfo, reason_text
 
 CONFIG = Path("/etc/gpuprov/power-aws.json")
@@ -199,6 +201,10 @@ class Actions:
                 why = _scontrol([node], "State=POWER_DOWN_FORCE")
                 _say(f"unhealthy {node}: drained by its own health ({nodes[node].reason}); "
                      + ("powered down" if not why else f"not powered down: {why}"))
+            for node in reclaimed(sorted(running), nodes):
+                why = _scontrol([node], "State=POWER_DOWN_FORCE")
+                _say(f"spot {node}: {nodes[node].reason}, its jobs requeued or ended; "
+                     + ("powered down (its instance terminated)" if not why else f"not powered down: {why}"))
             found, now = orphans(sorted(running), {n: r.state for n, r in nodes.items()}, suspects)
             for node in found:
                 gone = power.suspend(self.ec2, self.cluster, [node])

@@ -27,6 +27,15 @@ def unhealthy(running: list[str], nodes: dict[str, Any]) -> list[str]:
             and nodes[n].reason.startswith(drain.HEALTH)]
 
 
+def reclaimed(running: list[str], nodes: dict[str, Any]) -> list[str]:
+    """The dynamic nodes running that the spot watcher drained on EC2's interruption notice
+    (Reason ``spot interruption at TIME``) and that run no job any more (their jobs signalled,
+    ended or requeued by the watcher): powered down now, so the instance is terminated by
+    gpuprov before EC2 takes it, and Slurm has the node back to resume elsewhere."""
+    return [n for n in running if n in nodes and nodes[n].state == "drained"
+            and nodes[n].reason.startswith(drain.SPOT)]
+
+
 def serving(state: str) -> bool:
     """Whether a Slurm node state (sinfo's %T) is a node up and serving: registered, responding,
     not powered down or powering, not DOWN, drained or failed."""

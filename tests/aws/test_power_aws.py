@@ -377,6 +377,41 @@ def test_the_controllers_check_powers_down_the_unhealthy_and_terminates_orphans(
     assert f"orphan {CLUSTER}-dy-1: running while Slurm has it idle~; terminated i-" in capsys.readouterr().out
 
 
+def test_a_spot_interrupted_dynamic_node_is_powered_down_once_its_jobs_are_requeued_and_its_instance_goes(
+        ec2, shim, plan, tmp_path, monkeypatch, capsys) -> None:
+    """The spot watcher on a dynamic node drained it on EC2's interruption notice (Reason `spot
+    interruption at TIME`, tests/e2e/test_slurm_e2e.py proves the watcher's drain, signal and
+    requeue) and its job was requeued: the service's check powers it down (FIXTURE sinfo and
+    scontrol, as above), and the suspend slurmctld then sends terminates its instance, before
+    EC2 takes it; a node still draining (its job within the watcher's grace) is left."""
+    import os
+    import sys
+
+    from gpuprov.slurm import power_aws_node
+
+    path, log = fixture_scontrol(tmp_path)
+    states = tmp_path / "sinfo.txt"
+    sinfo = Path(path.split(os.pathsep)[0]) / "sinfo"
+    sinfo.write_text(f"#!{sys.executable}\nprint(open({str(states)!r}).read(), end='')\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", path)
+    config = {"cluster": CLUSTER, "launch_template": plan.launch_template, "image": plan.image,
+              "instance_type": ITYPE, "subnets": list(plan.subnets.items()), "rests": str(tmp_path / "rests.json")}
+    actions = power_aws_node.Actions(config, ec2)
+    for i in (1, 2):
+        assert isinstance(power.resume(ec2, plan, f"{CLUSTER}-dy-{i}", actions.rests, 1000.0, f"t{i}"), power.Started)
+    states.write_text(f"{CLUSTER}-dy-1|drained|spot interruption at 2026-12-07T23:30:00Z\n"
+                      f"{CLUSTER}-dy-2|draining|spot interruption at 2026-12-07T23:30:00Z\n")
+    actions.check(set())
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [
+        ["update", f"NodeName={CLUSTER}-dy-1", "State=POWER_DOWN_FORCE"]]
+    said = capsys.readouterr().out
+    assert (f"spot {CLUSTER}-dy-1: spot interruption at 2026-12-07T23:30:00Z, its jobs requeued or ended; "
+            "powered down (its instance terminated)") in said, said
+    actions("suspend", (f"{CLUSTER}-dy-1",))  # slurmctld's SuspendProgram, once the node is powered down
+    assert sorted(power.running(ec2, CLUSTER)) == [f"{CLUSTER}-dy-2"]
+
+
 def test_the_policy_grants_what_the_service_calls_and_nothing_more(ec2, shim, plan) -> None:
     """The actions of docs/aws-iam-policy-power.json are exactly those the service's calls need
     (a resume, a zone refused, the running list, a suspend): none missing, none to spare."""

@@ -430,3 +430,20 @@ def test_a_dynamic_image_that_cannot_follow_the_lock_is_said_not_raised(gpuprov_
     said = _Said()
     elastic.image_follows_lock(store, "s", _Baking([]), ClusterFiles(tmp_path), said)
     assert said.lines == []
+
+
+def test_a_dynamic_node_the_spot_watcher_drained_is_powered_down_once_its_jobs_are_gone() -> None:
+    from gpuprov.results.shapes import SlurmNode
+    from gpuprov.slurm import drain
+    from gpuprov.slurm.power_rules import reclaimed
+
+    nodes = {
+        "c-dy-1": SlurmNode(state="drained", reason="spot interruption at 2026-12-07T23:30:00Z"),
+        "c-dy-2": SlurmNode(state="draining", reason="spot interruption at soon"),  # within the watcher's grace
+        "c-dy-3": SlurmNode(state="drained", reason="gpuprov health: FAIL xid: 79"),  # the health rule's
+    }
+    assert reclaimed(["c-dy-1", "c-dy-2", "c-dy-3", "c-dy-4"], nodes) == ["c-dy-1"]
+    # The watcher's own words (the role's template) are the ones the rule reads.
+    watcher = (Path(__file__).resolve().parents[2] / "roles" / "spot_interruption" / "templates"
+               / "gpuprov-spot-watch.py.j2").read_text()
+    assert f'f"Reason={drain.SPOT}{{when}}"' in watcher
