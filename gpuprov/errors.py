@@ -27,6 +27,11 @@ class NotSupported(BadInput):
     """A request for something the chosen provider cannot do (exit 2)."""
 
 
+class ClusterBusy(GpuprovError):
+    """Another gpuprov command holds the cluster's lock (its holder named): nothing was done, so
+    trying again later is safe (exit 1)."""
+
+
 class PartialLaunch(GpuprovError):
     """A launch that was undone but left nodes behind: ``leftover_nodes`` (NodeRecords) could
     not be removed and stay in state, so `down` finds them."""

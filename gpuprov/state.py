@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuprov import paths, state_choice
 from gpuprov.clock import utc_text
-from gpuprov.errors import DamagedFile, GpuprovError
+from gpuprov.errors import ClusterBusy, DamagedFile, GpuprovError
 from gpuprov.lock.lock_data import LockData
 from gpuprov.lock_holder import alive, holder_text
 
@@ -469,7 +469,7 @@ class LocalStore(Store):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise GpuprovError(f"cluster '{name}' is busy: {holder_text(os.pread(fd, 4096, 0))}") from None
+                raise ClusterBusy(f"cluster '{name}' is busy: {holder_text(os.pread(fd, 4096, 0))}") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(who).encode(), 0)
             yield

@@ -47,7 +47,7 @@ from typing import Any
 from gpuprov import paths
 from gpuprov.clock import utc_text
 from gpuprov.console import Console
-from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.errors import BadInput, ClusterBusy, GpuprovError
 from gpuprov.lock.lock_data import LockData
 from gpuprov.lock_holder import alive, holder_text
 from gpuprov.providers import ClusterFiles
@@ -469,7 +469,7 @@ class Lease:
                 continue  # released in between: try again
             held = _held(found[1])
             if float(held.get("until_s") or 0) > time.time():
-                raise GpuprovError(f"cluster '{self.name}' is busy: {holder_text(held)}")
+                raise ClusterBusy(f"cluster '{self.name}' is busy: {holder_text(held)}")
             try:
                 self.etag = self.store.put(self.key, self.body(), etag=found[0])
             except Conflict:

@@ -26,7 +26,7 @@ from gpuprov.cluster import files_for, load
 from gpuprov.console import Console
 from gpuprov.core import elastic as elastic_core
 from gpuprov.core import replace_unhealthy
-from gpuprov.errors import BadInput, GpuprovError
+from gpuprov.errors import BadInput, ClusterBusy, GpuprovError
 from gpuprov.node_text import printable
 from gpuprov.providers import ClusterFiles
 from gpuprov.providers import get as get_provider
@@ -209,6 +209,13 @@ def _replace_unhealthy(cluster: Any, provider: Any, nodes: dict[str, Any]) -> No
         try:
             image = _image_for(load(Store(), cluster.name), provider)
             replace_unhealthy.replace(cluster.name, node, reason, image, console=Console(), store=Store())
+        except ClusterBusy as exc:
+            if any(n.name == node for n in load(Store(), cluster.name).nodes):  # nothing done yet: next check
+                _say(f"unhealthy {node}: not replaced yet ({exc}); at the next check")
+                continue
+            _failed_replacements.add(node)
+            _say(f"unhealthy {node}: removed, and its replacement waited in vain: {exc}")
+            continue
         except (GpuprovError, BadInput) as exc:
             _failed_replacements.add(node)
             now = load(Store(), cluster.name)

@@ -24,18 +24,24 @@ A replacement, in order (each step one line of the service's log):
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from gpuprov.cluster import cluster_lock, load, refresh
 from gpuprov.console import Console, reporter
 from gpuprov.core.onto_image import spec_of
 from gpuprov.core.up import UpRequest, up
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import ClusterBusy, GpuprovError
 from gpuprov.providers import get as get_provider
 from gpuprov.results.shapes import UpResult
 from gpuprov.slurm import drain, scheduler
 from gpuprov.slurm.power_rules import serving
 from gpuprov.state import ClusterRecord, Store, now
+
+# A command that takes the cluster between the old node's removal and the new node's `up` is
+# waited for (its holder named in the log at the end), this many times this long.
+BUSY_TRIES = 60
+BUSY_WAIT_S = 10.0
 
 
 def candidates(cluster: ClusterRecord, nodes: dict[str, Any]) -> list[tuple[str, str]]:
@@ -76,8 +82,16 @@ def replace(name: str, node: str, reason: str, image: str, *, console: Console, 
                      "when": now()})
         store.set_spec(name, {**load(store, name).spec, "replaced": done})
     spec = spec_of(load(store, name), image=image, count=count)
-    result = up(UpRequest(spec, health=chosen.health, tags=",".join(chosen.plays) or None,
-                          verify=not chosen.plays, rollback=True), console=console, store=store)
+    request = UpRequest(spec, health=chosen.health, tags=",".join(chosen.plays) or None, verify=not chosen.plays,
+                        rollback=True)
+    for attempt in range(BUSY_TRIES):
+        try:
+            result = up(request, console=console, store=store)
+            break
+        except ClusterBusy:  # a command took the cluster between the removal and this: nothing done yet
+            if attempt == BUSY_TRIES - 1:
+                raise
+            time.sleep(BUSY_WAIT_S)
     why = failure(result)
     if why:
         raise GpuprovError(f"the new {node} {why}")

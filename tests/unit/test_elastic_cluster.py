@@ -447,3 +447,64 @@ def test_a_dynamic_node_the_spot_watcher_drained_is_powered_down_once_its_jobs_a
     watcher = (Path(__file__).resolve().parents[2] / "roles" / "spot_interruption" / "templates"
                / "gpuprov-spot-watch.py.j2").read_text()
     assert f'f"Reason={drain.SPOT}{{when}}"' in watcher
+
+
+def _replacing_service(monkeypatch, tried: list, marked: list, raises) -> None:
+    """The service's replacement step with its own pieces short of nodes: the image check, the
+    replacement (``raises`` raised from it) and Slurm's DOWN recorded here (FIXTURE)."""
+    from gpuprov.core import power_service, replace_unhealthy
+
+    def fake_replace(name, node, reason, image, *, console, store):
+        tried.append(node)
+        raise raises
+
+    monkeypatch.setattr(power_service, "_image_for", lambda cluster, provider: "img:abc")
+    monkeypatch.setattr(replace_unhealthy, "replace", fake_replace)
+    monkeypatch.setattr(scheduler, "mark_down", lambda cluster, files, names, reason: marked.append((names, reason))
+                        or "")
+    monkeypatch.setattr(power_service, "_failed_replacements", set())
+
+
+def test_a_replacement_that_fails_sets_the_node_down_with_why_and_is_not_tried_again(gpuprov_home, monkeypatch,
+                                                                                       capsys) -> None:
+    from gpuprov.core import power_service
+    from gpuprov.errors import GpuprovError
+    from gpuprov.results.shapes import SlurmNode
+    from gpuprov.state import Store
+
+    options = {"scheduler": "slurm", "slurm_max_count": 3, "slurm_accounting": False,
+               "slurm_replace_unhealthy": {"plays": ["slurm"], "health": "off"}}
+    _elastic_record(Store(), options, "abc")
+    tried: list = []
+    marked: list = []
+    _replacing_service(monkeypatch, tried, marked, GpuprovError("the new c-node-2 did not converge"))
+    nodes = {"c-node-2": SlurmNode(state="drained", reason="gpuprov health: FAIL gpu_count")}
+    cluster = Store().get_cluster("c")
+    power_service._replace_unhealthy(cluster, object(), nodes)
+    power_service._replace_unhealthy(cluster, object(), nodes)  # the next check: not again
+    assert tried == ["c-node-2"]
+    assert marked == [(["c-node-2"], "replacement failed: the new c-node-2 did not converge")]
+    out = capsys.readouterr().out
+    assert "unhealthy c-node-2: drained by its own health (gpuprov health: FAIL gpu_count); replacing it" in out
+    assert "unhealthy c-node-2: replacement failed: the new c-node-2 did not converge" in out
+
+
+def test_a_replacement_another_command_holds_off_is_tried_at_the_next_check(gpuprov_home, monkeypatch,
+                                                                             capsys) -> None:
+    from gpuprov.core import power_service
+    from gpuprov.errors import ClusterBusy
+    from gpuprov.results.shapes import SlurmNode
+    from gpuprov.state import Store
+
+    options = {"scheduler": "slurm", "slurm_max_count": 3, "slurm_accounting": False,
+               "slurm_replace_unhealthy": {"plays": [], "health": "quick"}}
+    _elastic_record(Store(), options, "abc")
+    tried: list = []
+    marked: list = []
+    _replacing_service(monkeypatch, tried, marked, ClusterBusy("cluster 'c' is busy: gpuprov provision c"))
+    nodes = {"c-node-2": SlurmNode(state="drained", reason="gpuprov health: FAIL xid: 79")}
+    power_service._replace_unhealthy(Store().get_cluster("c"), object(), nodes)
+    power_service._replace_unhealthy(Store().get_cluster("c"), object(), nodes)
+    assert tried == ["c-node-2", "c-node-2"] and marked == []  # nothing was done: no DOWN, tried again
+    assert "unhealthy c-node-2: not replaced yet (cluster 'c' is busy: gpuprov provision c); at the next check" \
+        in capsys.readouterr().out
