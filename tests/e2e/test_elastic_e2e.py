@@ -351,6 +351,11 @@ def test_a_static_node_drained_by_its_own_health_is_replaced_from_the_image(clus
     image = status["slurm"]["dynamic"]["image"]
     before = _docker("inspect", "-f", "{{.Id}}", f"gpuprov-{second}").strip()
     assert before
+    # A dynamic node up meanwhile (its container is the cluster's too): never counted as a static one.
+    job = _on(controller, f"cd /tmp && sbatch --parsable -N1 --exclude={controller},{second} --wrap 'sleep 90'",
+              user="gpuprov").strip()
+    assert _wait(lambda: _on(controller, f"squeue --noheader --jobs={job} --format=%T").strip() == "RUNNING", 120), \
+        _on(controller, f"scontrol show job {job}")
     _on(controller, f"scontrol update NodeName={second} State=DRAIN Reason='gpuprov health: FIXTURE FAIL gpu_count'")
     log = Path(env["GPUPROV_HOME"]) / "clusters" / name / "power.log"
     said = f"unhealthy {second}: replaced from {image}; its drain lifted"
@@ -366,4 +371,5 @@ def test_a_static_node_drained_by_its_own_health_is_replaced_from_the_image(clus
     # The new host key, pinned: gpuprov's own SSH (StrictHostKeyChecking) reaches the new node.
     ran = run_cli("exec", name, "--node", second, "--", "hostname", env=env, timeout=120)
     assert ran.returncode == 0 and second in ran.stdout, ran.stdout + ran.stderr
-    assert controller in [n["name"] for n in status["nodes"]]
+    assert sorted(n["name"] for n in status["nodes"]) == sorted(static)  # the dynamic node is no static one
+    _on(controller, f"scancel {job}")

@@ -508,3 +508,19 @@ def test_a_replacement_another_command_holds_off_is_tried_at_the_next_check(gpup
     assert tried == ["c-node-2", "c-node-2"] and marked == []  # nothing was done: no DOWN, tried again
     assert "unhealthy c-node-2: not replaced yet (cluster 'c' is busy: gpuprov provision c); at the next check" \
         in capsys.readouterr().out
+
+
+def test_a_clusters_dynamic_containers_are_never_counted_or_started_as_its_nodes(monkeypatch) -> None:
+    """FIXTURE: `docker ps`'s rows as the engine gives them. A dynamic node running while `up`
+    grows the cluster (or replaces a node) was counted as one of its nodes: the new node was never
+    made ("nodes did not start: count mismatch", seen by hand on 2026-12-07)."""
+    from types import SimpleNamespace
+
+    from gpuprov.providers import docker as local
+
+    rows = [{"ID": "a", "Names": "gpuprov-c-node-1", "Labels": "gpuprov.cluster=c,gpuprov.node=c-node-1"},
+            {"ID": "b", "Names": "gpuprov-c-dy-1", "Labels": "gpuprov.cluster=c,gpuprov.dynamic=1,gpuprov.node=c-dy-1"}]
+    monkeypatch.setattr(local, "docker", lambda *args, **kw: SimpleNamespace(
+        stdout="\n".join(json.dumps(r) for r in rows).encode()))
+    assert [r["Names"] for r in local.PROVIDER._containers("c", dynamic=False)] == ["gpuprov-c-node-1"]
+    assert len(local.PROVIDER._containers("c")) == 2  # `down` removes them all

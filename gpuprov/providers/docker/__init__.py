@@ -74,12 +74,14 @@ class DockerProvider(Provider):
                 raise BadInput(f"node image {image} not found (`gpuprov image list` shows the baked ones)")
             raise BadInput(f"node image {own} not found; {build_hint(own, SUITES.get(os_name or defaults.DEFAULT_OS))}")
 
-    def _containers(self, cluster: str) -> list[dict]:
+    def _containers(self, cluster: str, dynamic: bool = True) -> list[dict]:
+        """The cluster's containers (``dynamic``: with its dynamic Slurm nodes', which Slurm powers
+        up and down: never counted, started or numbered as its nodes)."""
         proc = docker(
             "ps", "-a", "--no-trunc", "--filter", f"label={LABEL}={cluster}", "--format", "{{json .}}"
         )
         rows = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.strip()]
-        return rows
+        return rows if dynamic else [r for r in rows if not _labels(r).get(DYNAMIC_LABEL)]
 
     # -- interface ------------------------------------------------------------
     options_type = DockerOptions
@@ -105,7 +107,7 @@ class DockerProvider(Provider):
         self.check_image(spec.image, spec.os)
         return Plan(
             spec=spec,
-            existing=len(self._containers(spec.name)),
+            existing=len(self._containers(spec.name, dynamic=False)),
             billable=False,
             notes=("local containers: no GPU, no cost",),
         )
@@ -114,7 +116,7 @@ class DockerProvider(Provider):
         spec = plan.spec
         ssh.ensure_keypair(files.key, f"gpuprov-{spec.name}")
         pubkey = files.key.with_suffix(".pub").read_text()
-        existing = {c["Names"]: c for c in self._containers(spec.name)}
+        existing = {c["Names"]: c for c in self._containers(spec.name, dynamic=False)}
         apt_proxy = ((spec.settings or {}).get("apt_proxy") or {}).get("value", "")
         created: list[str] = []
         boot = plan.pull
