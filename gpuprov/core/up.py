@@ -111,15 +111,23 @@ def _planned(request: UpRequest, spec: ClusterSpec, provider: Provider, store: S
 # -- before anything is created ---------------------------------------------------------------
 def keeps_its_scheduler(existing: ClusterRecord | None, chosen: Scheduler) -> None:
     """`up` of a cluster that exists grows or completes it with its recorded scheduler: a
-    --max-count, --idle-minutes or --replace-unhealthy that would change that record is refused
-    (one line, naming the `provision` that changes it), never silently left unapplied."""
+    scheduler flag that would change that record (--scheduler slurm, the controller, the
+    accounting, --max-count, --idle-minutes, --replace-unhealthy) is refused (one line, naming
+    the `provision` that changes it), never silently left unapplied."""
     if existing is None:
         return
     recorded = scheduler.of(existing)
     asked = {"--max-count": (chosen.max_count, recorded.max_count),
              "--idle-minutes": (chosen.idle_minutes, recorded.idle_minutes),
-             "--replace-unhealthy": (chosen.replace, recorded.replace)}
+             "--replace-unhealthy": (chosen.replace, recorded.replace),
+             "--slurm-controller": (chosen.controller, recorded.controller),
+             "--slurm-dbd": (chosen.dbd, recorded.dbd)}
     changed = [flag for flag, (given, was) in asked.items() if given is not None and given != was]
+    # The flags whose default cannot be told from a value given: only the value that is no default.
+    changed += [flag for flag, differs in (
+        ("--scheduler", chosen.kind == "slurm" and recorded.kind != "slurm"),
+        ("--slurm-controller-only", chosen.controller_only and not recorded.controller_only),
+        ("--no-accounting", not chosen.accounting and recorded.kind == "slurm" and recorded.accounting)) if differs]
     if changed:
         raise BadInput(f"cluster '{existing.name}' exists, and `up` keeps its recorded scheduler: "
                        f"{', '.join(changed)} would change it (`gpuprov provision {existing.name} {changed[0]} ...` "

@@ -338,9 +338,14 @@ def test_up_of_an_existing_cluster_refuses_to_leave_an_elastic_flag_unapplied() 
     keeps_its_scheduler(None, Scheduler(kind="slurm", max_count=9))  # a new cluster: its own choice
     keeps_its_scheduler(recorded, Scheduler(kind="slurm", max_count=3, idle_minutes=1))  # the same: growth
     keeps_its_scheduler(recorded, Scheduler(kind="none"))  # flags not given: the record stays
+    with pytest.raises(BadInput, match="--scheduler would change it"):  # Slurm given to a cluster without it
+        keeps_its_scheduler(_cluster({}), Scheduler(kind="slurm"))
     for chosen, flag in ((Scheduler(kind="slurm", max_count=4), "--max-count"),
                          (Scheduler(kind="slurm", max_count=3, idle_minutes=5), "--idle-minutes"),
-                         (Scheduler(kind="slurm", max_count=3, replace=Replacement()), "--replace-unhealthy")):
+                         (Scheduler(kind="slurm", max_count=3, replace=Replacement()), "--replace-unhealthy"),
+                         (Scheduler(kind="slurm", controller="c-node-2"), "--slurm-controller"),
+                         (Scheduler(kind="slurm", controller_only=True), "--slurm-controller-only"),
+                         (Scheduler(kind="slurm", accounting=False), "--no-accounting")):
         with pytest.raises(BadInput, match=f"`up` keeps its recorded scheduler: {flag} would change it") as info:
             keeps_its_scheduler(recorded, chosen)
         assert f"`gpuprov provision c {flag} ...` does" in str(info.value) and "\n" not in str(info.value)
