@@ -161,10 +161,12 @@ class ClusterSpec:
                 **({"min_count": self.min_count} if self.min_count else {}),
                 **({"retries": self.retries} if self.retries is not None else {}),
                 **({"keep_failed": True} if self.keep_failed else {}),
-                **({"settings": self.settings} if self.settings is not None else {}),
-                **self.scheduler.as_options()}
+                **({"settings": self.settings} if self.settings is not None else {})}
+        # The scheduler's own keys as it writes them: a False there is a choice (`slurm_accounting`:
+        # --no-accounting), not an unset flag, and as_options leaves out what is its default.
         return {"instance_type": self.instance_type, "count": self.count, **top,
-                "options": {k: v for k, v in rest.items() if v is not None and v is not False}}
+                "options": {**{k: v for k, v in rest.items() if v is not None and v is not False},
+                            **self.scheduler.as_options()}}
 
     @classmethod
     def from_record(cls, name: str, provider: str, raw: dict[str, Any], **changes: Any) -> ClusterSpec:

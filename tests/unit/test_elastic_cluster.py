@@ -529,3 +529,19 @@ def test_a_clusters_dynamic_containers_are_never_counted_or_started_as_its_nodes
         stdout="\n".join(json.dumps(r) for r in rows).encode()))
     assert [r["Names"] for r in local.PROVIDER._containers("c", dynamic=False)] == ["gpuprov-c-node-1"]
     assert len(local.PROVIDER._containers("c")) == 2  # `down` removes them all
+
+
+@pytest.mark.parametrize("chosen", [
+    Scheduler(kind="slurm", accounting=False, max_count=3, idle_minutes=1),
+    Scheduler(kind="slurm", controller="c-node-2", controller_only=True, dbd="c-node-3"),
+    Scheduler(kind="slurm", max_count=2, replace=Replacement(plays=("slurm",), health="off")),
+    Scheduler(kind="none"),
+])
+def test_a_new_clusters_record_keeps_its_whole_scheduler_choice(chosen) -> None:
+    """`up`'s record of a new cluster (ClusterSpec.as_dict) read back: --no-accounting was lost
+    there (a False dropped with the unset flags), so a later `provision` turned accounting on
+    (found 2026-12-07 by the replacement's `up` of the elastic e2e cluster)."""
+    from gpuprov.providers.spec import ClusterSpec
+
+    spec = ClusterSpec(name="c", provider="docker", instance_type=None, count=2, scheduler=chosen)
+    assert ClusterSpec.from_record("c", "docker", spec.as_dict()).scheduler == chosen
